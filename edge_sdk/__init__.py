@@ -1,0 +1,45 @@
+"""FedSketch edge SDK: turn a device's local data into a few bytes that describe it.
+
+Runs with numpy, ONNX Runtime and a compiled bit kernel; torch is only needed
+for local training. The public API::
+
+    from edge_sdk import OnnxEncoder, Sketcher
+    sketcher = Sketcher(OnnxEncoder("digits_encoder"), num_classes=10, flip_prob=0.1)
+    sketch = sketcher.sketch(x, y)      # Sketch: .bits (bytes), .n_bits, .unpack()
+"""
+
+from ._version import __version__
+from .artifacts import ArtifactHashError, artifact_path, load_manifest, models_dir
+from .bits import (
+    BACKEND,
+    available_backends,
+    hamming_cdist,
+    hamming_pdist,
+    pack_bits,
+    quantize_pack,
+    unpack_bits,
+)
+from .encoder import OnnxEncoder
+from .info import info
+from .sketch import Sketch, Sketcher, pairwise_hamming, stack_sketches
+
+__all__ = [
+    "BACKEND",
+    "ArtifactHashError",
+    "OnnxEncoder",
+    "Sketch",
+    "Sketcher",
+    "__version__",
+    "artifact_path",
+    "available_backends",
+    "hamming_cdist",
+    "hamming_pdist",
+    "info",
+    "load_manifest",
+    "models_dir",
+    "pack_bits",
+    "pairwise_hamming",
+    "quantize_pack",
+    "stack_sketches",
+    "unpack_bits",
+]

@@ -1,0 +1,119 @@
+"""The ``fedsketch`` command.
+
+``fedsketch info``            versions, kernel backend (cython or numpy), shipped artifacts
+``fedsketch sketch DATA.npz`` sketch a local dataset (arrays ``x`` and ``y``) and print it
+``fedsketch export TARGET``   rebuild a shipped model artifact (needs ``fedsketch[server]``)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Sequence
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from .info import info
+
+    data = info()
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        for key, value in data.items():
+            if isinstance(value, list):
+                value = ", ".join(value) if value else "-"
+            print(f"{key:18s} {value}")
+    return 0
+
+
+def _cmd_sketch(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .encoder import OnnxEncoder
+    from .sketch import Sketcher
+
+    with np.load(args.data, allow_pickle=False) as f:
+        missing = [k for k in (args.x_key, args.y_key) if k not in f.files]
+        if missing:
+            raise ValueError(f"{args.data} lacks arrays {missing}; it holds {f.files}")
+        x, y = f[args.x_key], f[args.y_key]
+    if np.issubdtype(x.dtype, np.integer) and args.scale:
+        x = x.astype(np.float32) / float(args.scale)
+    enc = OnnxEncoder(args.encoder, batch_size=args.batch_size)
+    sk = Sketcher(enc, args.classes, args.flip_prob, seed=args.seed).sketch(x, y)
+    print(
+        json.dumps(
+            {
+                "encoder": enc.spec.name,
+                "samples": int(len(y)),
+                "n_bits": sk.n_bits,
+                "bytes": sk.nbytes,
+                "flip_prob": sk.flip_prob,
+                "sketch_hex": sk.hex(),
+            }
+        )
+    )
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace, rest: list[str]) -> int:
+    try:
+        from server_kit import export
+    except ImportError as e:
+        print(
+            f"fedsketch export needs the server extra ({e}); install it with: "
+            "pip install 'fedsketch[server]'",
+            file=sys.stderr,
+        )
+        return 2
+    return int(export.main(rest) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedsketch", description=__doc__.splitlines()[0])
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    i = sub.add_parser("info", help="versions, kernel backend and shipped artifacts")
+    i.add_argument("--json", action="store_true", help="print JSON")
+
+    s = sub.add_parser("sketch", help="sketch a local .npz dataset with arrays x and y")
+    s.add_argument("data", help="an .npz file (loaded without pickle)")
+    s.add_argument("--encoder", default="fmnist_fc_encoder", help="artifact name or .onnx path")
+    s.add_argument("--classes", type=int, default=10, help="number of classes of the federation")
+    s.add_argument("--flip-prob", type=float, default=0.1, help="bit flip probability P in [0, 0.5]")
+    s.add_argument("--seed", type=int, default=None, help="seed (default: from the OS)")
+    s.add_argument("--batch-size", type=int, default=256)
+    s.add_argument("--x-key", default="x")
+    s.add_argument("--y-key", default="y")
+    s.add_argument("--scale", type=float, default=255.0, help="divide integer images by this")
+
+    sub.add_parser("export", help="rebuild model artifacts (fedsketch export --help)", add_help=False)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] == "export":
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        return _cmd_export(argparse.Namespace(), argv[1:])
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "info":
+            return _cmd_info(args)
+        if args.command == "sketch":
+            return _cmd_sketch(args)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        print(f"fedsketch {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""Build script of FedSketch (distribution name ``fedsketch``).
+
+The plain install is the edge profile (numpy, ONNX Runtime, paho-mqtt,
+safetensors: no torch), and compiles ``ext/bits.pyx`` into ``edge_sdk._bits``.
+If no C compiler is available the build goes on without it and the package
+uses its pure-numpy twin (same bits, slower); ``fedsketch info`` says which.
+
+Environment switches:
+  FEDSKETCH_NO_EXT=1        skip the extension entirely
+  FEDSKETCH_CYTHON_DEBUG=1  bounds checks and wraparound back on, no -O3
+  FEDSKETCH_NATIVE=1        add -march=native (build on the device you run on)
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _version() -> str:
+    ns: dict[str, str] = {}
+    with open(os.path.join(HERE, "edge_sdk", "_version.py")) as f:
+        exec(f.read(), ns)
+    return ns["__version__"]
+
+
+class OptionalBuildExt(build_ext):
+    """Build the extension, but fall back to pure numpy if compiling fails."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as e:  # noqa: BLE001 - any toolchain failure
+            self._warn(e)
+
+    def build_extension(self, ext) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as e:  # noqa: BLE001
+            self._warn(e)
+
+    @staticmethod
+    def _warn(e: Exception) -> None:
+        sys.stderr.write(
+            f"WARNING: could not compile the FedSketch bit kernels ({e}); "
+            "the pure-numpy fallback will be used (identical results, slower).\n"
+        )
+
+
+def _extensions():
+    if os.environ.get("FEDSKETCH_NO_EXT"):
+        return []
+    import numpy  # noqa: F401 - build requirement, ensures the toolchain env is sane
+    from Cython.Build import cythonize
+    from setuptools import Extension
+
+    debug = bool(os.environ.get("FEDSKETCH_CYTHON_DEBUG"))
+    args: list[str] = []
+    if sys.platform != "win32":
+        args = ["-O0", "-g"] if debug else ["-O3"]
+        machine = platform.machine().lower()
+        if os.environ.get("FEDSKETCH_NATIVE"):
+            args.append("-march=native")
+        elif machine in ("x86_64", "amd64"):
+            args.append("-mpopcnt")
+    ext = Extension("edge_sdk._bits", ["ext/bits.pyx"], extra_compile_args=args)
+    return cythonize(
+        [ext],
+        compiler_directives={
+            "language_level": 3,
+            "boundscheck": debug,
+            "wraparound": debug,
+            "initializedcheck": debug,
+            "cdivision": True,
+            "embedsignature": True,
+        },
+    )
+
+
+EDGE = ["numpy>=1.24", "onnxruntime>=1.16", "paho-mqtt>=2.0", "safetensors>=0.4"]
+TRAIN = ["torch>=2.1"]
+SERVER = TRAIN + [
+    "onnx>=1.15",
+    "onnxscript>=0.1",
+    "scikit-learn>=1.3",
+    "scikit-optimize>=0.10",
+    "hdbscan>=0.8.33",
+    "matplotlib>=3.7",
+    "scipy>=1.10",
+    "tqdm>=4.60",
+    "msgpack>=1.0",
+]
+BROKER = ["amqtt>=0.11"]
+DEV = ["pytest>=8", "ruff>=0.5", "Cython>=3.0"]
+
+setup(
+    name="fedsketch",
+    version=_version(),
+    description="Clustered federated learning from tiny autoencoder sketches, for edge fleets",
+    long_description=open(os.path.join(HERE, "README.md")).read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.9",
+    packages=["edge_sdk", "edge_sdk.artifacts_data", "server_kit", "server_kit.data"],
+    package_dir={"edge_sdk.artifacts_data": "models"},
+    package_data={"edge_sdk.artifacts_data": ["*.onnx", "*.safetensors", "manifest.json", "README.md"]},
+    ext_modules=_extensions(),
+    cmdclass={"build_ext": OptionalBuildExt},
+    install_requires=EDGE,
+    extras_require={
+        "train": TRAIN,
+        "server": SERVER,
+        "broker": BROKER,
+        "dev": DEV,
+        "all": sorted(set(SERVER + BROKER + DEV)),
+    },
+    entry_points={"console_scripts": ["fedsketch=edge_sdk.cli:main"]},
+    zip_safe=False,
+)
