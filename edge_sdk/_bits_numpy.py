@@ -51,8 +51,8 @@ def quantize_pack(vecs: np.ndarray, threshold: int, seed: int) -> np.ndarray:
     x = vecs.astype(np.float64, copy=False)
     lo = x.min(axis=2, keepdims=True)
     span = x.max(axis=2, keepdims=True) - lo
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bits = ((x - lo) / span > 0.5) & (span > 0.0)
+    # round((x - lo) / span) with ties to even == 2 (x - lo) > span (exact, span 0 -> 0)
+    bits = (x - lo) * 2.0 > span
     bits = bits.reshape(n_sketch, n_bits)
     if threshold:
         idx = np.arange(n_bits, dtype=np.uint64)

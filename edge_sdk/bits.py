@@ -201,9 +201,7 @@ def hamming_cdist(
     """Hamming distances (bit counts, int32) of every row of ``xa`` to every row of ``xb``."""
     a = _as_words(xa, n_bits, "xa")
     b = _as_words(xb, n_bits, "xb")
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(
-            f"xa and xb rows differ in length: {np.asarray(xa).shape[1]} vs "
-            f"{np.asarray(xb).shape[1]} bytes"
-        )
+    la, lb = np.shape(xa)[1], np.shape(xb)[1]
+    if la != lb:
+        raise ValueError(f"xa and xb rows differ in length: {la} vs {lb} bytes")
     return _kernel(backend).hamming_cdist(a, b)

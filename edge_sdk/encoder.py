@@ -38,7 +38,9 @@ def check_model_input(x: Any, spec: ArtifactSpec, what: str = "x") -> np.ndarray
         raise ValueError(
             f"{what} must be a floating-point array for model {spec.name!r}, got dtype {arr.dtype}{hint}"
         )
-    sample_shapes = [spec.input_shape] + ([spec.image_shape] if spec.image_shape else [])
+    sample_shapes = [spec.input_shape]
+    if spec.image_shape and np.prod(spec.image_shape) == np.prod(spec.input_shape):
+        sample_shapes.append(spec.image_shape)
     if arr.ndim < 1 or tuple(arr.shape[1:]) not in sample_shapes:
         expected = " or ".join(f"(n, {', '.join(map(str, s))})" for s in sample_shapes)
         raise ValueError(f"{what} has shape {arr.shape}; model {spec.name!r} expects {expected}")

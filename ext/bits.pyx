@@ -89,19 +89,17 @@ cdef void _quantize_pack(
                     hi = v
             span = hi - lo
             for d in range(n_dim):
-                if span > 0.0:
-                    # round() of a value in [0, 1], ties to even: 1 iff > 0.5
-                    bit = ((vecs[b, g, d] - lo) / span) > 0.5
-                else:
-                    bit = 0  # constant vector: normalised to all zeros
+                # round((v - lo) / span) for a value in [0, 1], ties to even,
+                # is 1 iff (v - lo) / span > 1/2, i.e. 2 (v - lo) > span: exact,
+                # and no division. A constant vector (span 0) gives zeros.
+                bit = ((vecs[b, g, d] - lo) * 2.0) > span
                 if threshold != 0:
                     if (idx & 1) == 0:
                         u = fs_stream(key, base + (idx >> 1))
                         r = <uint32_t>(u & 0xFFFFFFFFULL)
                     else:
                         r = <uint32_t>(u >> 32)
-                    if r < threshold:
-                        bit ^= 1
+                    bit ^= <uint32_t>(r < threshold)  # branch-free flip
                 acc = (acc << 1) | bit
                 idx += 1
                 if (idx & 7) == 0:

@@ -1,0 +1,50 @@
+# FedSketch: `make demo` runs the main job, `make test` runs the test suite.
+# Both create the virtual environment .venv in this checkout on first use and
+# reuse it while setup.py, pyproject.toml, this Makefile and ext/ are unchanged.
+
+PYTHON      ?= python3
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+PIP         := $(PY) -m pip
+# torch goes in first, pinned, so nothing pulls a multi-GB CUDA build by accident.
+# Elsewhere: make TORCH_INDEX=<a CPU wheel index URL> (see README, "Installing torch").
+TORCH_SPEC  ?= torch==2.13.0
+TORCH_INDEX ?=
+EXTRAS      ?= server,broker,dev
+STAMP       := $(VENV)/.fedsketch-installed
+PYTEST_ARGS ?=
+
+.PHONY: all venv demo test test-numpy lint bench clean distclean
+
+all: test
+
+$(STAMP): setup.py pyproject.toml Makefile ext/bits.pyx
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet "setuptools>=68" wheel "Cython>=3.0" "numpy>=1.24"
+	@$(PY) -c "import torch" 2>/dev/null || \
+	  $(PIP) install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(PIP) install --no-build-isolation -e ".[$(EXTRAS)]"
+	@$(PY) -c "import edge_sdk; print('fedsketch', edge_sdk.__version__, 'kernel:', edge_sdk.BACKEND)"
+	@touch $@
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m server_kit.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+	FEDSKETCH_PURE_NUMPY=1 $(PY) -m pytest -q tests/edge_sdk $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check edge_sdk server_kit benchmarks tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/bits.py
+	$(PY) benchmarks/edge_overhead.py
+
+clean:
+	rm -rf build *.egg-info edge_sdk/_bits*.so ext/*.c .pytest_cache reports
+
+distclean: clean
+	rm -rf $(VENV)
