@@ -21,7 +21,7 @@ import json
 import platform
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from scipy.spatial.distance import pdist

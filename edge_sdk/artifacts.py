@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = [
     "MANIFEST_NAME",
@@ -84,7 +85,7 @@ class ArtifactSpec:
     extra: Mapping[str, Any] | None = None
 
     @classmethod
-    def from_entry(cls, name: str, entry: Mapping[str, Any]) -> "ArtifactSpec":
+    def from_entry(cls, name: str, entry: Mapping[str, Any]) -> ArtifactSpec:
         missing = [k for k in ("file", "sha256", "role", "input_shape") if k not in entry]
         if missing:
             raise ValueError(f"manifest entry {name!r} lacks required keys {missing}")

@@ -11,7 +11,7 @@ import argparse
 import json
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -71,9 +71,16 @@ def _cmd_export(args: argparse.Namespace, rest: list[str]) -> int:
     return int(export.main(rest) or 0)
 
 
+def _version_line() -> str:
+    from . import __version__, bits
+
+    return f"fedsketch {__version__} (bit kernel: {bits.BACKEND})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedsketch", description=__doc__.splitlines()[0])
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    p.add_argument("--version", action="version", version=_version_line())
     sub = p.add_subparsers(dest="command", required=True)
 
     i = sub.add_parser("info", help="versions, kernel backend and shipped artifacts")

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from .artifacts import ArtifactSpec, artifact_path, load_manifest, sha256_file, ArtifactHashError
+from .artifacts import ArtifactHashError, ArtifactSpec, artifact_path, load_manifest, sha256_file
 
 __all__ = ["OnnxEncoder", "check_model_input"]
 

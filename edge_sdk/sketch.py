@@ -11,8 +11,9 @@ bits packed. With 10 classes and a 20-value latent that is 200 bits, 25 bytes.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -88,7 +89,7 @@ class Sketch:
         """The bits as a ``(num_classes, latent_dim)`` uint8 array."""
         return self.unpack().reshape(self.num_classes, self.latent_dim)
 
-    def hamming(self, other: "Sketch") -> int:
+    def hamming(self, other: Sketch) -> int:
         """Number of differing bits with another sketch of the same shape."""
         _check_same_shape([self, other])
         return int(_bits.hamming_cdist(self.packed()[None], other.packed()[None], self.n_bits)[0, 0])

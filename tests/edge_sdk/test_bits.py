@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from scipy.spatial.distance import cdist, pdist
 
-from edge_sdk import bits
-from edge_sdk import _bits_numpy
+from edge_sdk import _bits_numpy, bits
 
 HAS_EXT = "cython" in bits.available_backends()
 needs_ext = pytest.mark.skipif(not HAS_EXT, reason="compiled kernel not built")
