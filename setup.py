@@ -83,7 +83,7 @@ def _extensions():
     )
 
 
-EDGE = ["numpy>=1.24", "onnxruntime>=1.16", "paho-mqtt>=2.0", "safetensors>=0.4"]
+EDGE = ["numpy>=1.24", "onnxruntime>=1.17", "paho-mqtt>=2.0", "safetensors>=0.4"]
 TRAIN = ["torch>=2.1"]
 SERVER = TRAIN + [
     "onnx>=1.15",
