@@ -95,6 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  memcpy of the same bytes  {t_copy * 1e3:9.2f} ms  {in_bytes / t_copy / 1e9:6.2f} GB/s")
     print(f"  cython == numpy twin: {same}")
 
+    # One device's sketch (MNIST: 10 classes x 20 latent), the call a Pi makes,
+    # through the public validating function against the numpy pipeline.
+    one = rng.normal(size=(1, 10, 20))
+    calls = 2000
+    t_one = best_of(lambda: [bits.quantize_pack(one[0], args.flip_prob, 1) for _ in range(calls)], 3) / calls
+    t_one_np = best_of(lambda: [numpy_pipeline(one, args.flip_prob, gen) for _ in range(calls)], 3) / calls
+    print(f"\n[one 10 x 20 sketch, public API with validation]  {t_one * 1e6:.1f} us vs numpy "
+          f"pipeline {t_one_np * 1e6:.1f} us ({t_one_np / t_one:.1f}x)")
+
     bool_bits = rng.integers(0, 2, size=(n, n_bits)).astype(bool)
     packed = np.packbits(bool_bits, axis=1)
     t_ham = best_of(lambda: bits.hamming_pdist(packed, n_bits, backend="cython"), args.repeats)
@@ -120,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         "hamming_speedup_vs_scipy": round(t_scipy / t_ham, 2),
         "hamming_speedup_vs_numpy_twin": round(t_ham_np / t_ham, 2),
         "kernel_fraction_of_memcpy": round(t_copy / t_kernel, 3),
+        "single_sketch_us": round(t_one * 1e6, 2),
+        "single_sketch_speedup_vs_numpy": round(t_one_np / t_one, 2),
         "hamming_fraction_of_memcpy": round(t_copy_h / t_ham, 3),
         "kernel_ms": round(t_kernel * 1e3, 3),
         "numpy_ms": round(t_numpy * 1e3, 3),

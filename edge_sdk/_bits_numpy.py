@@ -48,11 +48,11 @@ def quantize_pack(vecs: np.ndarray, threshold: int, seed: int) -> np.ndarray:
     n_bits = n_group * n_dim
     if n_sketch == 0 or n_bits == 0:
         return np.zeros((n_sketch, (n_bits + 7) // 8), dtype=np.uint8)
-    x = vecs.astype(np.float64, copy=False)
-    lo = x.min(axis=2, keepdims=True)
-    span = x.max(axis=2, keepdims=True) - lo
+    # Arithmetic in the input's dtype, like the compiled kernel.
     # round((x - lo) / span) with ties to even == 2 (x - lo) > span (exact, span 0 -> 0)
-    bits = (x - lo) * 2.0 > span
+    lo = vecs.min(axis=2, keepdims=True)
+    span = vecs.max(axis=2, keepdims=True) - lo
+    bits = (vecs - lo) * 2 > span
     bits = bits.reshape(n_sketch, n_bits)
     if threshold:
         idx = np.arange(n_bits, dtype=np.uint64)

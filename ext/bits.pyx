@@ -5,7 +5,12 @@ Two kernels, each with a pure-numpy twin in ``edge_sdk/_bits_numpy.py`` that
 gives bit-identical results (the tests prove it):
 
 * ``quantize_pack``: float class vectors -> per-vector min-max normalisation
-  -> round -> flip each bit with probability P -> packed bytes, in one pass.
+  -> round -> flip each bit with probability P -> packed bytes, in one pass
+  over the input: each sketch is rounded into a small 0/1 byte buffer (which
+  stays in L1 cache), flipped and packed before the next sketch is read.
+  Rounding works in the input's own precision (float32 or float64), as numpy
+  does: bit = ``2 * (v - min) > max - min``, which is ``round((v - min) /
+  (max - min))`` with ties to even, without a division.
 * ``hamming_pdist`` / ``hamming_cdist``: popcount Hamming distances between
   packed rows held as 64-bit words.
 
@@ -22,13 +27,17 @@ checks back on).
 """
 
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int32_t
-from libc.stddef cimport size_t
+from libc.stdlib cimport free, malloc
 
 import numpy as np
 
 cdef extern from *:
     """
     #include <stdint.h>
+    #include <string.h>
+    #if defined(_MSC_VER) && !defined(restrict)
+    #define restrict __restrict
+    #endif
     #if defined(_MSC_VER)
     #include <intrin.h>
     static inline uint64_t fs_popcount64(uint64_t x) { return (uint64_t)__popcnt64(x); }
@@ -44,10 +53,62 @@ cdef extern from *:
     static inline uint64_t fs_stream(uint64_t key, uint64_t counter) {
         return fs_mix64(key + (counter + 1ULL) * FS_GAMMA);
     }
+    /* Round one vector to 0/1 bytes after min-max normalisation:
+       bit = 2 (v - min) > (max - min), in the vector's own precision.
+       restrict tells the compiler the bytes written do not alias the floats
+       read, so the loops vectorise. */
+    #define FS_ROUND_BODY                                                   \
+        T lo = row[0], hi = row[0];                                         \
+        for (Py_ssize_t d = 1; d < n; d++) {                                \
+            T v = row[d];                                                   \
+            lo = v < lo ? v : lo;                                           \
+            hi = v > hi ? v : hi;                                           \
+        }                                                                   \
+        T span = hi - lo;                                                   \
+        for (Py_ssize_t d = 0; d < n; d++)                                  \
+            out[d] = (uint8_t)(((row[d] - lo) * 2) > span);
+    static inline void fs_round_f32(const float* restrict row, Py_ssize_t n,
+                                    uint8_t* restrict out) {
+        typedef float T;
+        FS_ROUND_BODY
+    }
+    static inline void fs_round_f64(const double* restrict row, Py_ssize_t n,
+                                    uint8_t* restrict out) {
+        typedef double T;
+        FS_ROUND_BODY
+    }
+    /* Xor the flips into n_pairs pairs of 0/1 bytes: pair j reads generator
+       output `counter0 + j`, its low 32 bits decide the first byte, its high
+       32 bits the second; flip when the 32-bit draw is below `threshold`. */
+    static inline void fs_flip_pairs(uint8_t* restrict bits, Py_ssize_t n_pairs,
+                                     uint64_t key, uint64_t counter0,
+                                     uint64_t threshold) {
+        for (Py_ssize_t j = 0; j < n_pairs; j++) {
+            uint64_t u = fs_stream(key, counter0 + (uint64_t)j);
+            bits[2 * j] ^= (uint8_t)((u & 0xFFFFFFFFULL) < threshold);
+            bits[2 * j + 1] ^= (uint8_t)((u >> 32) < threshold);
+        }
+    }
+    /* Eight 0/1 bytes -> one byte, first byte in the most significant bit. */
+    static inline uint8_t fs_pack8(const uint8_t* p) {
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ || defined(_M_X64) || defined(_M_ARM64)
+        uint64_t x;
+        memcpy(&x, p, 8);
+        return (uint8_t)((x * 0x8040201008040201ULL) >> 56);
+    #else
+        return (uint8_t)((p[0] << 7) | (p[1] << 6) | (p[2] << 5) | (p[3] << 4)
+                         | (p[4] << 3) | (p[5] << 2) | (p[6] << 1) | p[7]);
+    #endif
+    }
     """
     uint64_t fs_popcount64(uint64_t x) noexcept nogil
     uint64_t fs_mix64(uint64_t z) noexcept nogil
     uint64_t fs_stream(uint64_t key, uint64_t counter) noexcept nogil
+    uint8_t fs_pack8(const uint8_t* p) noexcept nogil
+    void fs_flip_pairs(uint8_t* bits, Py_ssize_t n_pairs, uint64_t key,
+                       uint64_t counter0, uint64_t threshold) noexcept nogil
+    void fs_round_f32(const float* row, Py_ssize_t n, uint8_t* out) noexcept nogil
+    void fs_round_f64(const double* row, Py_ssize_t n, uint8_t* out) noexcept nogil
 
 ctypedef fused floating:
     float
@@ -63,50 +124,39 @@ cdef void _quantize_pack(
     const floating[:, :, ::1] vecs,
     uint64_t threshold,
     uint64_t key,
+    uint8_t* buf,
     uint8_t[:, ::1] out,
 ) noexcept nogil:
+    # Three simple loops per sketch instead of one serial one, so the compiler
+    # can keep many independent operations in flight: (1) round every value to
+    # a 0/1 byte in ``buf``, (2) xor the flips, two per generator call, (3)
+    # pack eight bytes into one. ``buf`` holds n_bits + 1 bytes.
     cdef Py_ssize_t n_sketch = vecs.shape[0]
     cdef Py_ssize_t n_group = vecs.shape[1]
     cdef Py_ssize_t n_dim = vecs.shape[2]
-    cdef uint64_t n_bits = <uint64_t>(n_group * n_dim)
-    cdef uint64_t n_pairs = (n_bits + 1) >> 1
-    cdef Py_ssize_t b, g, d
-    cdef double lo, hi, span, v
-    cdef uint64_t idx, base, u = 0
-    cdef uint32_t acc, bit, r
+    cdef Py_ssize_t n_bits = n_group * n_dim
+    cdef Py_ssize_t n_pairs = (n_bits + 1) >> 1
+    cdef Py_ssize_t n_full = n_bits >> 3
+    cdef Py_ssize_t b, g, d, k
+    cdef uint8_t acc
     for b in range(n_sketch):
-        base = <uint64_t>b * n_pairs
-        idx = 0
-        acc = 0
         for g in range(n_group):
-            lo = vecs[b, g, 0]
-            hi = lo
-            for d in range(1, n_dim):
-                v = vecs[b, g, d]
-                if v < lo:
-                    lo = v
-                if v > hi:
-                    hi = v
-            span = hi - lo
-            for d in range(n_dim):
-                # round((v - lo) / span) for a value in [0, 1], ties to even,
-                # is 1 iff (v - lo) / span > 1/2, i.e. 2 (v - lo) > span: exact,
-                # and no division. A constant vector (span 0) gives zeros.
-                bit = ((vecs[b, g, d] - lo) * 2.0) > span
-                if threshold != 0:
-                    if (idx & 1) == 0:
-                        u = fs_stream(key, base + (idx >> 1))
-                        r = <uint32_t>(u & 0xFFFFFFFFULL)
-                    else:
-                        r = <uint32_t>(u >> 32)
-                    bit ^= <uint32_t>(r < threshold)  # branch-free flip
-                acc = (acc << 1) | bit
-                idx += 1
-                if (idx & 7) == 0:
-                    out[b, (idx >> 3) - 1] = <uint8_t>acc
-                    acc = 0
-        if (idx & 7) != 0:
-            out[b, idx >> 3] = <uint8_t>(acc << (8 - (idx & 7)))
+            # min-max normalise and round (ties to even): see fs_round_* above;
+            # a constant vector (span 0) gives zeros
+            if floating is float:
+                fs_round_f32(&vecs[b, g, 0], n_dim, buf + g * n_dim)
+            else:
+                fs_round_f64(&vecs[b, g, 0], n_dim, buf + g * n_dim)
+        if threshold != 0:
+            buf[n_bits] = 0  # the odd tail's partner, never packed
+            fs_flip_pairs(buf, n_pairs, key, <uint64_t>b * <uint64_t>n_pairs, threshold)
+        for k in range(n_full):
+            out[b, k] = fs_pack8(buf + 8 * k)
+        if n_bits & 7:
+            acc = 0
+            for d in range(8 * n_full, n_bits):
+                acc |= <uint8_t>(buf[d] << (7 - (d & 7)))
+            out[b, n_full] = acc
 
 
 def quantize_pack(const floating[:, :, ::1] vecs, uint64_t threshold, uint64_t seed):
@@ -122,8 +172,14 @@ def quantize_pack(const floating[:, :, ::1] vecs, uint64_t threshold, uint64_t s
         return out
     cdef uint8_t[:, ::1] o = out
     cdef uint64_t key = fs_mix64(seed)
-    with nogil:
-        _quantize_pack(vecs, threshold, key, o)
+    cdef uint8_t* buf = <uint8_t*>malloc(n_bits + 1)
+    if buf == NULL:
+        raise MemoryError(f"cannot allocate {n_bits + 1} bytes")
+    try:
+        with nogil:
+            _quantize_pack(vecs, threshold, key, buf, o)
+    finally:
+        free(buf)
     return out
 
 
