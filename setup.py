@@ -107,7 +107,7 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.9",
-    packages=["edge_sdk", "edge_sdk.artifacts_data", "server_kit", "server_kit.data"],
+    packages=["edge_sdk", "edge_sdk.artifacts_data", "server_kit", "server_kit.clustering", "server_kit.data"],
     package_dir={"edge_sdk.artifacts_data": "models"},
     package_data={"edge_sdk.artifacts_data": ["*.onnx", "*.safetensors", "manifest.json", "README.md"]},
     ext_modules=_extensions(),
@@ -120,6 +120,12 @@ setup(
         "dev": DEV,
         "all": sorted(set(SERVER + BROKER + DEV)),
     },
-    entry_points={"console_scripts": ["fedsketch=edge_sdk.cli:main"]},
+    entry_points={
+        "console_scripts": [
+            "fedsketch=edge_sdk.cli:main",
+            "fedsketch-client=edge_sdk.client:main",
+            "fedsketch-server=server_kit.cli:main",
+        ]
+    },
     zip_safe=False,
 )

@@ -1,0 +1,275 @@
+"""The edge client (``fedsketch-client``): a device's side of the federation over MQTT.
+
+It registers (hello: sample count, classes present, capabilities), sends its
+sketch when asked, trains when commanded and sends the update with its sample
+count, evaluates the model it was given, and keeps going across broker
+restarts (paho reconnects with back-off; the persistent session keeps its
+subscriptions and queued QoS 1 messages). All work is done by an
+:class:`edge_sdk.worker.LocalWorker`; this module only speaks the protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import queue
+import sys
+import threading
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .protocol import Kind, Message, Topics, parse_tensors, sketch_body, tensors_body
+from .sketch import Sketcher
+from .worker import LocalWorker, Task, TrainSettings
+
+__all__ = ["EdgeClient", "main"]
+
+log = logging.getLogger(__name__)
+
+
+class EdgeClient:
+    """Answers the server's commands for one :class:`LocalWorker`.
+
+    Parameters
+    ----------
+    transport : MqttTransport or MemoryTransport
+        Connected or not; :meth:`run` connects it.
+    worker : LocalWorker
+        The device's data and local operations.
+    federation, root : str
+        Topic namespace.
+    seed : int, optional
+        Seed of the sketch (default: drawn from the OS once).
+    model_timeout_s : float
+        How long a command waits for the model it names.
+    """
+
+    def __init__(
+        self,
+        transport: Any,
+        worker: LocalWorker,
+        *,
+        federation: str = "default",
+        root: str = "fedsketch",
+        seed: int | None = None,
+        model_timeout_s: float = 60.0,
+    ) -> None:
+        self.transport = transport
+        self.worker = worker
+        self.cid = worker.cid
+        self.federation = federation
+        self.topics = Topics(root, federation)
+        self.seed = seed
+        self.model_timeout_s = model_timeout_s
+        self.model_key: str | None = None
+        self._models: dict[str, tuple[int, dict[str, np.ndarray]]] = {}
+        self._models_cv = threading.Condition()
+        self._cmds: queue.Queue[Message] = queue.Queue(maxsize=1000)
+        self._encoders: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self.handled: dict[str, int] = {}
+
+    # -- transport callbacks (network thread: enqueue only) ---------------
+    def _on_cmd(self, topic: str, msg: Message) -> None:
+        if msg.kind != Kind.CMD or msg.sender != "server":
+            log.warning("ignoring %s from %s on %s", msg.kind.name, msg.sender, topic)
+            return
+        try:
+            self._cmds.put_nowait(msg)
+        except queue.Full:
+            log.warning("command queue full; dropping %s", msg.meta.get("op"))
+
+    def _on_model(self, topic: str, msg: Message) -> None:
+        if msg.kind != Kind.MODEL or msg.sender != "server":
+            return
+        key = str(msg.meta.get("key", ""))
+        try:
+            weights = parse_tensors(msg.body)
+        except ValueError as e:
+            log.warning("rejected model %s for round %d: %s", key, msg.round, e)
+            return
+        with self._models_cv:
+            self._models[key] = (msg.round, weights)
+            self._models_cv.notify_all()
+
+    def _wait_model(self, key: str, rnd: int) -> dict[str, np.ndarray]:
+        deadline = time.monotonic() + self.model_timeout_s
+        with self._models_cv:
+            while True:
+                got = self._models.get(key)
+                if got is not None and got[0] >= rnd:
+                    return got[1]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"model {key!r} for round {rnd} did not arrive within {self.model_timeout_s:g} s")
+                self._models_cv.wait(timeout=min(left, 0.5))
+
+    # -- outgoing -----------------------------------------------------------
+    def _send(self, topic: str, kind: Kind, rnd: int = 0, meta: Mapping[str, Any] | None = None,
+              body: bytes = b"") -> None:
+        self.transport.publish(topic, Message(kind, self.federation, self.cid, rnd, dict(meta or {}), body))
+
+    def hello(self) -> None:
+        self._send(self.topics.hello(self.cid), Kind.HELLO, meta=self.worker.hello())
+        self._send(self.topics.status(self.cid), Kind.STATUS, meta={"state": "online"})
+
+    # -- commands -------------------------------------------------------------
+    def _encoder(self, name: str):
+        if name not in self._encoders:
+            from .encoder import OnnxEncoder
+
+            self._encoders[name] = OnnxEncoder(name)
+        return self._encoders[name]
+
+    def _do_sketch(self, m: Mapping[str, Any], rnd: int) -> None:
+        sketcher = Sketcher(self._encoder(str(m.get("encoder", "digits_encoder"))),
+                            int(m["num_classes"]), float(m.get("flip_prob", 0.1)), seed=self.seed)
+        sk = self.worker.sketch(sketcher)
+        self._send(self.topics.sketch(self.cid), Kind.SKETCH, rnd, body=sketch_body(sk))
+        log.info("sent sketch (%d bits, %d bytes)", sk.n_bits, sk.nbytes)
+
+    def _do_train(self, m: Mapping[str, Any], rnd: int) -> None:
+        r = int(m["round"])
+        keys = [str(k) for k in m["models"]]
+        models = {k: self._wait_model(k, r) for k in keys}
+        task = Task(self.cid, r, models, TrainSettings.from_dict(m), bool(m.get("evaluate_first", True)))
+        upd = self.worker.fit(task)
+        meta = {"round": r, "model_key": upd.model_key, "n_samples": upd.n_samples, "loss": upd.loss,
+                "metrics": dict(upd.metrics)}
+        self._send(self.topics.update(self.cid), Kind.UPDATE, r, meta, tensors_body(upd.weights))
+        log.info("round %d: trained %s, loss %.4f", r, upd.model_key, upd.loss)
+
+    def _do_evaluate(self, m: Mapping[str, Any], rnd: int) -> None:
+        r, key = int(m["round"]), str(m["model_key"])
+        res = self.worker.evaluate(self._wait_model(key, r))
+        self._send(self.topics.metrics(self.cid), Kind.METRICS, r, {"round": r, "model_key": key, **res})
+
+    def handle(self, msg: Message) -> bool:
+        """Execute one command; returns False when told to stop."""
+        m = msg.meta
+        op = m.get("op")
+        self.handled[str(op)] = self.handled.get(str(op), 0) + 1
+        if op == "stop":
+            return False
+        try:
+            if op == "hello":
+                self.hello()
+            elif op == "sketch":
+                self._do_sketch(m, msg.round)
+            elif op == "assign":
+                self.model_key = str(m["model_key"])
+                log.info("assigned to model %s", self.model_key)
+            elif op == "train":
+                self._do_train(m, msg.round)
+            elif op == "evaluate":
+                self._do_evaluate(m, msg.round)
+            else:
+                log.warning("unknown command %r ignored", op)
+        except (ValueError, KeyError, TypeError, TimeoutError) as e:
+            log.error("command %s failed: %s", op, e)
+        return True
+
+    def start(self) -> None:
+        """Connect, subscribe, register."""
+        self.transport.subscribe(self.topics.cmd(self.cid), self._on_cmd)
+        self.transport.subscribe(self.topics.broadcast(), self._on_cmd)
+        self.transport.subscribe(self.topics.model("+"), self._on_model)
+        self.transport.connect()
+        self.hello()
+
+    def run(self, *, max_idle_s: float | None = None) -> None:
+        """Process commands until ``stop`` (or ``max_idle_s`` without any command)."""
+        self.start()
+        idle_since = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                msg = self._cmds.get(timeout=0.5)
+            except queue.Empty:
+                if max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
+                    log.warning("no command for %g s: leaving", max_idle_s)
+                    break
+                continue
+            idle_since = time.monotonic()
+            if not self.handle(msg):
+                log.info("server said stop")
+                break
+        self.transport.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedsketch-client", description="A FedSketch edge client over MQTT.")
+    p.add_argument("--broker", default="mqtt://127.0.0.1:1883", help="mqtt://host:port or mqtts://host:port")
+    p.add_argument("--federation", default="default")
+    p.add_argument("--root", default="fedsketch", help="topic root")
+    p.add_argument("--client-id", required=True)
+    p.add_argument("--data", required=True, help=".npz with x, y (and x_test, y_test); read without pickle")
+    p.add_argument("--architecture", default="digits_cnn_1x8x8_10")
+    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--seed", type=int, default=None, help="sketch and training seed (default: OS)")
+    p.add_argument("--username")
+    p.add_argument("--password-file", help="file holding the broker password")
+    p.add_argument("--ca-certs", help="CA bundle for mqtts://")
+    p.add_argument("--certfile")
+    p.add_argument("--keyfile")
+    p.add_argument("--protocol", default="3.1.1", choices=["3.1.1", "5"])
+    p.add_argument("--max-payload", type=int, default=1_000_000, help="chunk messages above this many bytes")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for local training")
+    p.add_argument("--max-idle", type=float, default=None, help="leave after this many idle seconds")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
+                        format=f"%(asctime)s {args.client_id} %(levelname)s %(name)s: %(message)s")
+    from .transport import BrokerConfig, MqttTransport
+
+    try:
+        with np.load(args.data, allow_pickle=False) as f:
+            x, y = f["x"], f["y"]
+            x_test = f["x_test"] if "x_test" in f.files else None
+            y_test = f["y_test"] if "y_test" in f.files else None
+        password = None
+        if args.password_file:
+            with open(args.password_file) as pf:
+                password = pf.read().strip()
+        cfg = BrokerConfig.from_url(args.broker, username=args.username, password=password,
+                                    ca_certs=args.ca_certs, certfile=args.certfile, keyfile=args.keyfile,
+                                    protocol=args.protocol, max_payload=args.max_payload)
+        worker = LocalWorker(args.client_id, x, y, x_test, y_test, architecture=args.architecture,
+                             num_classes=args.num_classes, seed=args.seed)
+    except (OSError, KeyError, ValueError) as e:
+        print(f"fedsketch-client: error: {e}", file=sys.stderr)
+        return 2
+    if args.threads:
+        try:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        except ImportError:
+            pass
+    topics = Topics(args.root, args.federation)
+    offline = Message(Kind.STATUS, args.federation, args.client_id, 0, {"state": "offline"})
+    from .protocol import encode_message
+
+    transport = MqttTransport(cfg, args.client_id, federation=args.federation,
+                              will_topic=topics.status(args.client_id), will_payload=encode_message(offline))
+    client = EdgeClient(transport, worker, federation=args.federation, root=args.root, seed=args.seed)
+    try:
+        client.run(max_idle_s=args.max_idle)
+    except ConnectionError as e:
+        print(f"fedsketch-client: cannot connect to {args.broker}: {e}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,191 @@
+"""What a client does with its data, whatever carries the messages.
+
+A :class:`LocalWorker` holds one client's local data and answers the
+server's requests: its registration facts, its sketch, a training task, an
+evaluation. The MQTT edge client (:mod:`edge_sdk.client`) and the in-process
+simulator (:mod:`server_kit.simulate`) both call it, so a simulated run and a
+real fleet execute the same client code.
+
+:class:`Task` and :class:`Update` are what cross between a strategy and a
+client: the models offered (one for most methods, K for IFCA, where the client
+keeps the one with the lowest loss on a local batch), the training settings,
+and what comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from .sketch import Sketch, Sketcher
+
+__all__ = ["LocalWorker", "Task", "TrainSettings", "Update"]
+
+log = logging.getLogger(__name__)
+
+Weights = Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Local training settings a strategy sends with a task."""
+
+    epochs: int = 1
+    lr: float = 1e-3
+    batch_size: int = 32
+    optimizer: str = "adam"
+
+    def __post_init__(self) -> None:
+        if int(self.epochs) < 1:
+            raise ValueError(f"epochs must be a positive integer, got {self.epochs!r}")
+        if not float(self.lr) > 0:
+            raise ValueError(f"lr must be positive, got {self.lr!r}")
+        if int(self.batch_size) < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {self.batch_size!r}")
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epochs": int(self.epochs), "lr": float(self.lr),
+                "batch_size": int(self.batch_size), "optimizer": self.optimizer}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrainSettings:
+        return cls(epochs=int(d.get("epochs", 1)), lr=float(d.get("lr", 1e-3)),
+                   batch_size=int(d.get("batch_size", 32)), optimizer=str(d.get("optimizer", "adam")))
+
+
+@dataclass(frozen=True)
+class Task:
+    """One client's work for one round.
+
+    ``models`` maps a model key (``"global"``, ``"c0"``, ...) to its weights.
+    With several models the client evaluates each on one local batch and
+    trains the one with the lowest loss (IFCA's selection).
+    """
+
+    cid: str
+    round: int
+    models: Mapping[str, Weights]
+    settings: TrainSettings = field(default_factory=TrainSettings)
+    evaluate_first: bool = True
+
+
+@dataclass(frozen=True)
+class Update:
+    """A client's answer to a :class:`Task`."""
+
+    cid: str
+    round: int
+    model_key: str
+    weights: dict[str, np.ndarray]
+    n_samples: int
+    loss: float
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+class LocalWorker:
+    """One client's local data and the operations the server may ask for.
+
+    Parameters
+    ----------
+    cid : str
+        Client id.
+    x, y : ndarray
+        Local training samples (float32 in [0, 1], the model's input shape or
+        its image shape) and integer labels.
+    x_test, y_test : ndarray, optional
+        Local test samples for evaluation (default: the training data).
+    architecture : str
+        Key of the classifier in :data:`edge_sdk.nets.ARCHITECTURES`.
+    num_classes : int
+        Number of classes of the federation.
+    seed : int, optional
+        Seed of local shuffling.
+    """
+
+    def __init__(
+        self,
+        cid: str,
+        x: np.ndarray,
+        y: np.ndarray,
+        x_test: np.ndarray | None = None,
+        y_test: np.ndarray | None = None,
+        *,
+        architecture: str,
+        num_classes: int = 10,
+        seed: int | None = None,
+    ) -> None:
+        if len(x) != len(y):
+            raise ValueError(f"x and y differ in length: {len(x)} vs {len(y)}")
+        if len(y) == 0:
+            raise ValueError(f"client {cid!r} has no training samples")
+        self.cid = cid
+        self.x, self.y = np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int64)
+        self.x_test = self.x if x_test is None else np.asarray(x_test, dtype=np.float32)
+        self.y_test = self.y if y_test is None else np.asarray(y_test, dtype=np.int64)
+        self.architecture = architecture
+        self.num_classes = int(num_classes)
+        self.seed = seed
+        self._calls = 0
+
+    def hello(self) -> dict[str, Any]:
+        """Registration facts: sample count, how many classes are present, capabilities."""
+        from .trainer import torch_available
+
+        caps = ["sketch", "evaluate-onnx"] + (["train-torch", "evaluate-torch"] if torch_available() else [])
+        return {
+            "n_samples": int(len(self.y)),
+            "n_test": int(len(self.y_test)),
+            "classes_present": int(len(np.unique(self.y))),
+            "capabilities": caps,
+            "architecture": self.architecture,
+        }
+
+    def sketch(self, sketcher: Sketcher) -> Sketch:
+        """The client's sketch of its training data."""
+        return sketcher.sketch(self.x, self.y)
+
+    def evaluate(self, weights: Weights) -> dict[str, float]:
+        """Accuracy and loss of ``weights`` on the local test data."""
+        from .trainer import evaluate
+
+        r = evaluate(self.architecture, weights, self.x_test, self.y_test)
+        return {"accuracy": float(r.accuracy), "loss": float(r.loss), "n_test": int(r.n)}
+
+    def select(self, models: Mapping[str, Weights], batch_size: int) -> str:
+        """Key of the model with the lowest loss on one local batch (IFCA)."""
+        from .trainer import evaluate
+
+        if len(models) == 1:
+            return next(iter(models))
+        rng = np.random.default_rng(None if self.seed is None else self.seed + 7919 * self._calls)
+        idx = rng.choice(len(self.y), size=min(batch_size, len(self.y)), replace=False)
+        losses = {k: evaluate(self.architecture, w, self.x[idx], self.y[idx]).loss for k, w in models.items()}
+        best = min(sorted(losses), key=lambda k: losses[k])
+        log.debug("client %s selects %s from losses %s", self.cid, best, losses)
+        return best
+
+    def fit(self, task: Task) -> Update:
+        """Run a training task: optionally evaluate, select a model, train, return the update."""
+        from .trainer import train_local
+
+        if not task.models:
+            raise ValueError(f"task for {self.cid!r} in round {task.round} offers no model")
+        self._calls += 1
+        metrics: dict[str, float] = {}
+        key = self.select(task.models, task.settings.batch_size)
+        if task.evaluate_first:
+            ev = self.evaluate(task.models[key])
+            metrics.update({"acc_before": ev["accuracy"], "loss_before": ev["loss"]})
+        s = task.settings
+        seed = None if self.seed is None else self.seed * 100_003 + task.round
+        res = train_local(
+            self.architecture, task.models[key], self.x, self.y,
+            epochs=s.epochs, lr=s.lr, batch_size=s.batch_size, optimizer=s.optimizer, seed=seed,
+        )
+        metrics["train_seconds"] = float(res.seconds)
+        return Update(self.cid, task.round, key, dict(res.weights), int(res.n_samples), float(res.loss), metrics)

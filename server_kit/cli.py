@@ -1,0 +1,146 @@
+"""``fedsketch-server``: run a federation's server over MQTT.
+
+Settings come from command-line options or a TOML file (``--config run.toml``)
+whose keys are those of :class:`server_kit.orchestrator.ServerConfig` plus a
+``[strategy]`` table; unknown keys are refused.
+
+    fedsketch-server --broker mqtt://127.0.0.1:1883 --federation lab --strategy fedsketch \\
+        --min-clients 20 --rounds 10 --checkpoint-dir ckpt/ --report-dir reports/lab
+    fedsketch-server ... --resume          # continue a killed server from its last round
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["build_parser", "load_config", "main"]
+
+log = logging.getLogger(__name__)
+
+
+def load_config(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read a TOML run config: (server settings, strategy settings), validated."""
+    try:
+        import tomllib  # Python 3.11+
+    except ImportError:  # pragma: no cover
+        import tomli as tomllib  # type: ignore[no-redef]
+    from .orchestrator import ServerConfig
+
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"cannot read config {path}: {e}") from e
+    strategy = raw.pop("strategy", {})
+    if not isinstance(strategy, dict):
+        raise ValueError("config: [strategy] must be a table")
+    known = {f.name for f in dataclasses.fields(ServerConfig)} | {"broker", "report_dir"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"config {path}: unknown keys {unknown}; known keys: {sorted(known)}")
+    return raw, strategy
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedsketch-server", description=__doc__.splitlines()[0])
+    p.add_argument("--config", help="TOML run config (options given here override it)")
+    p.add_argument("--broker", default=None, help="mqtt://host:port or mqtts://host:port")
+    p.add_argument("--federation", default=None)
+    p.add_argument("--strategy", default=None, help="fedsketch (ours), fedavg, ...")
+    p.add_argument("--rounds", type=int)
+    p.add_argument("--min-clients", type=int)
+    p.add_argument("--flip-prob", type=float)
+    p.add_argument("--num-classes", type=int)
+    p.add_argument("--encoder")
+    p.add_argument("--architecture")
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--fraction", type=float, default=None, help="fraction of each cluster sampled per round")
+    p.add_argument("--min-cluster-size", type=int, default=None)
+    p.add_argument("--round-timeout", type=float, dest="round_timeout_s")
+    p.add_argument("--sketch-timeout", type=float, dest="sketch_timeout_s")
+    p.add_argument("--register-timeout", type=float, dest="register_timeout_s")
+    p.add_argument("--round-quorum", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--checkpoint-dir")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint's last round")
+    p.add_argument("--report-dir", default=None, help="write results.json and plots here")
+    p.add_argument("--username")
+    p.add_argument("--password-file")
+    p.add_argument("--ca-certs")
+    p.add_argument("--protocol", default="3.1.1", choices=["3.1.1", "5"])
+    p.add_argument("--max-payload", type=int, default=1_000_000)
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    return p
+
+
+SERVER_KEYS = ("federation", "rounds", "min_clients", "flip_prob", "num_classes", "encoder", "architecture",
+               "round_timeout_s", "sketch_timeout_s", "register_timeout_s", "round_quorum", "seed",
+               "checkpoint_dir")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO - 10 * min(args.verbose, 1),
+                        format="%(asctime)s server %(levelname)s %(name)s: %(message)s")
+    from edge_sdk.transport import BrokerConfig, MqttTransport
+    from edge_sdk.worker import TrainSettings
+
+    from .orchestrator import Orchestrator, ServerConfig
+    from .strategy import make_strategy
+
+    try:
+        conf, strat = load_config(args.config) if args.config else ({}, {})
+        for key in SERVER_KEYS:
+            v = getattr(args, key, None)
+            if v is not None:
+                conf[key] = v
+        broker = args.broker or conf.pop("broker", "mqtt://127.0.0.1:1883")
+        report_dir = args.report_dir or conf.pop("report_dir", None)
+        conf.pop("broker", None)
+        conf.pop("report_dir", None)
+        config = ServerConfig(**conf)
+        name = args.strategy or strat.pop("name", "fedsketch")
+        settings = TrainSettings(
+            epochs=args.epochs or strat.pop("epochs", 1), lr=args.lr or strat.pop("lr", 1e-3),
+            batch_size=args.batch_size or strat.pop("batch_size", 32),
+        )
+        if args.fraction is not None:
+            strat["fraction"] = args.fraction
+        if args.min_cluster_size is not None:
+            strat["min_cluster_size"] = args.min_cluster_size
+        strategy = make_strategy(name, settings=settings, seed=config.seed, **strat)
+        password = Path(args.password_file).read_text().strip() if args.password_file else None
+        bcfg = BrokerConfig.from_url(broker, username=args.username, password=password,
+                                     ca_certs=args.ca_certs, protocol=args.protocol, max_payload=args.max_payload)
+    except (ValueError, TypeError, OSError) as e:
+        print(f"fedsketch-server: error: {e}", file=sys.stderr)
+        return 2
+    transport = MqttTransport(bcfg, args.username or "server", federation=config.federation)
+    try:
+        transport.connect()
+        result = Orchestrator(strategy, transport, config).run(resume=args.resume)
+    except (ConnectionError, TimeoutError, FileNotFoundError) as e:
+        print(f"fedsketch-server: {e}", file=sys.stderr)
+        return 3
+    finally:
+        transport.close()
+    if report_dir:
+        from .report import plot_bytes, write_json
+
+        out = Path(report_dir)
+        write_json(out / "results.json", result)
+        plot_bytes(out / "bytes.png", result["transport"])
+    print(json.dumps({"strategy": result["strategy"], "final_accuracy": result["final"]["accuracy"],
+                      "clusters": len(set(result["assignment"].values())), "rounds": len(result["history"])}))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,457 @@
+"""The MQTT driver: a real federation of client processes behind a broker.
+
+The :class:`Orchestrator` runs a :class:`~server_kit.strategy.Strategy` over
+clients it reaches through a transport (:class:`edge_sdk.transport.MqttTransport`,
+or its in-memory twin in unit tests):
+
+1. registration: clients say hello (the server broadcasts a request, so
+   clients started before it re-register); closed by quorum or deadline;
+2. if the strategy clusters from sketches: ask every client for its sketch,
+   collect until quorum or deadline, cluster once, tell each client its model;
+3. rounds: publish each model once on its cluster topic, command the round's
+   clients to train, collect updates until quorum or deadline (a client that
+   vanished, announced by its last will, is not waited for), aggregate,
+   checkpoint;
+4. a final evaluation round.
+
+Every message from a client is validated on arrival (envelope, sender vs
+topic, registration, round, tensor names/shapes/dtypes, NaN); a bad one is
+logged and counted, never fatal. State after every round goes to a
+checkpoint folder (JSON + safetensors), and :meth:`Orchestrator.run` with
+``resume=True`` continues a killed server from its last finished round.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from edge_sdk.protocol import Kind, Message, ProtocolError, Topics, parse_sketch, parse_tensors, tensors_body
+from edge_sdk.sketch import Sketch
+from edge_sdk.worker import Update
+
+from .strategy import ClientInfo, Strategy
+
+__all__ = ["Orchestrator", "ServerConfig"]
+
+log = logging.getLogger(__name__)
+
+SERVER_ID = "server"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Settings of a server run (validated on construction)."""
+
+    federation: str = "default"
+    root: str = "fedsketch"
+    rounds: int = 10
+    min_clients: int = 2
+    register_timeout_s: float = 60.0
+    sketch_quorum: float = 1.0
+    sketch_timeout_s: float = 60.0
+    round_quorum: float = 1.0
+    round_timeout_s: float = 120.0
+    eval_timeout_s: float = 60.0
+    num_classes: int = 10
+    flip_prob: float = 0.1
+    encoder: str = "digits_encoder"
+    latent_dim: int | None = None
+    architecture: str = "digits_cnn_1x8x8_10"
+    seed: int = 0
+    checkpoint_dir: str | None = None
+    stop_clients: bool = True
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be a positive integer, got {self.rounds}")
+        if self.min_clients < 1:
+            raise ValueError(f"min_clients must be a positive integer, got {self.min_clients}")
+        for name in ("sketch_quorum", "round_quorum"):
+            v = getattr(self, name)
+            if not 0.0 < v <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {v}")
+        for name in ("register_timeout_s", "sketch_timeout_s", "round_timeout_s", "eval_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0.0 <= self.flip_prob <= 0.5:
+            raise ValueError(f"flip_prob must be in [0, 0.5], got {self.flip_prob}")
+
+
+@dataclass
+class _ClientState:
+    info: ClientInfo
+    online: bool = True
+    last_seen: float = field(default_factory=time.monotonic)
+
+
+class Orchestrator:
+    """Drives a strategy over MQTT clients. See the module docstring."""
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        transport: Any,
+        config: ServerConfig,
+        *,
+        template: Mapping[str, np.ndarray] | None = None,
+        on_round: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.strategy = strategy
+        self.transport = transport
+        self.config = config
+        self.topics = Topics(config.root, config.federation)
+        self.on_round = on_round
+        self._inbox: queue.Queue[tuple[str, Message]] = queue.Queue(maxsize=100_000)
+        self.clients: dict[str, _ClientState] = {}
+        self.sketches: dict[str, Sketch] = {}
+        self._updates: dict[str, Update] = {}
+        self._metrics: dict[str, dict[str, Any]] = {}
+        self._round = 0
+        self._tasked: set[str] = set()
+        self._phase = "register"
+        self.rejected: dict[str, int] = {}
+        self.history: list[dict[str, Any]] = []
+        self.timings: dict[str, float] = {}
+        if template is None:
+            from edge_sdk.trainer import initial_weights
+
+            template = initial_weights(config.architecture, config.seed)
+        self.template = {k: np.asarray(v) for k, v in template.items()}
+        self._spec = {k: (tuple(v.shape), str(v.dtype)) for k, v in self.template.items()}
+        self._latent = config.latent_dim or self._encoder_latent(config.encoder)
+        self._lock = threading.Lock()
+
+    # -- plumbing ---------------------------------------------------------
+    @staticmethod
+    def _encoder_latent(name: str) -> int:
+        from edge_sdk.artifacts import load_manifest
+
+        spec = load_manifest().get(name)
+        if spec is None or spec.latent_dim is None:
+            raise ValueError(f"encoder {name!r} is not in the model manifest or has no latent size")
+        return spec.latent_dim
+
+    def _reject(self, reason: str, detail: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        log.warning("rejected (%s): %s", reason, detail)
+
+    def _enqueue(self, topic: str, msg: Message) -> None:
+        try:
+            self._inbox.put_nowait((topic, msg))
+        except queue.Full:
+            self._reject("inbox-full", f"dropping {msg.kind.name} from {msg.sender}")
+
+    def _subscribe(self) -> None:
+        for leaf in ("hello", "sketch", "update", "status", "metrics"):
+            self.transport.subscribe(self.topics.all_clients(leaf), self._enqueue)
+
+    def _send(self, topic: str, kind: Kind, *, meta: Mapping[str, Any] | None = None, body: bytes = b"",
+              retain: bool = False) -> int:
+        msg = Message(kind, self.config.federation, SERVER_ID, self._round, dict(meta or {}), body)
+        return self.transport.publish(topic, msg, retain=retain)
+
+    def _cmd(self, cid: str, op: str, **meta: Any) -> None:
+        self._send(self.topics.cmd(cid), Kind.CMD, meta={"op": op, **meta})
+
+    def _broadcast(self, op: str, **meta: Any) -> None:
+        self._send(self.topics.broadcast(), Kind.CMD, meta={"op": op, **meta})
+
+    def _pump(self, until: Callable[[], bool], timeout: float) -> bool:
+        """Handle incoming messages until ``until()`` or the deadline; returns whether ``until`` held."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if until():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return until()
+            try:
+                topic, msg = self._inbox.get(timeout=min(left, 0.2))
+            except queue.Empty:
+                continue
+            try:
+                self._handle(topic, msg)
+            except (ProtocolError, ValueError, KeyError, TypeError) as e:
+                self._reject(getattr(e, "reason", "invalid"), f"{msg.kind.name} from {msg.sender}: {e}")
+
+    # -- message handling -----------------------------------------------
+    def _handle(self, topic: str, msg: Message) -> None:
+        cid = msg.sender
+        if msg.kind == Kind.HELLO:
+            self._on_hello(cid, msg)
+            return
+        state = self.clients.get(cid)
+        if state is None:
+            self._reject("unknown-client", f"{msg.kind.name} from unregistered client {cid!r}")
+            return
+        state.last_seen = time.monotonic()
+        if msg.kind == Kind.STATUS:
+            online = msg.meta.get("state") != "offline"
+            if state.online and not online:
+                log.info("client %s is offline", cid)
+            state.online = online
+        elif msg.kind == Kind.SKETCH:
+            self._on_sketch(cid, msg)
+        elif msg.kind == Kind.UPDATE:
+            self._on_update(cid, msg)
+        elif msg.kind == Kind.METRICS:
+            if int(msg.meta.get("round", -1)) == self._round:
+                self._metrics[cid] = dict(msg.meta)
+        else:
+            self._reject("kind", f"unexpected {msg.kind.name} from {cid}")
+
+    def _on_hello(self, cid: str, msg: Message) -> None:
+        m = msg.meta
+        n = m.get("n_samples")
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"hello from {cid!r} has an invalid n_samples {n!r}")
+        caps = m.get("capabilities", [])
+        if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
+            raise ValueError(f"hello from {cid!r} has invalid capabilities")
+        info = ClientInfo(cid, n, int(m.get("classes_present", 0)), tuple(caps))
+        known = cid in self.clients
+        self.clients[cid] = _ClientState(info)
+        if not known:
+            log.info("client %s registered (%d samples, %d classes)", cid, n, info.classes_present)
+        if self._phase == "train" and cid not in self.strategy.clusters():
+            self._admit_late(cid, info)
+        elif self._phase == "train":
+            self._cmd(cid, "assign", model_key=self.strategy.model_key_for(cid))
+
+    def _admit_late(self, cid: str, info: ClientInfo) -> None:
+        if self.strategy.needs_sketches:
+            if cid in self.sketches:
+                key = self.strategy.assign_late(cid, self.sketches[cid], info)
+                self._cmd(cid, "assign", model_key=key)
+            else:
+                log.info("late client %s: asking for its sketch", cid)
+                self._ask_sketch(cid)
+        else:
+            key = self.strategy.assign_late(cid, None, info)
+            self._cmd(cid, "assign", model_key=key)
+
+    def _ask_sketch(self, cid: str) -> None:
+        self._cmd(cid, "sketch", encoder=self.config.encoder, num_classes=self.config.num_classes,
+                  flip_prob=self.config.flip_prob)
+
+    def _on_sketch(self, cid: str, msg: Message) -> None:
+        sk = parse_sketch(msg.body, num_classes=self.config.num_classes, latent_dim=self._latent)
+        self.sketches[cid] = sk
+        if self._phase == "train" and cid not in self.strategy.clusters():
+            key = self.strategy.assign_late(cid, sk, self.clients[cid].info)
+            self._cmd(cid, "assign", model_key=key)
+
+    def _on_update(self, cid: str, msg: Message) -> None:
+        m = msg.meta
+        rnd = int(m.get("round", -1))
+        if rnd != self._round or cid not in self._tasked:
+            self._reject("stale-update", f"update from {cid} for round {rnd} (current {self._round}, tasked: {cid in self._tasked})")
+            return
+        n = m.get("n_samples")
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"update from {cid!r} has an invalid n_samples {n!r}")
+        key = str(m.get("model_key", ""))
+        if key not in self.strategy.models:
+            raise ValueError(f"update from {cid!r} names unknown model {key!r}")
+        weights = parse_tensors(msg.body, spec=self._spec)
+        metrics = {k: float(v) for k, v in dict(m.get("metrics", {})).items() if isinstance(v, (int, float))}
+        self._updates[cid] = Update(cid, rnd, key, weights, n, float(m.get("loss", float("nan"))), metrics)
+
+    # -- phases -------------------------------------------------------------
+    def online(self) -> list[str]:
+        return sorted(c for c, s in self.clients.items() if s.online)
+
+    def _register(self) -> None:
+        t0 = time.monotonic()
+        self._broadcast("hello")
+        need = self.config.min_clients
+        ok = self._pump(lambda: len(self.clients) >= need, self.config.register_timeout_s)
+        if not ok:
+            raise TimeoutError(
+                f"only {len(self.clients)} of the {need} clients needed registered within "
+                f"{self.config.register_timeout_s:g} s"
+            )
+        # let stragglers of the same start register too (short grace)
+        self._pump(lambda: False, 0.5)
+        self.timings["register_s"] = time.monotonic() - t0
+        log.info("registration closed: %d clients", len(self.clients))
+
+    def _cluster(self) -> None:
+        t0 = time.monotonic()
+        cids = self.online()
+        for cid in cids:
+            self._ask_sketch(cid)
+        need = max(1, int(np.ceil(self.config.sketch_quorum * len(cids))))
+        self._pump(lambda: len([c for c in cids if c in self.sketches]) >= need, self.config.sketch_timeout_s)
+        got = {c: self.sketches[c] for c in cids if c in self.sketches}
+        if len(got) < need:
+            log.warning("sketch deadline: %d of %d sketches (quorum %d); clustering those", len(got), len(cids), need)
+        if not got:
+            raise TimeoutError("no sketch arrived before the deadline")
+        self.timings["sketch_collect_s"] = time.monotonic() - t0
+        t1 = time.monotonic()
+        self.strategy.on_sketches(got)
+        self.timings["clustering_s"] = time.monotonic() - t1
+
+    def _announce_assignment(self) -> None:
+        assigned = self.strategy.clusters()
+        for cid in self.online():
+            if cid in assigned:
+                self._cmd(cid, "assign", model_key=self.strategy.model_key_for(cid))
+            else:
+                self._admit_late(cid, self.clients[cid].info)
+
+    def _publish_models(self, keys) -> None:
+        for key in sorted(keys):
+            self._send(self.topics.model(key), Kind.MODEL, meta={"key": key},
+                       body=tensors_body(self.strategy.models[key]))
+
+    def _run_round(self, rnd: int) -> dict[str, Any]:
+        t0 = time.monotonic()
+        self._round = rnd
+        self._updates = {}
+        tasks = self.strategy.configure_round(rnd, self.online())
+        self._tasked = {t.cid for t in tasks}
+        self._publish_models({k for t in tasks for k in t.models})
+        for t in tasks:
+            self._cmd(t.cid, "train", round=rnd, models=sorted(t.models), evaluate_first=t.evaluate_first,
+                      **t.settings.to_dict())
+        need = max(1, int(np.ceil(self.config.round_quorum * len(tasks))))
+
+        def done() -> bool:
+            # quorum reached, or nobody left worth waiting for (the rest went offline)
+            waiting = [c for c in self._tasked if c not in self._updates and self.clients[c].online]
+            return len(self._updates) >= need or not waiting
+
+        self._pump(done, self.config.round_timeout_s)
+        updates = [self._updates[c] for c in sorted(self._updates)]
+        missing = sorted(self._tasked - set(self._updates))
+        if missing:
+            log.warning("round %d closed without %d client(s): %s", rnd, len(missing), ", ".join(missing))
+        summary = self.strategy.aggregate_round(rnd, updates) if updates else {"updates": 0}
+        before = [u.metrics["acc_before"] for u in updates if "acc_before" in u.metrics]
+        rec = {
+            "round": rnd, "tasked": len(tasks), "updates": len(updates), "missing": missing,
+            "acc_before": float(np.mean(before)) if before else None,
+            "loss": float(np.mean([u.loss for u in updates])) if updates else None,
+            "summary": summary, "seconds": time.monotonic() - t0,
+        }
+        self.history.append(rec)
+        self._checkpoint(rnd)
+        if self.on_round:
+            self.on_round(rec)
+        log.info("round %d: %d/%d updates, loss %s", rnd, len(updates), len(tasks), rec["loss"])
+        return rec
+
+    def _final_eval(self) -> dict[str, Any]:
+        self._round = self.config.rounds + 1
+        self._metrics = {}
+        cids = self.online()
+        keys = {self.strategy.model_key_for(c) for c in cids}
+        self._publish_models(keys)
+        for cid in cids:
+            self._cmd(cid, "evaluate", round=self._round, model_key=self.strategy.model_key_for(cid))
+        self._pump(lambda: all(c in self._metrics or not self.clients[c].online for c in cids),
+                   self.config.eval_timeout_s)
+        per_client = {c: float(m["accuracy"]) for c, m in self._metrics.items() if "accuracy" in m}
+        per_model: dict[str, list[float]] = {}
+        for c, a in per_client.items():
+            per_model.setdefault(self.strategy.model_key_for(c), []).append(a)
+        return {
+            "accuracy": float(np.mean(list(per_client.values()))) if per_client else None,
+            "per_client": per_client,
+            "per_model": {k: float(np.mean(v)) for k, v in per_model.items()},
+        }
+
+    # -- checkpoints ------------------------------------------------------
+    def _checkpoint(self, rnd: int) -> None:
+        d = self.config.checkpoint_dir
+        if not d:
+            return
+        from safetensors.numpy import save_file
+
+        path = Path(d)
+        path.mkdir(parents=True, exist_ok=True)
+        meta, tensors = self.strategy.state()
+        tmp = path / "models.safetensors.tmp"
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp))
+        os.replace(tmp, path / "models.safetensors")
+        state = {
+            "round": rnd, "strategy": meta, "history": self.history, "timings": self.timings,
+            "clients": {c: asdict(s.info) for c, s in self.clients.items()},
+            "sketches": {c: [s.bits.hex(), s.num_classes, s.latent_dim] for c, s in self.sketches.items()},
+            "config": asdict(self.config),
+        }
+        tmp = path / "state.json.tmp"
+        tmp.write_text(json.dumps(state, indent=1, default=list))
+        os.replace(tmp, path / "state.json")
+
+    def _restore(self) -> int:
+        from safetensors.numpy import load_file
+
+        path = Path(self.config.checkpoint_dir or "")
+        state_file = path / "state.json"
+        if not state_file.is_file():
+            raise FileNotFoundError(f"--resume: no checkpoint in {path} (state.json missing)")
+        state = json.loads(state_file.read_text())
+        tensors = load_file(str(path / "models.safetensors"))
+        self.strategy.setup([ClientInfo(**{k: (tuple(v) if k == "capabilities" else v) for k, v in i.items()})
+                             for i in state["clients"].values()], self.template)
+        self.strategy.load_state(state["strategy"], tensors)
+        for c, i in state["clients"].items():
+            self.clients[c] = _ClientState(ClientInfo(**{k: (tuple(v) if k == "capabilities" else v)
+                                                        for k, v in i.items()}), online=False)
+        self.sketches = {c: Sketch(bytes.fromhex(h), n, l) for c, (h, n, l) in state.get("sketches", {}).items()}
+        self.history = list(state.get("history", []))
+        self.timings = dict(state.get("timings", {}))
+        log.info("resumed from %s after round %d (%d clients known)", path, state["round"], len(self.clients))
+        return int(state["round"])
+
+    # -- the run ------------------------------------------------------------
+    def run(self, *, resume: bool = False) -> dict[str, Any]:
+        """Run the federation; returns a summary (assignment, history, final evaluation, bytes)."""
+        t0 = time.monotonic()
+        self._subscribe()
+        start = 1
+        if resume:
+            start = self._restore() + 1
+            self._phase = "train"
+            self._broadcast("hello")
+            self._pump(lambda: len(self.online()) >= min(self.config.min_clients, len(self.clients)),
+                       self.config.register_timeout_s)
+            self._pump(lambda: False, 0.5)
+        else:
+            self._register()
+            self.strategy.setup([s.info for s in self.clients.values()], self.template)
+            if self.strategy.needs_sketches:
+                self._cluster()
+            self._phase = "train"
+            self._announce_assignment()
+        self._pump(lambda: False, 0.2)
+        t_train = time.monotonic()
+        for rnd in range(start, self.config.rounds + 1):
+            self._run_round(rnd)
+        final = self._final_eval()
+        self.timings["training_s"] = time.monotonic() - t_train
+        if self.config.stop_clients:
+            self._broadcast("stop")
+        self.timings["total_s"] = time.monotonic() - t0
+        return {
+            "strategy": self.strategy.name,
+            "assignment": self.strategy.clusters(),
+            "history": self.history,
+            "final": final,
+            "timings": self.timings,
+            "rejected": dict(self.rejected),
+            "transport": self.transport.stats(),
+        }

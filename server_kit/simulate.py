@@ -1,0 +1,161 @@
+"""The in-process driver: the same strategies and client code, no broker.
+
+For research runs and most tests. Each simulated client is an
+:class:`edge_sdk.worker.LocalWorker`, exactly what a device runs behind the
+MQTT client; the strategy object is the one the orchestrator drives. What the
+simulator leaves out is the transport: messages, chunking, deadlines.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from edge_sdk.sketch import Sketcher
+from edge_sdk.worker import LocalWorker
+
+from .data.partition import ClientData
+from .strategy import ClientInfo, Strategy
+
+__all__ = ["RoundRecord", "SimulationResult", "Simulator"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundRecord:
+    """What one round did."""
+
+    round: int
+    accuracy: float
+    cluster_accuracy: dict[str, float]
+    sampled: int
+    summary: dict[str, Any]
+    seconds: float
+
+
+@dataclass
+class SimulationResult:
+    strategy: str
+    rounds: list[RoundRecord] = field(default_factory=list)
+    assignment: dict[str, int] = field(default_factory=dict)
+    ari: float | None = None
+    seconds_clustering: float = 0.0
+    seconds_training: float = 0.0
+
+    @property
+    def accuracies(self) -> list[float]:
+        return [r.accuracy for r in self.rounds]
+
+
+def mean_accuracy(workers: dict[str, LocalWorker], strategy: Strategy, cids: Sequence[str]) -> tuple[float, dict[str, float]]:
+    """Mean local test accuracy over ``cids`` of their current models, overall and per model."""
+    per_model: dict[str, list[float]] = {}
+    accs = []
+    for cid in cids:
+        key, weights = strategy.model_for(cid)
+        acc = workers[cid].evaluate(weights)["accuracy"]
+        accs.append(acc)
+        per_model.setdefault(key, []).append(acc)
+    return float(np.mean(accs)) if accs else float("nan"), {k: float(np.mean(v)) for k, v in per_model.items()}
+
+
+class Simulator:
+    """Runs a strategy over in-process clients.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        Any strategy of :mod:`server_kit.strategy`.
+    clients : sequence of ClientData
+        The federation's local datasets (with true groups for scoring).
+    architecture : str
+        Classifier architecture key (see :mod:`edge_sdk.nets`).
+    encoder : optional
+        The encoder used for sketches when the strategy needs them.
+    flip_prob : float
+        P of the clients' sketches.
+    seed : int
+        Seed of the initial model, client shuffling and sketches.
+    progress : bool
+        Show a progress bar over rounds.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        clients: Sequence[ClientData],
+        *,
+        architecture: str,
+        num_classes: int = 10,
+        encoder: Any = None,
+        flip_prob: float = 0.1,
+        seed: int = 0,
+        progress: bool = False,
+    ) -> None:
+        self.strategy = strategy
+        self.data = {c.cid: c for c in clients}
+        self.architecture = architecture
+        self.num_classes = num_classes
+        self.encoder = encoder
+        self.flip_prob = flip_prob
+        self.seed = seed
+        self.progress = progress
+        self.workers = {
+            c.cid: LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test,
+                               architecture=architecture, num_classes=num_classes, seed=seed * 1000 + i)
+            for i, c in enumerate(clients)
+        }
+
+    def run(self, rounds: int) -> SimulationResult:
+        from edge_sdk.trainer import initial_weights
+        from sklearn.metrics import adjusted_rand_score
+
+        s = self.strategy
+        infos = [ClientInfo(cid, **{k: v for k, v in w.hello().items() if k in ("n_samples", "classes_present")})
+                 for cid, w in self.workers.items()]
+        s.setup(infos, initial_weights(self.architecture, self.seed))
+        result = SimulationResult(strategy=s.name)
+        t0 = time.perf_counter()
+        if s.needs_sketches:
+            if self.encoder is None:
+                raise ValueError(f"strategy {s.name!r} needs sketches: give the simulator an encoder")
+            sketches = {
+                cid: w.sketch(Sketcher(self.encoder, self.num_classes, self.flip_prob, seed=self.seed * 1000 + i))
+                for i, (cid, w) in enumerate(self.workers.items())
+            }
+            s.on_sketches(sketches)
+        result.seconds_clustering = time.perf_counter() - t0
+        cids = sorted(self.workers)
+        bar = _progress(range(1, rounds + 1), f"{s.name} rounds", self.progress)
+        t1 = time.perf_counter()
+        for rnd in bar:
+            tr = time.perf_counter()
+            tasks = s.configure_round(rnd, cids)
+            updates = [self.workers[t.cid].fit(t) for t in tasks]
+            summary = s.aggregate_round(rnd, updates)
+            acc, per = mean_accuracy(self.workers, s, [t.cid for t in tasks])
+            result.rounds.append(RoundRecord(rnd, acc, per, len(tasks), summary, time.perf_counter() - tr))
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(acc=f"{acc:.3f}")
+            log.info("%s round %d: %d clients, mean accuracy %.4f", s.name, rnd, len(tasks), acc)
+        result.seconds_training = time.perf_counter() - t1
+        result.assignment = s.clusters()
+        truth = [self.data[c].group for c in cids]
+        result.ari = float(adjusted_rand_score(truth, [result.assignment.get(c, 0) for c in cids]))
+        return result
+
+
+def _progress(it, desc: str, enabled: bool):
+    if not enabled:
+        return it
+    try:
+        from tqdm.auto import tqdm
+
+        return tqdm(it, desc=desc, leave=False)
+    except ImportError:  # pragma: no cover
+        return it

@@ -1,0 +1,357 @@
+"""One strategy interface for every clustered-FL method, and the first strategies.
+
+A :class:`Strategy` decides who trains which model each round and how
+updates are combined; a driver owns the loop and the messages. Two drivers
+run the same strategy objects: the MQTT orchestrator
+(:mod:`server_kit.orchestrator`) for real fleets and the in-process simulator
+(:mod:`server_kit.simulate`) for research runs and tests.
+
+The hooks cover the three families of the literature:
+
+* clustering **before** training from client sketches (ours, LADD):
+  ``needs_sketches = True`` and :meth:`Strategy.on_sketches`;
+* clustering **during** training from model updates (CFL, OCFL, Briggs):
+  :meth:`Strategy.aggregate_round` sees every update and may split clusters;
+* clustering **every round** from client-side choices (IFCA):
+  :meth:`Strategy.configure_round` offers several models per task and the
+  client reports which one it trained (``Update.model_key``).
+
+Strategies keep their state in plain data (JSON-able dicts and numpy
+tensors) so a driver can checkpoint it after every round
+(:meth:`Strategy.state` / :meth:`Strategy.load_state`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from edge_sdk.sketch import Sketch, stack_sketches
+from edge_sdk.worker import Task, TrainSettings, Update
+
+from .aggregate import StreamingFedAvg
+
+__all__ = [
+    "ClientInfo",
+    "ClusteredFedAvg",
+    "FedAvg",
+    "SketchClustered",
+    "Strategy",
+    "STRATEGIES",
+    "make_strategy",
+]
+
+log = logging.getLogger(__name__)
+
+Weights = Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """What the server knows of a registered client."""
+
+    cid: str
+    n_samples: int = 0
+    classes_present: int = 0
+    capabilities: tuple[str, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _copy(w: Weights) -> dict[str, np.ndarray]:
+    return {k: np.array(v, copy=True) for k, v in w.items()}
+
+
+class Strategy(ABC):
+    """Base of every method. Subclasses fill the hooks; drivers call them in order:
+
+    ``setup`` once; ``on_sketches`` once if ``needs_sketches``; then per round
+    ``configure_round`` -> (clients train) -> ``aggregate_round``;
+    ``model_for`` to evaluate a client; ``assign_late`` for a client that
+    joins after clustering.
+    """
+
+    name: str = "base"
+    needs_sketches: bool = False
+
+    def __init__(self, *, settings: TrainSettings | None = None, fraction: float = 1.0, seed: int = 0) -> None:
+        if not 0.0 < float(fraction) <= 1.0:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+        self.settings = settings or TrainSettings()
+        self.fraction = float(fraction)
+        self.seed = int(seed)
+        self.clients: dict[str, ClientInfo] = {}
+        self.models: dict[str, dict[str, np.ndarray]] = {}
+
+    # -- lifecycle -------------------------------------------------------
+    def setup(self, clients: Sequence[ClientInfo], template: Weights) -> None:
+        """Register the clients known at the start and the initial weights."""
+        self.clients = {c.cid: c for c in clients}
+        self._template = _copy(template)
+        self.models = {self.default_key: _copy(template)}
+
+    default_key: str = "global"
+
+    def on_sketches(self, sketches: Mapping[str, Sketch]) -> dict[str, int]:
+        """Cluster before training. Default: nothing to do."""
+        return {}
+
+    @abstractmethod
+    def configure_round(self, rnd: int, available: Sequence[str]) -> list[Task]:
+        """The tasks of round ``rnd`` for some of the ``available`` clients."""
+
+    @abstractmethod
+    def aggregate_round(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+        """Combine the round's updates; returns a summary for the logs."""
+
+    def model_key_for(self, cid: str) -> str:
+        """The model a client is evaluated with."""
+        return self.default_key
+
+    def model_for(self, cid: str) -> tuple[str, dict[str, np.ndarray]]:
+        key = self.model_key_for(cid)
+        return key, self.models[key]
+
+    def assign_late(self, cid: str, sketch: Sketch | None = None, info: ClientInfo | None = None) -> str:
+        """Admit a client that joined after the start; returns its model key."""
+        if info is not None:
+            self.clients[cid] = info
+        return self.model_key_for(cid)
+
+    def clusters(self) -> dict[str, int]:
+        """Cluster index of every client (0 for all in a one-model method)."""
+        return {cid: 0 for cid in self.clients}
+
+    # -- helpers ------------------------------------------------------------
+    def round_rng(self, rnd: int) -> np.random.Generator:
+        """A generator derived from the seed and the round only (so a resumed run samples alike)."""
+        return np.random.default_rng([self.seed, rnd])
+
+    def sample(self, members: Sequence[str], rnd: int, salt: int = 0) -> list[str]:
+        """``ceil(fraction * len(members))`` of ``members``, at least one, seeded by round."""
+        pool = sorted(members)
+        if not pool:
+            return []
+        m = max(1, math.ceil(self.fraction * len(pool)))
+        if m >= len(pool):
+            return pool
+        rng = np.random.default_rng([self.seed, rnd, salt])
+        return sorted(rng.choice(pool, size=m, replace=False).tolist())
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """JSON-able state and named tensors, for checkpoints."""
+        tensors = {f"{key}/{name}": v for key, w in self.models.items() for name, v in w.items()}
+        return {"name": self.name, "models": sorted(self.models)}, tensors
+
+    def load_state(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
+        if meta.get("name") != self.name:
+            raise ValueError(f"checkpoint is for strategy {meta.get('name')!r}, not {self.name!r}")
+        models: dict[str, dict[str, np.ndarray]] = {k: {} for k in meta["models"]}
+        for full, v in tensors.items():
+            key, _, name = full.partition("/")
+            models[key][name] = np.array(v)
+        self.models = models
+
+
+class FedAvg(Strategy):
+    """Plain FedAvg (McMahan et al.): one model, a fraction of the clients per round."""
+
+    name = "fedavg"
+
+    def configure_round(self, rnd: int, available: Sequence[str]) -> list[Task]:
+        chosen = self.sample([c for c in available if c in self.clients], rnd)
+        model = self.models[self.default_key]
+        return [Task(cid, rnd, {self.default_key: model}, self.settings) for cid in chosen]
+
+    def aggregate_round(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+        agg = StreamingFedAvg(self.models[self.default_key])
+        accepted = _add_all(agg, updates, self.default_key)
+        if accepted:
+            self.models[self.default_key] = agg.result()
+        return {"updates": accepted, "rejected": len(updates) - accepted}
+
+
+def _add_all(agg: StreamingFedAvg, updates: Sequence[Update], key: str, only: Sequence[str] | None = None) -> int:
+    """Add the updates for model ``key`` (restricted to parameter names ``only``); returns how many."""
+    n = 0
+    for u in updates:
+        if u.model_key != key:
+            continue
+        w = u.weights if only is None else {k: u.weights[k] for k in only if k in u.weights}
+        try:
+            agg.add(w, u.n_samples)
+            n += 1
+        except ValueError as e:
+            log.warning("round %d: update of %s for %s rejected: %s", u.round, u.cid, key, e)
+    return n
+
+
+class ClusteredFedAvg(Strategy):
+    """FedAvg per cluster for a given assignment of clients to clusters.
+
+    The base of every method that ends with one model per cluster. With
+    ``shared_prefixes`` (for example the convolution layers of LeNet-5, as in
+    the paper's reference setting), parameters whose name starts with one of
+    them are averaged over all clients of the round, the rest per cluster.
+    """
+
+    name = "clustered"
+
+    def __init__(self, *, shared_prefixes: Sequence[str] = (), **kw: Any) -> None:
+        super().__init__(**kw)
+        self.shared_prefixes = tuple(shared_prefixes)
+        self.assignment: dict[str, int] = {}
+
+    @staticmethod
+    def key(cluster: int) -> str:
+        return f"c{int(cluster)}"
+
+    def set_assignment(self, assignment: Mapping[str, int]) -> None:
+        """Give every client a cluster; each cluster starts from the current global model."""
+        self.assignment = {cid: int(k) for cid, k in assignment.items()}
+        base = self.models.get(self.default_key) or next(iter(self.models.values()))
+        for k in sorted(set(self.assignment.values())):
+            self.models.setdefault(self.key(k), _copy(base))
+        self.models.pop(self.default_key, None)
+
+    def clusters(self) -> dict[str, int]:
+        return dict(self.assignment) if self.assignment else super().clusters()
+
+    def model_key_for(self, cid: str) -> str:
+        if not self.assignment:
+            return self.default_key
+        if cid not in self.assignment:
+            raise KeyError(f"client {cid!r} has no cluster")
+        return self.key(self.assignment[cid])
+
+    def configure_round(self, rnd: int, available: Sequence[str]) -> list[Task]:
+        if not self.assignment:
+            chosen = self.sample([c for c in available if c in self.clients], rnd)
+            return [Task(c, rnd, {self.default_key: self.models[self.default_key]}, self.settings) for c in chosen]
+        tasks = []
+        for k in sorted(set(self.assignment.values())):
+            members = [c for c in available if self.assignment.get(c) == k]
+            key = self.key(k)
+            tasks += [Task(c, rnd, {key: self.models[key]}, self.settings) for c in self.sample(members, rnd, k + 1)]
+        return tasks
+
+    def _is_shared(self, name: str) -> bool:
+        return bool(self.shared_prefixes) and name.startswith(self.shared_prefixes)
+
+    def aggregate_round(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+        summary: dict[str, Any] = {}
+        accepted = 0
+        for key in sorted(self.models):
+            agg = StreamingFedAvg(self.models[key])
+            n = _add_all(agg, updates, key)
+            accepted += n
+            if n:
+                self.models[key] = agg.result()
+            summary[key] = n
+        shared = [n for n in next(iter(self.models.values())) if self._is_shared(n)]
+        if shared and len(self.models) > 1:
+            template = {n: next(iter(self.models.values()))[n] for n in shared}
+            agg = StreamingFedAvg(template)
+            n_shared = sum(_add_all(agg, updates, key, shared) for key in sorted(self.models))
+            if n_shared:
+                avg = agg.result()
+                for key in self.models:
+                    self.models[key].update({n: v.copy() for n, v in avg.items()})
+            summary["shared"] = n_shared
+        summary["updates"] = accepted
+        summary["rejected"] = len(updates) - accepted
+        return summary
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        meta, tensors = super().state()
+        meta["assignment"] = dict(self.assignment)
+        return meta, tensors
+
+    def load_state(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
+        super().load_state(meta, tensors)
+        self.assignment = {c: int(k) for c, k in meta.get("assignment", {}).items()}
+
+
+class SketchClustered(ClusteredFedAvg):
+    """Ours (Prigent et al.): cluster once, before training, from client sketches.
+
+    Sketches are clustered by :class:`server_kit.clustering.SketchClustering`
+    (popcount Hamming, Ward linkage built once, threshold by Bayesian
+    optimisation of the Calinski-Harabasz index); then FedAvg per cluster. A
+    late client's sketch joins the nearest cluster centroid.
+    """
+
+    name = "fedsketch"
+    needs_sketches = True
+
+    def __init__(self, *, min_cluster_size: int = 2, clustering: Mapping[str, Any] | None = None, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.min_cluster_size = int(min_cluster_size)
+        self.clustering_params = dict(clustering or {})
+        self.model_: Any = None
+
+    def on_sketches(self, sketches: Mapping[str, Sketch]) -> dict[str, int]:
+        from .clustering import SketchClustering
+
+        if not sketches:
+            raise ValueError("no sketches to cluster")
+        cids = sorted(sketches)
+        first = sketches[cids[0]]
+        packed = stack_sketches([sketches[c] for c in cids])
+        self.model_ = SketchClustering(
+            min_cluster_size=self.min_cluster_size, random_state=self.seed, **self.clustering_params
+        ).fit(packed, first.n_bits)
+        assignment = {c: int(k) for c, k in zip(cids, self.model_.labels_)}
+        log.info(
+            "clustered %d sketches of %d bits into %d clusters (threshold %.3g)",
+            len(cids), first.n_bits, self.model_.n_clusters_, self.model_.threshold_,
+        )
+        self.set_assignment(assignment)
+        return assignment
+
+    def assign_late(self, cid: str, sketch: Sketch | None = None, info: ClientInfo | None = None) -> str:
+        if info is not None:
+            self.clients[cid] = info
+        if cid in self.assignment:
+            return self.key(self.assignment[cid])
+        if self.model_ is None or sketch is None:
+            raise ValueError(f"late client {cid!r} needs a sketch and a fitted clustering")
+        k = int(self.model_.predict(sketch.packed()[None])[0])
+        self.assignment[cid] = k
+        log.info("late client %s joins cluster %d (nearest centroid)", cid, k)
+        return self.key(k)
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        meta, tensors = super().state()
+        if self.model_ is not None:
+            tensors["_clustering/centroids"] = np.asarray(self.model_.centroids_, dtype=np.float64)
+            meta["n_bits"] = int(self.model_.n_bits_)
+        return meta, tensors
+
+    def load_state(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
+        tensors = dict(tensors)
+        centroids = tensors.pop("_clustering/centroids", None)
+        super().load_state(meta, tensors)
+        if centroids is not None:
+            from .clustering import SketchClustering
+
+            self.model_ = SketchClustering.from_centroids(np.asarray(centroids), int(meta["n_bits"]))
+
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    FedAvg.name: FedAvg,
+    SketchClustered.name: SketchClustered,
+}
+
+
+def make_strategy(name: str, **kw: Any) -> Strategy:
+    """A strategy by name (``fedavg``, ``fedsketch``, ...)."""
+    try:
+        cls = STRATEGIES[name]
+    except KeyError:
+        raise ValueError(f"unknown strategy {name!r}; choose one of {sorted(STRATEGIES)}") from None
+    return cls(**kw)

@@ -1,0 +1,126 @@
+"""The orchestrator and edge clients over the in-memory broker: the whole protocol, fast.
+
+Real-broker runs of the same code are in test_mqtt_e2e.py.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from edge_sdk.client import EdgeClient
+from edge_sdk.protocol import Kind, Message, Topics, encode_message, sketch_body, tensors_body
+from edge_sdk.sketch import Sketch
+from edge_sdk.transport import MemoryBroker, MemoryTransport
+from edge_sdk.worker import LocalWorker, TrainSettings
+from server_kit.data.partition import load_digits_images, rotation_partition
+from server_kit.orchestrator import Orchestrator, ServerConfig
+from server_kit.strategy import FedAvg, SketchClustered
+
+pytest.importorskip("torch")
+
+ARCH = "digits_cnn_1x8x8_10"
+FED = "t"
+
+
+def start_clients(broker, clients, seed=0):
+    threads, edge = [], []
+    for i, c in enumerate(clients):
+        w = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=seed + i)
+        t = MemoryTransport(broker, c.cid, federation=FED)
+        ec = EdgeClient(t, w, federation=FED, seed=seed + i, model_timeout_s=20)
+        th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 60}, daemon=True)
+        th.start()
+        threads.append(th)
+        edge.append(ec)
+    return threads, edge
+
+
+@pytest.fixture(scope="module")
+def digits12():
+    images, labels = load_digits_images()
+    return rotation_partition(images, labels, 12, groups=4, seed=0)
+
+
+def config(**kw):
+    base = dict(federation=FED, rounds=3, min_clients=12, register_timeout_s=20, sketch_timeout_s=20,
+                round_timeout_s=30, eval_timeout_s=20, flip_prob=0.1, encoder="digits_encoder",
+                architecture=ARCH, seed=0)
+    base.update(kw)
+    return ServerConfig(**base)
+
+
+def test_clustered_federation_recovers_rotation_groups(digits12):
+    broker = MemoryBroker()
+    threads, _ = start_clients(broker, digits12)
+    server = MemoryTransport(broker, "server", federation=FED)
+    server.connect()
+    strategy = SketchClustered(settings=TrainSettings(epochs=2, lr=3e-3, batch_size=16), min_cluster_size=3)
+    result = Orchestrator(strategy, server, config()).run()
+    for th in threads:
+        th.join(timeout=20)
+    truth = [c.group for c in digits12]
+    labels = [result["assignment"][c.cid] for c in digits12]
+    assert adjusted_rand_score(truth, labels) == 1.0
+    assert [h["updates"] for h in result["history"]] == [12, 12, 12]
+    assert result["final"]["accuracy"] > 0.5
+    stats = result["transport"]
+    # 12 sketches of 160 bits, each within 64 bytes with the envelope
+    assert stats["received"]["SKETCH"]["messages"] == 12
+    assert stats["received"]["SKETCH"]["bytes"] <= 12 * 64
+    assert stats["sent"]["MODEL"]["messages"] == 4 * 4  # one per cluster per round, + the final evaluation
+    assert not result["rejected"]
+
+
+def test_hostile_messages_are_rejected_and_the_round_finishes(digits12):
+    clients = digits12[:4]
+    broker = MemoryBroker()
+    threads, _ = start_clients(broker, clients)
+    server = MemoryTransport(broker, "server", federation=FED)
+    server.connect()
+    rogue = MemoryTransport(broker, "rogue", federation=FED)  # publishes under other clients' topics
+    topics = Topics("fedsketch", FED)
+    orch_ref = {}
+
+    def attack(rec):
+        if rec["round"] != 1:
+            return
+        rogue.connect()
+        good_weights = orch_ref["o"].strategy.models["global"]
+        nan_weights = {k: np.full_like(v, np.nan) for k, v in good_weights.items()}
+        wrong = {k + "x": v for k, v in good_weights.items()}
+        upd = {"round": 2, "model_key": "global", "n_samples": 10, "loss": 0.1}
+        rogue.publish_raw(topics.update("c00"), b"\x00garbage")  # malformed
+        rogue.publish_raw(topics.update("c00"), b"FS" + b"\x09" + b"\x00" * 20)  # unknown version
+        rogue.publish(topics.update("c01"), Message(Kind.UPDATE, FED, "c02", 2, upd, tensors_body(good_weights)))  # sender != topic
+        rogue.publish(topics.update("c01"), Message(Kind.UPDATE, FED, "c01", 2, upd, tensors_body(nan_weights)))  # NaN
+        rogue.publish(topics.update("c01"), Message(Kind.UPDATE, FED, "c01", 2, upd, tensors_body(wrong)))  # names
+        rogue.publish_raw(topics.update("zz"), encode_message(Message(Kind.UPDATE, FED, "zz", 2, upd, tensors_body(good_weights))))  # unknown client
+        short = Sketch(bytes(3), 3, 8)
+        rogue.publish(topics.sketch("c01"), Message(Kind.SKETCH, FED, "c01", 0, {}, sketch_body(short)))  # wrong length
+        rogue.publish_raw(topics.update("c01"), b"FS" + bytes(400))  # truncated envelope
+
+    strategy = FedAvg(settings=TrainSettings(epochs=1, lr=3e-3, batch_size=16))
+    orch = Orchestrator(strategy, server, config(min_clients=4, rounds=2), on_round=attack)
+    orch_ref["o"] = orch
+    result = orch.run()
+    for th in threads:
+        th.join(timeout=20)
+    assert [h["updates"] for h in result["history"]] == [4, 4]  # nothing lost
+    rejected = {**result["rejected"], **result["transport"]["rejected"]}
+    for reason in ("non-finite", "tensor-name", "unknown-client", "sketch-length", "sender"):
+        assert rejected.get(reason, 0) >= 1, (reason, rejected)
+    assert sum(rejected.values()) >= 8
+    assert result["final"]["accuracy"] is not None
+
+
+def test_bad_server_config_is_refused():
+    with pytest.raises(ValueError, match=r"round_quorum must be in \(0, 1\], got 1.5"):
+        ServerConfig(round_quorum=1.5)
+    with pytest.raises(ValueError, match="rounds must be a positive integer, got 0"):
+        ServerConfig(rounds=0)
+    with pytest.raises(ValueError, match=r"flip_prob must be in \[0, 0.5\], got 0.9"):
+        ServerConfig(flip_prob=0.9)
