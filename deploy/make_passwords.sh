@@ -1,0 +1,58 @@
+#!/bin/sh
+# Create a Mosquitto password file for N FedSketch clients (c01..cN) and the server.
+#
+#   usage: deploy/make_passwords.sh N [PASSWORD_FILE] [PREFIX]
+#   e.g.:  sudo deploy/make_passwords.sh 20 /etc/mosquitto/fedsketch.passwd
+#
+# Each user gets a random password, printed ONCE on standard output as
+# "user password" lines: copy each client's password to its Pi (for example
+# into /etc/fedsketch/password, mode 600, used with --password-file) and keep
+# the list somewhere safe. The file itself holds only salted hashes.
+# Running it again replaces the file and every password.
+set -eu
+
+if [ $# -lt 1 ] || [ $# -gt 3 ]; then
+    echo "usage: $0 N [PASSWORD_FILE] [PREFIX]" >&2
+    exit 2
+fi
+n=$1
+file=${2:-fedsketch.passwd}
+prefix=${3:-c}
+case $n in
+    ''|*[!0-9]*) echo "N must be a positive integer, got '$n'" >&2; exit 2 ;;
+esac
+if [ "$n" -lt 1 ]; then
+    echo "N must be at least 1" >&2
+    exit 2
+fi
+command -v mosquitto_passwd >/dev/null 2>&1 || {
+    echo "mosquitto_passwd not found: sudo apt install mosquitto" >&2
+    exit 1
+}
+
+width=${#n}
+[ "$width" -lt 2 ] && width=2
+
+random_password() {
+    # 24 characters from the kernel's random source, no symbols to escape.
+    LC_ALL=C tr -dc 'A-Za-z0-9' </dev/urandom | head -c 24
+}
+
+umask 077
+tmp=$(mktemp)
+trap 'rm -f "$tmp"' EXIT
+
+echo "server $(random_password)" >>"$tmp"
+i=1
+while [ "$i" -le "$n" ]; do
+    printf '%s%0*d %s\n' "$prefix" "$width" "$i" "$(random_password)" >>"$tmp"
+    i=$((i + 1))
+done
+
+# Plain "user:password" lines, then hashed in place by mosquitto_passwd -U.
+sed 's/ /:/' "$tmp" >"$file"
+mosquitto_passwd -U "$file"
+chmod 600 "$file"
+
+cat "$tmp"
+echo "wrote $((n + 1)) users to $file (hashed); the passwords above are not stored anywhere else" >&2

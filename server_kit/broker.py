@@ -1,0 +1,421 @@
+"""MQTT brokers for demos and tests: Mosquitto in a subprocess, or amqtt in-process.
+
+:class:`MosquittoBroker` writes a configuration (listener, persistence,
+message limits, password file, ACL) into a temporary folder and runs
+``mosquitto -c`` on it; it is the broker of the integration tests and the one
+the ``deploy/`` configuration targets. :class:`EmbeddedBroker` runs amqtt on
+its own asyncio loop in a background thread, for machines without Mosquitto;
+amqtt speaks MQTT 3.1.1 only and keeps no session of an anonymous client.
+
+>>> with start_broker() as broker:          # doctest: +SKIP
+...     transport = MqttTransport(BrokerConfig(broker.url), "c1", federation="demo")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Union
+
+__all__ = ["EmbeddedBroker", "MosquittoBroker", "find_mosquitto", "free_port", "start_broker"]
+
+log = logging.getLogger(__name__)
+
+_MOSQUITTO_FALLBACK = "/usr/sbin/mosquitto"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(host: str, port: int, timeout: float, alive: Any = None) -> None:
+    """Wait until ``host:port`` accepts TCP connections; ``alive()`` False aborts."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if alive is not None and not alive():
+            raise RuntimeError(f"broker process exited before listening on {host}:{port}")
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:g} s") from None
+            time.sleep(0.02)
+
+
+def find_mosquitto() -> str | None:
+    """Path of the ``mosquitto`` binary: on PATH, else ``/usr/sbin/mosquitto``, else None."""
+    found = shutil.which("mosquitto")
+    if found:
+        return found
+    return _MOSQUITTO_FALLBACK if os.access(_MOSQUITTO_FALLBACK, os.X_OK) else None
+
+
+def _find_passwd_tool(mosquitto: str) -> str | None:
+    found = shutil.which("mosquitto_passwd")
+    if found:
+        return found
+    for folder in (Path(mosquitto).parent, Path("/usr/bin"), Path("/usr/sbin")):
+        candidate = folder / "mosquitto_passwd"
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+class MosquittoBroker:
+    """A private Mosquitto on a free local port.
+
+    Parameters
+    ----------
+    port : int, optional
+        Port to listen on (default: a free one, kept across :meth:`restart`).
+    host : str
+        Address to listen on.
+    acl : str, optional
+        Contents of an ACL file (``user``/``topic``/``pattern`` lines).
+    passwords : dict of str to str, optional
+        User names and passwords, hashed into a password file with
+        ``mosquitto_passwd``.
+    allow_anonymous : bool, optional
+        Default: True without ``passwords``, False with them.
+    message_size_limit, max_packet_size : int, optional
+        Mosquitto's limits on a message's payload and on a whole packet.
+    persistence : bool
+        Keep sessions and queued messages on disk, so they survive a
+        :meth:`restart`.
+    extra_conf : str
+        More configuration lines.
+    binary : str, optional
+        The ``mosquitto`` executable (default: :func:`find_mosquitto`).
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        acl: str | None = None,
+        passwords: Mapping[str, str] | None = None,
+        allow_anonymous: bool | None = None,
+        message_size_limit: int | None = None,
+        max_packet_size: int | None = None,
+        persistence: bool = True,
+        extra_conf: str = "",
+        binary: str | None = None,
+    ) -> None:
+        self.binary = binary or find_mosquitto()
+        if self.binary is None:
+            raise FileNotFoundError("mosquitto is not installed (not on PATH nor at /usr/sbin/mosquitto)")
+        for name, value in (("message_size_limit", message_size_limit), ("max_packet_size", max_packet_size)):
+            if value is not None and int(value) < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        for user in passwords or {}:
+            if not user or ":" in user or any(c.isspace() for c in user):
+                raise ValueError(f"user name {user!r} must be non-empty, without ':' or whitespace")
+        self.host = host
+        self.port = port
+        self.acl = acl
+        self.passwords = dict(passwords) if passwords else None
+        self.allow_anonymous = (self.passwords is None) if allow_anonymous is None else bool(allow_anonymous)
+        self.message_size_limit = message_size_limit
+        self.max_packet_size = max_packet_size
+        self.persistence = persistence
+        self.extra_conf = extra_conf
+        self._dir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"MosquittoBroker(url={self.url!r}, {state})"
+
+    @property
+    def url(self) -> str:
+        """``mqtt://host:port`` (port None before the first start)."""
+        return f"mqtt://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        """Whether the subprocess is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def directory(self) -> Path | None:
+        """The temporary folder with the configuration, password file, ACL, database and log."""
+        return self._dir
+
+    def log_text(self) -> str:
+        """Mosquitto's log so far (for debugging failed tests)."""
+        if self._dir is None or not (self._dir / "mosquitto.log").exists():
+            return ""
+        return (self._dir / "mosquitto.log").read_text(errors="replace")
+
+    def _write_files(self) -> Path:
+        assert self._dir is not None
+        d = self._dir
+        lines = [
+            "# written by server_kit.broker.MosquittoBroker",
+            f"listener {self.port} {self.host}",
+            f"allow_anonymous {'true' if self.allow_anonymous else 'false'}",
+            f"persistence {'true' if self.persistence else 'false'}",
+            f"persistence_location {d}/",
+            f"log_dest file {d / 'mosquitto.log'}",
+            "log_type error",
+            "log_type warning",
+            "log_type notice",
+            "log_type information",
+            "connection_messages true",
+        ]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            lines.append("user root")  # otherwise mosquitto drops to 'mosquitto' and cannot read our files
+        if self.message_size_limit is not None:
+            lines.append(f"message_size_limit {int(self.message_size_limit)}")
+        if self.max_packet_size is not None:
+            lines.append(f"max_packet_size {int(self.max_packet_size)}")
+        if self.passwords is not None:
+            pw = d / "passwd"
+            self._write_passwords(pw)
+            lines.append(f"password_file {pw}")
+        if self.acl is not None:
+            acl = d / "acl"
+            acl.write_text(self.acl if self.acl.endswith("\n") else self.acl + "\n")
+            acl.chmod(0o600)
+            lines.append(f"acl_file {acl}")
+        if self.extra_conf:
+            lines.append(self.extra_conf)
+        conf = d / "mosquitto.conf"
+        conf.write_text("\n".join(lines) + "\n")
+        return conf
+
+    def _write_passwords(self, path: Path) -> None:
+        assert self.passwords is not None
+        tool = _find_passwd_tool(self.binary or "mosquitto")
+        if tool is None:
+            raise FileNotFoundError("mosquitto_passwd is needed to write a password file and is not installed")
+        path.write_text("")
+        path.chmod(0o600)
+        for user, password in self.passwords.items():
+            # -b takes the password on the command line: fine for a private test broker.
+            subprocess.run([tool, "-b", str(path), user, password], check=True, capture_output=True, timeout=30)
+
+    def start(self, timeout: float = 10.0) -> str:
+        """Write the configuration, start mosquitto, wait for its port; returns the URL."""
+        if self.running:
+            return self.url
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="fedsketch-mosquitto-"))
+        if self.port is None:
+            self.port = free_port(self.host)
+        conf = self._write_files()
+        self._proc = subprocess.Popen(
+            [self.binary, "-c", str(conf)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        self._finalizer = weakref.finalize(self, _terminate, self._proc)
+        try:
+            _wait_port(self.host, self.port, timeout, alive=lambda: self._proc is not None and self._proc.poll() is None)
+        except (RuntimeError, TimeoutError) as e:
+            err = self._collect_stderr()
+            self.stop()
+            raise RuntimeError(f"mosquitto did not start on port {self.port}: {e}\n{err}{self.log_text()}") from None
+        log.info("mosquitto %s listening on %s (dir %s)", self.binary, self.url, self._dir)
+        return self.url
+
+    def _collect_stderr(self) -> str:
+        if self._proc is None or self._proc.stderr is None or self._proc.poll() is None:
+            return ""
+        try:
+            return self._proc.stderr.read().decode(errors="replace")
+        except (OSError, ValueError):
+            return ""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop mosquitto (SIGTERM: it saves its database first); keeps the folder for :meth:`restart`."""
+        proc, self._proc = self._proc, None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if proc is not None:
+            _terminate(proc, timeout)
+
+    def restart(self, timeout: float = 10.0) -> str:
+        """Stop and start again on the same port with the same database."""
+        self.stop(timeout)
+        return self.start(timeout)
+
+    def cleanup(self) -> None:
+        """Stop and delete the temporary folder."""
+        self.stop()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> MosquittoBroker:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+
+def _terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("mosquitto (pid %d) ignored SIGTERM; killing it", proc.pid)
+            proc.kill()
+            proc.wait(timeout)
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
+class EmbeddedBroker:
+    """amqtt running in this process, on its own event loop thread.
+
+    Anonymous clients are allowed and messages have no size limit. amqtt
+    speaks MQTT 3.1.1 only, and drops the session of an anonymous client when
+    it disconnects: use :class:`MosquittoBroker` to test persistent sessions.
+
+    Parameters
+    ----------
+    session_expiry_s : int, optional
+        Seconds amqtt keeps a disconnected (authenticated) session.
+    """
+
+    def __init__(self, *, session_expiry_s: int | None = None) -> None:
+        self.session_expiry_s = session_expiry_s
+        self.host: str | None = None
+        self.port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._broker: Any = None
+
+    def __repr__(self) -> str:
+        return f"EmbeddedBroker(url={self.url!r}, running={self.running})"
+
+    @property
+    def url(self) -> str:
+        """``mqtt://host:port``."""
+        return f"mqtt://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        """Whether the broker is serving."""
+        return self._broker is not None
+
+    def _config(self) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}"}},
+            # Only anonymous authentication: no $SYS publisher, no packet logger.
+            "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
+        }
+        if self.session_expiry_s is not None:
+            conf["session_expiry_interval"] = int(self.session_expiry_s)
+        return conf
+
+    async def _start(self) -> Any:
+        from amqtt.broker import Broker
+
+        broker = Broker(self._config())
+        await broker.start()
+        return broker
+
+    def start(self, host: str = "127.0.0.1", port: int | None = None, timeout: float = 10.0) -> str:
+        """Start serving on ``host:port`` (a free port by default); returns the URL."""
+        if self.running:
+            return self.url
+        self.host = host
+        self.port = port if port is not None else free_port(host)
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=_run_loop, args=(loop,), name="fedsketch-amqtt", daemon=True)
+        thread.start()
+        self._loop, self._thread = loop, thread
+        try:
+            self._broker = asyncio.run_coroutine_threadsafe(self._start(), loop).result(timeout)
+            _wait_port(self.host, self.port, timeout)
+        except BaseException:
+            self._stop_loop(timeout)
+            raise
+        log.info("amqtt broker listening on %s", self.url)
+        return self.url
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Shut the broker down and end its thread."""
+        broker, self._broker = self._broker, None
+        if broker is not None and self._loop is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(broker.shutdown(), self._loop).result(timeout)
+            except Exception as e:  # a failed shutdown must not stop the loop from ending
+                log.warning("amqtt shutdown failed: %s", e)
+        self._stop_loop(timeout)
+
+    def _stop_loop(self, timeout: float) -> None:
+        loop, thread = self._loop, self._thread
+        self._loop = self._thread = None
+        if loop is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join(timeout)
+        if not loop.is_running():
+            loop.close()
+
+    def __enter__(self) -> EmbeddedBroker:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+
+AnyBroker = Union[MosquittoBroker, EmbeddedBroker]
+
+
+def start_broker(prefer: str = "auto", **kw: Any) -> AnyBroker:
+    """Start a broker and return it (use it as a context manager to stop it).
+
+    Parameters
+    ----------
+    prefer : {"auto", "mosquitto", "amqtt"}
+        ``auto`` takes Mosquitto when it is installed, else amqtt.
+    **kw
+        Passed to :class:`MosquittoBroker` (``port``, ``acl``...); for amqtt
+        only ``host`` and ``port`` are used.
+    """
+    if prefer not in ("auto", "mosquitto", "amqtt"):
+        raise ValueError(f"prefer must be 'auto', 'mosquitto' or 'amqtt', got {prefer!r}")
+    if prefer == "mosquitto" or (prefer == "auto" and find_mosquitto() is not None):
+        broker: AnyBroker = MosquittoBroker(**kw)
+        broker.start()
+        return broker
+    embedded = EmbeddedBroker()
+    embedded.start(host=kw.get("host", "127.0.0.1"), port=kw.get("port"))
+    return embedded

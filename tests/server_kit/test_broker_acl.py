@@ -1,0 +1,207 @@
+"""The shipped broker security (deploy/acl, deploy/mosquitto.conf) on a real Mosquitto."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from edge_sdk.protocol import Kind, Message, Topics
+from edge_sdk.transport import BrokerConfig, MqttTransport
+from server_kit.broker import MosquittoBroker, find_mosquitto, free_port
+
+pytestmark = [
+    pytest.mark.broker,
+    pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed"),
+]
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+FED = "demo"
+PASSWORDS = {"server": "server-pw", "c1": "c1-pw", "c2": "c2-pw"}
+T = Topics("fedsketch", FED)
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.items: list[tuple[str, Message]] = []
+        self._cv = threading.Condition()
+
+    def __call__(self, topic: str, msg: Message) -> None:
+        with self._cv:
+            self.items.append((topic, msg))
+            self._cv.notify_all()
+
+    def wait(self, n: int = 1, timeout: float = 5.0) -> bool:
+        with self._cv:
+            return self._cv.wait_for(lambda: len(self.items) >= n, timeout)
+
+    def topics(self) -> list[str]:
+        with self._cv:
+            return [t for t, _ in self.items]
+
+
+@pytest.fixture(scope="module")
+def broker():
+    with MosquittoBroker(acl=(DEPLOY / "acl").read_text(), passwords=PASSWORDS) as b:
+        yield b
+
+
+@pytest.fixture
+def login(broker):
+    made: list[MqttTransport] = []
+
+    def make(user: str, password: str | None = None, *, subscribe=(), url: str | None = None,
+             **kw) -> MqttTransport:
+        pw = PASSWORDS.get(user) if password is None else password
+        cfg = BrokerConfig.from_url(url or broker.url, username=user, password=pw, reconnect_min_s=0.1, **kw)
+        t = MqttTransport(cfg, user, federation=FED)
+        made.append(t)
+        for topic_filter, handler in subscribe:
+            t.subscribe(topic_filter, handler)
+        t.connect(timeout=5)
+        return t
+
+    yield make
+    for t in made:
+        t.close(timeout=1)
+
+
+def msg(kind: Kind, sender: str, **meta) -> Message:
+    return Message(kind, FED, sender, 0, meta)
+
+
+def test_client_cannot_publish_under_another_client(login):
+    seen = Collector()
+    server = login("server", subscribe=[(T.all_clients("#"), seen)])
+    c1 = login("c1")
+    time.sleep(0.1)
+    # c1 speaks as c2 on c2's topics: the message passes our own sender check, only the ACL stops it
+    c1.publish(T.sketch("c2"), msg(Kind.SKETCH, "c2"), wait=True)
+    c1.publish(T.status("c2"), msg(Kind.STATUS, "c2", state="offline"), wait=True)
+    c1.publish(T.sketch("c1"), msg(Kind.SKETCH, "c1"), wait=True)
+    assert seen.wait(1)
+    time.sleep(0.2)
+    assert seen.topics() == [T.sketch("c1")]
+    assert server.rejected == {}
+
+
+def test_client_reads_only_its_commands_cluster_models_and_broadcasts(login):
+    c1_got, c2_got = Collector(), Collector()
+    c1 = login("c1", subscribe=[(T.cmd("c1"), c1_got), (T.cmd("c2"), c1_got), (T.model("+"), c1_got),
+                                (T.broadcast(), c1_got)])
+    login("c2", subscribe=[(T.cmd("c2"), c2_got)])
+    server = login("server")
+    time.sleep(0.2)
+    server.publish(T.cmd("c2"), msg(Kind.CMD, "server", op="secret"), wait=True)
+    server.publish(T.cmd("c1"), msg(Kind.CMD, "server", op="sketch"), wait=True)
+    server.publish(T.model("k0"), msg(Kind.MODEL, "server", key="k0"), wait=True)
+    server.publish(T.broadcast(), msg(Kind.CMD, "server", op="hello"), wait=True)
+    assert c1_got.wait(3) and c2_got.wait(1)
+    time.sleep(0.2)
+    assert sorted(c1_got.topics()) == sorted([T.cmd("c1"), T.model("k0"), T.broadcast()])
+    assert c2_got.topics() == [T.cmd("c2")]
+    # Mosquitto 2.0 grants the subscription to c2's commands and filters every delivery by the ACL
+    assert c1.stats()["errors"].get("subscribe", 0) <= 1
+
+
+def test_client_cannot_snoop_with_wildcards(login):
+    snoop, seen = Collector(), Collector()
+    login("c1", subscribe=[("fedsketch/#", snoop)])
+    login("server", subscribe=[(T.all_clients("update"), seen)])
+    c2 = login("c2")
+    time.sleep(0.2)
+    c2.publish(T.update("c2"), msg(Kind.UPDATE, "c2"), wait=True)
+    assert seen.wait(1)
+    time.sleep(0.2)
+    assert snoop.topics() == []
+
+
+@pytest.mark.parametrize(("user", "password"), [("c1", "wrong"), ("nobody", "pw"), ("server", "c1-pw")])
+def test_bad_credentials_are_refused(login, user, password):
+    with pytest.raises(ConnectionError, match=rf"refused {user}: Not authorized"):
+        login(user, password)
+
+
+def test_anonymous_clients_are_refused(broker):
+    t = MqttTransport(BrokerConfig(broker.url), "anon", federation=FED)
+    with pytest.raises(ConnectionError, match="refused anon: Not authorized"):
+        t.connect(timeout=5)
+    t.close()
+
+
+# -- the production configuration, with TLS ------------------------------------------
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def production_broker(tmp_path_factory):
+    """deploy/mosquitto.conf with its paths and ports pointed at a temporary folder."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    d = tmp_path_factory.mktemp("prod")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", "-new", *ec, "-days", "2", "-keyout", "ca.key", "-out", "ca.crt",
+             "-subj", "/CN=FedSketch test CA", cwd=d)
+    _openssl("req", "-new", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost", cwd=d)
+    (d / "server.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "2", "-sha256", "-extfile", "server.ext", "-out", "server.crt", cwd=d)
+    plain, tls = free_port(), free_port()
+    conf = (DEPLOY / "mosquitto.conf").read_text()
+    for pattern, repl in [
+        (r"^listener 1883 127\.0\.0\.1$", f"listener {plain} 127.0.0.1"),
+        (r"^listener 8883$", f"listener {tls} 127.0.0.1"),
+        (r"/etc/mosquitto/certs/", f"{d}/"),
+        (r"/etc/mosquitto/fedsketch\.passwd", f"{d}/passwd"),
+        (r"/etc/mosquitto/fedsketch\.acl", str(DEPLOY / "acl")),
+        (r"^persistence_location .*$", f"persistence_location {d}/"),
+        (r"^log_dest syslog$", f"log_dest file {d}/mosquitto.log"),
+    ]:
+        conf, n = re.subn(pattern, repl, conf, flags=re.M)
+        assert n >= 1, f"deploy/mosquitto.conf no longer has {pattern!r}"
+    if os.geteuid() == 0:
+        conf += "user root\n"
+    (d / "mosquitto.conf").write_text(conf)
+    (d / "passwd").write_text("".join(f"{u}:{p}\n" for u, p in PASSWORDS.items()))
+    subprocess.run(["mosquitto_passwd", "-U", str(d / "passwd")], check=True, capture_output=True, timeout=30)
+    proc = subprocess.Popen([find_mosquitto(), "-c", str(d / "mosquitto.conf")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", tls), timeout=0.2).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"deploy/mosquitto.conf did not start: {proc.stderr.read().decode()}"
+                            f"{(d / 'mosquitto.log').read_text() if (d / 'mosquitto.log').exists() else ''}")
+            time.sleep(0.05)
+    yield {"plain": f"mqtt://127.0.0.1:{plain}", "tls": f"mqtts://localhost:{tls}", "ca": str(d / "ca.crt")}
+    proc.terminate()
+    proc.wait(10)
+    proc.stderr.close()
+
+
+def test_production_config_over_tls(login, production_broker):
+    seen = Collector()
+    login("server", url=production_broker["plain"], subscribe=[(T.all_clients("hello"), seen)])
+    c1 = login("c1", url=production_broker["tls"], ca_certs=production_broker["ca"])
+    time.sleep(0.1)
+    c1.publish(T.hello("c1"), msg(Kind.HELLO, "c1", n_samples=10), wait=True)
+    c1.publish(T.hello("c2"), msg(Kind.HELLO, "c2", n_samples=10), wait=True)  # dropped by the ACL
+    assert seen.wait(1)
+    time.sleep(0.2)
+    assert seen.topics() == [T.hello("c1")]
+    with pytest.raises(ConnectionError, match="refused c2: Not authorized"):
+        login("c2", "wrong", url=production_broker["tls"], ca_certs=production_broker["ca"])
