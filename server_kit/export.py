@@ -17,6 +17,9 @@ Run as ``python -m server_kit.export <target> [--data DIR] [--out models]
 ``lenet5``
     :class:`~server_kit.nets.LeNet5` with seeded initial weights (the common
     starting point of federated training).
+``digits-cnn``
+    :class:`~server_kit.nets.DigitsCNN` (8x8 digits classifier) with seeded
+    initial weights.
 ``all``
     All of the above (``--data`` then applies to ``fmnist-fc-ae``).
 
@@ -24,6 +27,14 @@ Every ONNX file is self-contained (no external data), has a dynamic batch
 dimension, and is checked against torch with onnxruntime right after it is
 written. ``manifest.json`` in the output folder is updated in place: other
 targets' entries are kept.
+
+Classifier templates (``lenet5``, ``digits-cnn``) also record
+``initializer_names``, a map from every ``state_dict`` key to the ONNX
+initializer holding that tensor, unchanged (same shape, same values). A
+device without torch evaluates received weights by overriding those
+initializers in an ONNX Runtime session (:func:`edge_sdk.trainer.evaluate`);
+the export fails if a tensor cannot be found, for example because the
+exporter folded or transposed it.
 """
 
 from __future__ import annotations
@@ -48,13 +59,16 @@ from edge_sdk.artifacts import MANIFEST_NAME, sha256_file
 from server_kit.nets import ConvAutoencoder, EncoderOnly, build_model, count_params
 
 __all__ = [
+    "CLASSIFIER_TARGETS",
     "DEFAULT_EPOCHS",
     "MANIFEST_FORMAT_VERSION",
     "OPSET",
     "TARGETS",
     "evaluate_mse",
+    "export_classifier",
     "export_onnx",
     "export_target",
+    "initializer_names",
     "load_weights",
     "main",
     "read_manifest",
@@ -69,7 +83,7 @@ logger = logging.getLogger(__name__)
 MANIFEST_FORMAT_VERSION = 1
 #: ONNX opset of every export (onnxruntime >= 1.14 runs it).
 OPSET = 18
-TARGETS: tuple[str, ...] = ("fmnist-fc-ae", "digits-ae", "conv-ae", "lenet5")
+TARGETS: tuple[str, ...] = ("fmnist-fc-ae", "digits-ae", "conv-ae", "lenet5", "digits-cnn")
 #: Targets that train; the others export seeded initial weights.
 DEFAULT_EPOCHS: dict[str, int] = {"fmnist-fc-ae": 20, "digits-ae": 100}
 BATCH_SIZE = 32
@@ -254,6 +268,26 @@ def _quiet_exporter() -> Iterator[None]:
             logging.getLogger(name).setLevel(level)
 
 
+#: Node metadata removed from every export (machine- and line-dependent).
+STRIPPED_METADATA = frozenset({"pkg.torch.onnx.stack_trace"})
+
+
+def _strip_metadata(model: Any, keys: frozenset[str]) -> int:
+    """Delete node metadata entries named in ``keys`` (graph and functions); return how many."""
+    removed = 0
+    node_lists = [model.graph.node] + [f.node for f in model.functions]
+    for nodes in node_lists:
+        for node in nodes:
+            keep = [p for p in node.metadata_props if p.key not in keys]
+            if len(keep) != len(node.metadata_props):
+                removed += len(node.metadata_props) - len(keep)
+                kept = [(p.key, p.value) for p in keep]
+                del node.metadata_props[:]
+                for k, v in kept:
+                    node.metadata_props.add(key=k, value=v)
+    return removed
+
+
 def export_onnx(
     module: nn.Module,
     path: str | os.PathLike[str],
@@ -267,8 +301,12 @@ def export_onnx(
 
     Uses the torch.export based exporter (``dynamo=True``); the batch axis is
     declared with ``dynamic_shapes`` and traced with a batch of 2 so that it
-    is not specialised. The file is written next to ``path`` and renamed into
-    place once complete.
+    is not specialised. The exporter's per-node Python stack traces
+    (metadata ``pkg.torch.onnx.stack_trace``) are removed: they hold absolute
+    source paths and line numbers, so the bytes (and the sha256) would change
+    with the checkout's location and with every edit of the model's module.
+    The file is written next to ``path`` and renamed into place once
+    complete.
 
     Parameters
     ----------
@@ -319,6 +357,8 @@ def export_onnx(
     if any(uses_external_data(t) for t in model.graph.initializer):
         tmp.unlink()
         raise RuntimeError(f"{path.name}: the export refers to external data files")
+    if _strip_metadata(model, STRIPPED_METADATA):
+        onnx.save(model, str(tmp))
     onnx.checker.check_model(model)
     os.replace(tmp, path)
     logger.info("wrote %s (%d bytes, opset %d)", path, path.stat().st_size, opset)
@@ -393,6 +433,58 @@ def verify_onnx(
             )
     logger.info("verified %s against torch: max |diff| %.3g", Path(path).name, worst)
     return worst
+
+
+def initializer_names(path: str | os.PathLike[str], module: nn.Module) -> dict[str, str]:
+    """Map each ``state_dict`` key of ``module`` to the ONNX initializer that holds it.
+
+    A key maps to the initializer of the same name when shape and values are
+    equal (what the exporter does for plain convolution and linear layers);
+    otherwise to the only initializer with that shape and those exact values.
+    Integer buffers (such as BatchNorm's ``num_batches_tracked``) do not
+    affect inference and are left out.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The exported ``.onnx`` file.
+    module : torch.nn.Module
+        The module it was exported from.
+
+    Returns
+    -------
+    dict
+        ``state_dict`` key -> initializer name (identical in the shipped files).
+
+    Raises
+    ------
+    RuntimeError
+        If a floating-point tensor is not stored unchanged in exactly one
+        initializer (folded, transposed or duplicated by the exporter).
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    mapping: dict[str, str] = {}
+    for key, tensor in module.state_dict().items():
+        if not tensor.is_floating_point():
+            continue
+        want = tensor.detach().cpu().numpy()
+        same = inits.get(key)
+        if same is not None and same.shape == want.shape and np.array_equal(same, want):
+            mapping[key] = key
+            continue
+        found = [n for n, a in inits.items() if a.shape == want.shape and np.array_equal(a, want)]
+        if len(found) != 1:
+            raise RuntimeError(
+                f"{Path(path).name}: state_dict tensor {key!r} {tuple(want.shape)} is "
+                f"{'stored in several initializers ' + str(found) if found else 'not stored unchanged in any initializer'}; "
+                "its weights could not be replaced in onnxruntime"
+            )
+        mapping[key] = found[0]
+    return mapping
 
 
 # --------------------------------------------------------------------------- weights
@@ -533,8 +625,9 @@ def export_family(
     exports : sequence of mapping
         One per ONNX artifact, with keys ``name``, ``module``, ``role``,
         ``output_name``, ``sample_shape`` and optional ``params`` (the
-        parameter count to record, default that of ``module``) and
-        ``fields`` (extra manifest fields).
+        parameter count to record, default that of ``module``), ``fields``
+        (extra manifest fields) and ``map_initializers`` (record
+        :func:`initializer_names` as ``initializer_names``).
     common : mapping
         Manifest fields shared by every artifact of the family.
 
@@ -570,6 +663,8 @@ def export_family(
             "ir_version": ir_version,
             "created_with": _versions(),
         }
+        if spec.get("map_initializers"):
+            entry["initializer_names"] = initializer_names(path, module)
         entry.update(common)
         entry.update(spec.get("fields", {}))
         entries[spec["name"]] = entry
@@ -747,37 +842,80 @@ def export_conv_ae(out: Path, *, out_arg: str, seed: int) -> dict[str, dict[str,
     )
 
 
-def export_lenet5(out: Path, *, out_arg: str, seed: int) -> dict[str, dict[str, Any]]:
-    """Export LeNet-5 with seeded initial weights (logits output)."""
+#: Classifier targets: target -> (architecture, artifact name, per-sample input
+#: shape, image shape, dataset the classifier is meant for).
+CLASSIFIER_TARGETS: dict[str, tuple[str, str, tuple[int, ...], tuple[int, int], str]] = {
+    "lenet5": ("lenet5_1x28x28_10", "lenet5", (1, 28, 28), (28, 28), "28x28 grey images (MNIST)"),
+    "digits-cnn": (
+        "digits_cnn_1x8x8_10",
+        "digits_cnn",
+        (1, 8, 8),
+        (8, 8),
+        "scikit-learn's 8x8 digits (pixels / 16)",
+    ),
+}
+
+
+def export_classifier(
+    target: str, out: Path, *, out_arg: str, seed: int
+) -> dict[str, dict[str, Any]]:
+    """Export a classifier template with seeded initial weights (logits output).
+
+    Parameters
+    ----------
+    target : str
+        A key of :data:`CLASSIFIER_TARGETS` (``lenet5``, ``digits-cnn``).
+    out : pathlib.Path
+        Output folder.
+    out_arg : str
+        How ``out`` was spelled on the command line.
+    seed : int
+        Seed of the initial weights (``torch.manual_seed`` before building).
+
+    Returns
+    -------
+    dict
+        Artifact name -> manifest entry (one entry, with ``initializer_names``).
+    """
+    architecture, name, sample_shape, image_shape, meant_for = CLASSIFIER_TARGETS[target]
     seed_everything(seed)
-    model = build_model("lenet5_1x28x28_10")
+    model = build_model(architecture)
+    num_classes = int(model.num_classes)
     common = {
-        "image_shape": [28, 28],
-        "channels": 1,
+        "image_shape": list(image_shape),
+        "channels": int(sample_shape[0]),
         "layout": "NCHW",
-        "num_classes": 10,
-        "output_shape": [10],
-        "training_data": "none (seeded initial weights, the common start of federated training)",
+        "num_classes": num_classes,
+        "output_shape": [num_classes],
+        "training_data": (
+            f"none (seeded initial weights, the common start of federated training on {meant_for})"
+        ),
         "trained": False,
-        "recipe": _recipe("lenet5", data=None, epochs=None, seed=seed, out=out_arg),
+        "recipe": _recipe(target, data=None, epochs=None, seed=seed, out=out_arg),
     }
     exports = [
         {
-            "name": "lenet5",
+            "name": name,
             "module": model,
             "role": "classifier",
             "output_name": "logits",
-            "sample_shape": [1, 28, 28],
+            "sample_shape": list(sample_shape),
+            "map_initializers": True,
         }
     ]
     return export_family(
         model,
         out=out,
-        architecture="lenet5_1x28x28_10",
-        weights_name="lenet5",
+        architecture=architecture,
+        weights_name=name,
         exports=exports,
         common=common,
     )
+
+
+def export_lenet5(out: Path, *, out_arg: str, seed: int) -> dict[str, dict[str, Any]]:
+    """Export LeNet-5 with seeded initial weights (logits output)."""
+    return export_classifier("lenet5", out, out_arg=out_arg, seed=seed)
 
 
 def export_target(
@@ -855,7 +993,7 @@ def export_target(
     elif target == "conv-ae":
         entries = export_conv_ae(out_path, out_arg=out_arg, seed=seed)
     else:
-        entries = export_lenet5(out_path, out_arg=out_arg, seed=seed)
+        entries = export_classifier(target, out_path, out_arg=out_arg, seed=seed)
     update_manifest(out_path, entries)
     return entries
 

@@ -1,15 +1,17 @@
-"""Torch architectures used by FedSketch.
+"""Torch architectures used by FedSketch: the edge's, re-exported, plus server-only nets.
 
-* :class:`FCAutoencoder`: the fully connected autoencoder of Prigent et al.
-  (784 -> 50 -> ReLU -> 20, decoder 20 -> 50 -> ReLU -> 784 -> Sigmoid,
-  81,304 parameters, encoder 40,270); with ``FCAutoencoder(64, 32, 16)`` it
-  is also the small autoencoder for scikit-learn's 8x8 digits.
-* :class:`ConvAutoencoder`: the convolutional autoencoder for 32x32 RGB
-  images (latent 48x4x4 = 768, 47,601 parameters).
-* :class:`LeNet5`: the LeNet-5 classifier trained after clustering; it
-  returns logits (no softmax inside).
-* :class:`EncoderOnly`: a wrapper that exposes an autoencoder's
-  :meth:`encode` as ``forward`` for ONNX export.
+The architectures a device trains or embeds (:class:`FCAutoencoder`,
+:class:`ConvAutoencoder`, :class:`LeNet5`, :class:`DigitsCNN`,
+:class:`EncoderOnly`) live in :mod:`edge_sdk.nets` and are re-exported here
+under their old names. This module adds the nets only the server runs:
+
+* :class:`ResNet18`: ResNet-18 (basic blocks, [2, 2, 2, 2]) with the CIFAR
+  stem (3x3 convolution, stride 1, no max-pooling) for 32x32 images;
+  11,173,962 parameters for 10 classes. Used by the aggregation benchmark
+  and by the CIFAR-10 scenario, where clusters are trained fully separately.
+
+:data:`ARCHITECTURES` here is the edge registry extended with the server-only
+names; :func:`build_model` builds any of them.
 """
 
 from __future__ import annotations
@@ -19,222 +21,121 @@ from typing import Callable
 import torch
 from torch import nn
 
+from edge_sdk.nets import ARCHITECTURES as EDGE_ARCHITECTURES
+from edge_sdk.nets import (
+    BASE_LAYERS,
+    ConvAutoencoder,
+    DigitsCNN,
+    EncoderOnly,
+    FCAutoencoder,
+    LeNet5,
+    count_params,
+)
+
 __all__ = [
     "ARCHITECTURES",
+    "BASE_LAYERS",
+    "BasicBlock",
     "ConvAutoencoder",
+    "DigitsCNN",
+    "EDGE_ARCHITECTURES",
     "EncoderOnly",
     "FCAutoencoder",
     "LeNet5",
+    "ResNet18",
     "build_model",
     "count_params",
 ]
 
 
-def count_params(module: nn.Module) -> int:
-    """Number of trainable and frozen parameters of ``module``.
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions with BatchNorm and an identity (or 1x1) shortcut.
 
     Parameters
     ----------
-    module : torch.nn.Module
-        Any module.
-
-    Returns
-    -------
-    int
-        Sum of the element counts of ``module.parameters()`` (buffers such as
-        BatchNorm running statistics are not counted).
-    """
-    return int(sum(p.numel() for p in module.parameters()))
-
-
-class FCAutoencoder(nn.Module):
-    """Fully connected autoencoder on flattened images.
-
-    Parameters
-    ----------
-    in_features : int
-        Flattened input size (784 for 28x28, 64 for 8x8).
-    hidden : int
-        Width of the single hidden layer of encoder and decoder.
-    latent : int
-        Latent size; the encoder output has no activation.
-
-    Notes
-    -----
-    Inputs are expected in [0, 1]; the decoder ends with a sigmoid so the
-    reconstruction lies in the same range.
+    c_in, c_out : int
+        Input and output channels.
+    stride : int
+        Stride of the first convolution (2 halves height and width); the
+        shortcut becomes a strided 1x1 convolution with BatchNorm whenever
+        the shape changes.
     """
 
-    def __init__(self, in_features: int = 784, hidden: int = 50, latent: int = 20) -> None:
+    def __init__(self, c_in: int, c_out: int, stride: int = 1) -> None:
         super().__init__()
-        self.in_features = int(in_features)
-        self.hidden = int(hidden)
-        self.latent = int(latent)
-        self.encoder = nn.Sequential(
-            nn.Linear(self.in_features, self.hidden),
-            nn.ReLU(),
-            nn.Linear(self.hidden, self.latent),
-        )
-        self.decoder = nn.Sequential(
-            nn.Linear(self.latent, self.hidden),
-            nn.ReLU(),
-            nn.Linear(self.hidden, self.in_features),
-            nn.Sigmoid(),
-        )
-
-    @property
-    def latent_dim(self) -> int:
-        """Size of the latent vector."""
-        return self.latent
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """Latent codes of ``x``.
-
-        Parameters
-        ----------
-        x : torch.Tensor
-            ``(batch, in_features)``, or ``(batch, ...)`` which is flattened.
-
-        Returns
-        -------
-        torch.Tensor
-            ``(batch, latent)``.
-        """
-        return self.encoder(x.reshape(x.shape[0], -1))
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.relu = nn.ReLU(inplace=True)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Reconstruction ``(batch, in_features)`` of ``x``."""
-        return self.decoder(self.encode(x))
+        """``relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))``."""
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + self.shortcut(x))
 
 
-def _down_block(c_in: int, c_out: int) -> list[nn.Module]:
-    """Conv2d(k4, s2, p1) -> BatchNorm2d -> ReLU, halving height and width."""
-    return [nn.Conv2d(c_in, c_out, 4, stride=2, padding=1), nn.BatchNorm2d(c_out), nn.ReLU()]
+class ResNet18(nn.Module):
+    """ResNet-18 for small images, returning logits.
 
-
-def _up_block(c_in: int, c_out: int, last: bool = False) -> list[nn.Module]:
-    """ConvTranspose2d(k4, s2, p1) -> BatchNorm2d -> ReLU (Sigmoid when ``last``)."""
-    act: nn.Module = nn.Sigmoid() if last else nn.ReLU()
-    return [nn.ConvTranspose2d(c_in, c_out, 4, stride=2, padding=1), nn.BatchNorm2d(c_out), act]
-
-
-class ConvAutoencoder(nn.Module):
-    """Convolutional autoencoder for 32x32 RGB images.
-
-    Three down blocks 3 -> 12 -> 24 -> 48 channels (32 -> 16 -> 8 -> 4
-    pixels), mirrored by three transposed-convolution blocks; the last
-    block ends BatchNorm(3) -> Sigmoid. The latent map is 48x4x4 = 768.
+    Stem Conv(3x3, stride 1) -> BatchNorm -> ReLU with 64 channels, four
+    stages of two :class:`BasicBlock` each (64, 128, 256, 512 channels; the
+    last three start with stride 2), global average pooling and one linear
+    layer. For 32x32 inputs the last feature map is 4x4.
 
     Parameters
     ----------
-    channels : tuple of int
-        Channel counts from the input to the latent map.
-    """
-
-    def __init__(self, channels: tuple[int, ...] = (3, 12, 24, 48)) -> None:
-        super().__init__()
-        if len(channels) < 2:
-            raise ValueError(f"channels needs at least two entries, got {channels!r}")
-        self.channels = tuple(int(c) for c in channels)
-        down: list[nn.Module] = []
-        for c_in, c_out in zip(self.channels[:-1], self.channels[1:]):
-            down += _down_block(c_in, c_out)
-        up: list[nn.Module] = []
-        rev = self.channels[::-1]
-        for i, (c_in, c_out) in enumerate(zip(rev[:-1], rev[1:])):
-            up += _up_block(c_in, c_out, last=i == len(rev) - 2)
-        self.encoder = nn.Sequential(*down)
-        self.decoder = nn.Sequential(*up)
-        n_down = len(self.channels) - 1
-        self.latent_shape = (self.channels[-1], 32 >> n_down, 32 >> n_down)
-
-    @property
-    def latent_dim(self) -> int:
-        """Size of the flattened latent map (768 for the default channels)."""
-        c, h, w = self.latent_shape
-        return c * h * w
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """Flattened latent codes ``(batch, 768)`` of images ``(batch, 3, 32, 32)``."""
-        return torch.flatten(self.encoder(x), 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Reconstruction ``(batch, 3, 32, 32)`` of ``x``."""
-        return self.decoder(self.encoder(x))
-
-
-class LeNet5(nn.Module):
-    """LeNet-5 for 1x28x28 images, returning logits.
-
-    Conv(1->16, k5) tanh maxpool2, Conv(16->32, k5) tanh maxpool2, flatten
-    (32x4x4 = 512) -> 120 tanh -> 84 tanh -> ``num_classes``. No softmax is
-    applied: pair it with :class:`torch.nn.CrossEntropyLoss`.
-
-    Parameters
-    ----------
-    in_channels : int
-        Image channels.
     num_classes : int
         Number of output logits.
+    in_channels : int
+        Image channels.
     """
 
-    def __init__(self, in_channels: int = 1, num_classes: int = 10) -> None:
+    stage_channels = (64, 128, 256, 512)
+    blocks_per_stage = (2, 2, 2, 2)
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3) -> None:
         super().__init__()
-        self.in_channels = int(in_channels)
         self.num_classes = int(num_classes)
-        self.features = nn.Sequential(
-            nn.Conv2d(self.in_channels, 16, 5),
-            nn.Tanh(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 5),
-            nn.Tanh(),
-            nn.MaxPool2d(2),
-        )
-        self.classifier = nn.Sequential(
-            nn.Linear(512, 120),
-            nn.Tanh(),
-            nn.Linear(120, 84),
-            nn.Tanh(),
-            nn.Linear(84, self.num_classes),
-        )
+        self.in_channels = int(in_channels)
+        self.input_shape = (self.in_channels, 32, 32)
+        c0 = self.stage_channels[0]
+        self.conv1 = nn.Conv2d(self.in_channels, c0, 3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c0)
+        self.relu = nn.ReLU(inplace=True)
+        stages: list[nn.Module] = []
+        c_in = c0
+        for i, (c_out, n_blocks) in enumerate(zip(self.stage_channels, self.blocks_per_stage)):
+            blocks = [BasicBlock(c_in, c_out, stride=1 if i == 0 else 2)]
+            blocks += [BasicBlock(c_out, c_out) for _ in range(n_blocks - 1)]
+            stages.append(nn.Sequential(*blocks))
+            c_in = c_out
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(c_in, self.num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits ``(batch, num_classes)`` of images ``(batch, C, 28, 28)``."""
-        return self.classifier(torch.flatten(self.features(x), 1))
+        """Logits ``(batch, num_classes)`` of images ``(batch, C, H, W)``."""
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.pool(x), 1))
 
 
-class EncoderOnly(nn.Module):
-    """Expose ``ae.encode`` as ``forward`` (for exporting the encoder alone).
-
-    Parameters
-    ----------
-    ae : torch.nn.Module
-        A module with an ``encode(x)`` method; its parameters are shared,
-        not copied.
-    """
-
-    def __init__(self, ae: nn.Module) -> None:
-        super().__init__()
-        if not callable(getattr(ae, "encode", None)):
-            raise TypeError(f"{type(ae).__name__} has no encode() method")
-        self.ae = ae
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Latent codes of ``x``."""
-        return self.ae.encode(x)
-
-
-#: Architecture name (as written in the manifest) -> constructor.
+#: Architecture name -> constructor: the edge registry plus the server-only nets.
 ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {
-    "fc_ae_784_50_20": lambda: FCAutoencoder(784, 50, 20),
-    "fc_ae_64_32_16": lambda: FCAutoencoder(64, 32, 16),
-    "conv_ae_3_12_24_48": lambda: ConvAutoencoder((3, 12, 24, 48)),
-    "lenet5_1x28x28_10": lambda: LeNet5(1, 10),
+    **EDGE_ARCHITECTURES,
+    "resnet18_3x32x32_10": lambda: ResNet18(10, 3),
 }
 
 
 def build_model(architecture: str) -> nn.Module:
-    """Instantiate a registered architecture with fresh (random) weights.
+    """Instantiate a registered architecture (edge or server-only) with fresh weights.
 
     Parameters
     ----------

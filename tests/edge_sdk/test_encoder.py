@@ -24,6 +24,7 @@ EXPECTED_ARTIFACTS = {
     "conv_ae_encoder": ((3, 32, 32), 768),
     "conv_ae": ((3, 32, 32), None),
     "lenet5": ((1, 28, 28), None),
+    "digits_cnn": ((1, 8, 8), None),
 }
 
 

@@ -198,6 +198,7 @@ EXPECTED_SHIPPED = {
     "conv_ae_encoder": ("encoder", [3, 32, 32], 768, 23_868),
     "conv_ae": ("autoencoder", [3, 32, 32], 768, 47_601),
     "lenet5": ("classifier", [1, 28, 28], None, 85_822),
+    "digits_cnn": ("classifier", [1, 8, 8], None, 13_706),
 }
 
 
