@@ -58,7 +58,7 @@ def test_clustered_federation_recovers_rotation_groups(digits12):
     threads, _ = start_clients(broker, digits12)
     server = MemoryTransport(broker, "server", federation=FED)
     server.connect()
-    strategy = SketchClustered(settings=TrainSettings(epochs=2, lr=3e-3, batch_size=16), min_cluster_size=3)
+    strategy = SketchClustered(settings=TrainSettings(epochs=3, lr=1e-2, batch_size=16), min_cluster_size=3)
     result = Orchestrator(strategy, server, config()).run()
     for th in threads:
         th.join(timeout=20)

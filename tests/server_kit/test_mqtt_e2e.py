@@ -1,0 +1,200 @@
+"""End to end over real brokers and real sockets: amqtt in-process, Mosquitto with the ACL.
+
+Also the failure cases with real processes: a client killed in the middle of
+a round, a server killed after a round and resumed from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from edge_sdk.client import EdgeClient
+from edge_sdk.protocol import Kind, Message, Topics
+from edge_sdk.transport import BrokerConfig, MqttTransport
+from edge_sdk.worker import LocalWorker, TrainSettings
+from server_kit.broker import EmbeddedBroker, MosquittoBroker, find_mosquitto
+from server_kit.data.partition import load_digits_images, rotation_partition, save_client
+from server_kit.orchestrator import Orchestrator, ServerConfig
+from server_kit.simulate import Simulator
+from server_kit.strategy import FedAvg, SketchClustered
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.broker
+
+ROOT = Path(__file__).resolve().parents[2]
+ARCH = "digits_cnn_1x8x8_10"
+FED = "e2e"
+SETTINGS = TrainSettings(epochs=3, lr=1e-2, batch_size=16)
+needs_mosquitto = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")
+
+
+@pytest.fixture(scope="module")
+def digits():
+    images, labels = load_digits_images()
+    return rotation_partition(images, labels, 12, groups=4, seed=0)
+
+
+def run_federation(url, clients, passwords=None, rounds=3):
+    threads = []
+    for i, c in enumerate(clients):
+        cfg = BrokerConfig.from_url(url, username=c.cid if passwords else None,
+                                    password=(passwords or {}).get(c.cid), reconnect_min_s=0.1)
+        w = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=i)
+        t = MqttTransport(cfg, c.cid, federation=FED)
+        ec = EdgeClient(t, w, federation=FED, seed=i, model_timeout_s=30)
+        th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 60}, daemon=True)
+        th.start()
+        threads.append(th)
+    cfg = BrokerConfig.from_url(url, username="server" if passwords else None,
+                                password=(passwords or {}).get("server"))
+    server = MqttTransport(cfg, "server", federation=FED)
+    server.connect(timeout=10)
+    try:
+        strategy = SketchClustered(settings=SETTINGS, min_cluster_size=3, seed=0)
+        config = ServerConfig(federation=FED, rounds=rounds, min_clients=len(clients), register_timeout_s=30,
+                              sketch_timeout_s=30, round_timeout_s=60, eval_timeout_s=30,
+                              encoder="digits_encoder", architecture=ARCH, seed=0)
+        result = Orchestrator(strategy, server, config).run()
+    finally:
+        server.close()
+    for th in threads:
+        th.join(timeout=30)
+    return result
+
+
+def check_result(result, clients, rounds=3):
+    truth = [c.group for c in clients]
+    labels = [result["assignment"][c.cid] for c in clients]
+    assert adjusted_rand_score(truth, labels) == 1.0, labels
+    assert [h["updates"] for h in result["history"]] == [len(clients)] * rounds
+    fed = Simulator(FedAvg(settings=SETTINGS, seed=0), clients, architecture=ARCH, seed=0).run(rounds)
+    assert result["final"]["accuracy"] > fed.accuracies[-1] + 0.05, (result["final"], fed.accuracies)
+    sketches = result["transport"]["received"]["SKETCH"]
+    assert sketches["messages"] == len(clients) and sketches["bytes"] <= 64 * len(clients)
+
+
+def test_federation_over_embedded_amqtt_broker(digits):
+    with EmbeddedBroker() as broker:
+        result = run_federation(broker.url, digits)
+    check_result(result, digits)
+
+
+@needs_mosquitto
+def test_federation_over_mosquitto_with_acl(digits):
+    passwords = {c.cid: f"pw-{c.cid}" for c in digits} | {"server": "pw-server"}
+    acl = (ROOT / "deploy" / "acl").read_text()
+    with MosquittoBroker(acl=acl, passwords=passwords) as broker:
+        result = run_federation(broker.url, digits, passwords=passwords)
+    check_result(result, digits)
+
+
+# ---------------------------------------------------------------- processes
+
+
+def spawn_client(url, path, cid, seed):
+    cmd = [sys.executable, "-m", "edge_sdk.client", "--broker", url, "--federation", FED, "--client-id", cid,
+           "--data", str(path), "--architecture", ARCH, "--seed", str(seed), "--max-idle", "90"]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def write_clients(tmp_path, clients):
+    paths = []
+    for c in clients:
+        p = tmp_path / f"{c.cid}.npz"
+        save_client(p, c)
+        paths.append(p)
+    return paths
+
+
+@needs_mosquitto
+def test_client_killed_mid_round_does_not_stop_the_round(tmp_path, digits):
+    clients = digits[:4]
+    paths = write_clients(tmp_path, clients)
+    with MosquittoBroker() as broker:
+        procs = {c.cid: spawn_client(broker.url, p, c.cid, i) for i, (c, p) in enumerate(zip(clients, paths))}
+        victim = clients[2].cid
+        server = MqttTransport(BrokerConfig.from_url(broker.url), "server", federation=FED)
+        server.connect()
+        publish = server.publish
+        killed = {}
+
+        def publish_and_kill(topic, msg, **kw):
+            n = publish(topic, msg, **kw)
+            if topic == Topics("fedsketch", FED).cmd(victim) and msg.meta.get("op") == "train" and msg.meta.get("round") == 2:
+                procs[victim].send_signal(signal.SIGKILL)  # dies holding its round-2 task
+                killed["at"] = time.monotonic()
+            return n
+
+        server.publish = publish_and_kill
+        config = ServerConfig(federation=FED, rounds=3, min_clients=4, round_timeout_s=90, register_timeout_s=60,
+                              eval_timeout_s=30, architecture=ARCH, seed=0)
+        t0 = time.monotonic()
+        result = Orchestrator(FedAvg(settings=SETTINGS, seed=0), server, config).run()
+        server.close()
+        for p in procs.values():
+            p.wait(timeout=30)
+    h = result["history"]
+    assert [r["updates"] for r in h] == [4, 3, 3]
+    assert h[1]["missing"] == [victim]
+    # the round closed on the victim's last will, long before its 90 s deadline
+    assert h[1]["seconds"] < 30
+    assert time.monotonic() - t0 < 120
+    assert result["final"]["accuracy"] is not None
+
+
+@needs_mosquitto
+def test_server_killed_and_resumed_keeps_assignment_and_continues(tmp_path, digits):
+    images, labels = load_digits_images()
+    clients = rotation_partition(images, labels, 8, groups=2, seed=1)
+    paths = write_clients(tmp_path, clients)
+    ckpt, report = tmp_path / "ckpt", tmp_path / "report"
+
+    def server_cmd(*extra):
+        return [sys.executable, "-m", "server_kit.cli", "--broker", broker.url, "--federation", FED,
+                "--strategy", "fedsketch", "--rounds", "4", "--min-clients", "8", "--epochs", "1", "--lr", "0.01",
+                "--batch-size", "16", "--min-cluster-size", "2", "--checkpoint-dir", str(ckpt),
+                "--architecture", ARCH, "--encoder", "digits_encoder", "--report-dir", str(report), *extra]
+
+    with MosquittoBroker() as broker:
+        procs = [spawn_client(broker.url, p, c.cid, i) for i, (c, p) in enumerate(zip(clients, paths))]
+        first = subprocess.Popen(server_cmd(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        state = None
+        while time.monotonic() < deadline:
+            try:
+                state = json.loads((ckpt / "state.json").read_text())
+            except (OSError, ValueError):
+                state = None
+            if state and state["round"] >= 2:
+                break
+            time.sleep(0.05)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+        assert state is not None and state["round"] >= 2, "the first server never checkpointed round 2"
+        saved_round = json.loads((ckpt / "state.json").read_text())["round"]
+        saved_assignment = json.loads((ckpt / "state.json").read_text())["strategy"]["assignment"]
+        second = subprocess.run(server_cmd("--resume"), cwd=ROOT, capture_output=True, text=True, timeout=180)
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        for p in procs:
+            p.wait(timeout=30)
+    result = json.loads((report / "results.json").read_text())
+    assert result["assignment"] == saved_assignment
+    assert [h["round"] for h in result["history"]] == [1, 2, 3, 4]
+    resumed = [h for h in result["history"] if h["round"] > saved_round]
+    assert resumed and all(h["updates"] == 8 for h in resumed)
+    truth = {c.cid: c.group for c in clients}
+    assert adjusted_rand_score([truth[c] for c in sorted(truth)], [saved_assignment[c] for c in sorted(truth)]) == 1.0
+    assert "resumed from" in second.stderr
+    np.testing.assert_array_less(0, [h["updates"] for h in result["history"]])
