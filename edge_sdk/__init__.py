@@ -21,14 +21,29 @@ from .bits import (
 )
 from .encoder import OnnxEncoder
 from .info import info
+from .protocol import Kind, Message, ProtocolError, Topics
 from .sketch import Sketch, Sketcher, pairwise_hamming, stack_sketches
+from .transport import BrokerConfig, MemoryBroker, MemoryTransport, MqttTransport
+from .worker import LocalWorker, Task, TrainSettings, Update
 
 __all__ = [
-    "BACKEND",
     "ArtifactHashError",
+    "BACKEND",
+    "BrokerConfig",
+    "Kind",
+    "LocalWorker",
+    "MemoryBroker",
+    "MemoryTransport",
+    "Message",
+    "MqttTransport",
     "OnnxEncoder",
+    "ProtocolError",
     "Sketch",
     "Sketcher",
+    "Task",
+    "Topics",
+    "TrainSettings",
+    "Update",
     "__version__",
     "artifact_path",
     "available_backends",

@@ -125,3 +125,12 @@ def test_cli_sketch_on_npz(tmp_path, capsys):
     assert out["n_bits"] == 200 and out["bytes"] == 25 and len(out["sketch_hex"]) == 50
     assert cli_main(["sketch", str(path), "--flip-prob", "0.9"]) == 2
     assert "flip_prob must be in [0, 0.5], got 0.9" in capsys.readouterr().err
+
+
+def test_public_api_is_pinned_and_sorted():
+    import edge_sdk
+
+    assert edge_sdk.__all__ == sorted(edge_sdk.__all__)
+    assert {"Sketcher", "Sketch", "OnnxEncoder", "MqttTransport", "Message", "LocalWorker"} <= set(edge_sdk.__all__)
+    for name in edge_sdk.__all__:
+        assert hasattr(edge_sdk, name), name
