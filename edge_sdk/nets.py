@@ -6,7 +6,7 @@ it, and only lazily, so that ``import edge_sdk`` works without torch.
 
 * :class:`FCAutoencoder`: the fully connected autoencoder of Prigent et al.
   (784 -> 50 -> ReLU -> 20, decoder 20 -> 50 -> ReLU -> 784 -> Sigmoid,
-  81,304 parameters, encoder 40,270); with ``FCAutoencoder(64, 32, 16)`` it
+  81,304 parameters, encoder 40,270); with ``FCAutoencoder(64, 48, 20)`` it
   is also the small autoencoder for scikit-learn's 8x8 digits.
 * :class:`ConvAutoencoder`: the convolutional autoencoder for 32x32 RGB
   images (latent 48x4x4 = 768, 47,601 parameters).
@@ -283,6 +283,7 @@ class EncoderOnly(nn.Module):
 ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {
     "fc_ae_784_50_20": lambda: FCAutoencoder(784, 50, 20),
     "fc_ae_64_32_16": lambda: FCAutoencoder(64, 32, 16),
+    "fc_ae_64_48_20": lambda: FCAutoencoder(64, 48, 20),
     "conv_ae_3_12_24_48": lambda: ConvAutoencoder((3, 12, 24, 48)),
     "lenet5_1x28x28_10": lambda: LeNet5(1, 10),
     "digits_cnn_1x8x8_10": lambda: DigitsCNN(10),

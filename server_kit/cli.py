@@ -16,8 +16,9 @@ import dataclasses
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["build_parser", "load_config", "main"]
 

@@ -28,8 +28,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 log = logging.getLogger("fedsketch.demo")
 
 ARCH = "digits_cnn_1x8x8_10"
@@ -49,9 +47,10 @@ def _spawn_clients(url: str, federation: str, paths: list[tuple[str, Path]], see
 
 
 def run_demo(args: argparse.Namespace) -> dict:
+    from sklearn.metrics import adjusted_rand_score
+
     from edge_sdk.transport import BrokerConfig, MqttTransport
     from edge_sdk.worker import TrainSettings
-    from sklearn.metrics import adjusted_rand_score
 
     from .broker import start_broker
     from .data.partition import load_digits_images, rotation_partition, save_client

@@ -29,13 +29,22 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import numpy as np
 
-from edge_sdk.protocol import Kind, Message, ProtocolError, Topics, parse_sketch, parse_tensors, tensors_body
+from edge_sdk.protocol import (
+    Kind,
+    Message,
+    ProtocolError,
+    Topics,
+    parse_sketch,
+    parse_tensors,
+    tensors_body,
+)
 from edge_sdk.sketch import Sketch
 from edge_sdk.worker import Update
 
@@ -405,13 +414,13 @@ class Orchestrator:
             raise FileNotFoundError(f"--resume: no checkpoint in {path} (state.json missing)")
         state = json.loads(state_file.read_text())
         tensors = load_file(str(path / "models.safetensors"))
-        self.strategy.setup([ClientInfo(**{k: (tuple(v) if k == "capabilities" else v) for k, v in i.items()})
-                             for i in state["clients"].values()], self.template)
+        infos = {c: ClientInfo(**{k: (tuple(v) if k == "capabilities" else v) for k, v in i.items()})
+                 for c, i in state["clients"].items()}
+        self.strategy.setup(list(infos.values()), self.template)
         self.strategy.load_state(state["strategy"], tensors)
-        for c, i in state["clients"].items():
-            self.clients[c] = _ClientState(ClientInfo(**{k: (tuple(v) if k == "capabilities" else v)
-                                                        for k, v in i.items()}), online=False)
-        self.sketches = {c: Sketch(bytes.fromhex(h), n, l) for c, (h, n, l) in state.get("sketches", {}).items()}
+        self.clients = {c: _ClientState(info, online=False) for c, info in infos.items()}
+        self.sketches = {c: Sketch(bytes.fromhex(hx), n, lat)
+                         for c, (hx, n, lat) in state.get("sketches", {}).items()}
         self.history = list(state.get("history", []))
         self.timings = dict(state.get("timings", {}))
         log.info("resumed from %s after round %d (%d clients known)", path, state["round"], len(self.clients))

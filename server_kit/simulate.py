@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -112,8 +113,9 @@ class Simulator:
         }
 
     def run(self, rounds: int) -> SimulationResult:
-        from edge_sdk.trainer import initial_weights
         from sklearn.metrics import adjusted_rand_score
+
+        from edge_sdk.trainer import initial_weights
 
         s = self.strategy
         infos = [ClientInfo(cid, **{k: v for k, v in w.hello().items() if k in ("n_samples", "classes_present")})

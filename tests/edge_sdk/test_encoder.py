@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXPECTED_ARTIFACTS = {
     "fmnist_fc_encoder": ((784,), 20),
     "fmnist_fc_ae": ((784,), None),
-    "digits_encoder": ((64,), 16),
+    "digits_encoder": ((64,), 20),
     "digits_ae": ((64,), None),
     "conv_ae_encoder": ((3, 32, 32), 768),
     "conv_ae": ((3, 32, 32), None),
@@ -65,11 +65,11 @@ def test_tampered_model_is_refused(tmp_path):
 
 def test_encoder_session_matches_manifest_and_batches():
     enc = OnnxEncoder("digits_encoder", batch_size=7)
-    assert enc.latent_dim == 16 and enc.input_shape == (64,)
+    assert enc.latent_dim == 20 and enc.input_shape == (64,)
     x = np.random.default_rng(0).random((50, 64), dtype=np.float32)
     z7 = enc.encode(x)
     z_big = OnnxEncoder("digits_encoder", batch_size=1000).encode(x)
-    assert z7.shape == (50, 16) and z7.dtype == np.float32
+    assert z7.shape == (50, 20) and z7.dtype == np.float32
     np.testing.assert_allclose(z7, z_big, atol=1e-6)
     # image-shaped input is accepted and flattened
     np.testing.assert_allclose(enc.encode(x.reshape(50, 8, 8)), z7, atol=1e-6)

@@ -143,4 +143,4 @@ def test_rotated_digits_sketch_farther_than_unrotated_pairs(flip_prob):
     cross = d[:4, 4:]
     assert upright_pairs.max() < cross.min(), (upright_pairs, cross)
     assert d[same].mean() * 1.5 < d[~same & ~np.eye(len(g), dtype=bool)].mean()
-    assert stack_sketches(sketches).shape == (8, 20)  # 10 classes x 16 bits = 20 bytes
+    assert stack_sketches(sketches).shape == (8, 25)  # 10 classes x 20 bits = 25 bytes

@@ -20,7 +20,7 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.client import EdgeClient
-from edge_sdk.protocol import Kind, Message, Topics
+from edge_sdk.protocol import Topics
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from edge_sdk.worker import LocalWorker, TrainSettings
 from server_kit.broker import EmbeddedBroker, MosquittoBroker, find_mosquitto

@@ -157,7 +157,7 @@ def test_cli_exports_conv_lenet_digits_and_keeps_manifest_entries(tmp_path):
     assert arts["conv_ae_encoder"]["params"] == 23_868
     assert arts["conv_ae"]["params"] == 47_601
     assert arts["lenet5"]["num_classes"] == 10 and arts["lenet5"]["output_name"] == "logits"
-    assert arts["digits_encoder"]["latent_dim"] == 16
+    assert arts["digits_encoder"]["latent_dim"] == 20
     assert arts["digits_encoder"]["recipe"].startswith("fedsketch export digits-ae")
 
     specs = load_manifest(out)  # the edge SDK reads what the recipe writes
@@ -193,8 +193,8 @@ def shipped_manifest() -> dict:
 EXPECTED_SHIPPED = {
     "fmnist_fc_encoder": ("encoder", [784], 20, 40_270),
     "fmnist_fc_ae": ("autoencoder", [784], 20, 81_304),
-    "digits_encoder": ("encoder", [64], 16, 2_608),
-    "digits_ae": ("autoencoder", [64], 16, 5_264),
+    "digits_encoder": ("encoder", [64], 20, 4_100),
+    "digits_ae": ("autoencoder", [64], 20, 8_244),
     "conv_ae_encoder": ("encoder", [3, 32, 32], 768, 23_868),
     "conv_ae": ("autoencoder", [3, 32, 32], 768, 47_601),
     "lenet5": ("classifier", [1, 28, 28], None, 85_822),

@@ -68,7 +68,7 @@ def test_clustered_federation_recovers_rotation_groups(digits12):
     assert [h["updates"] for h in result["history"]] == [12, 12, 12]
     assert result["final"]["accuracy"] > 0.5
     stats = result["transport"]
-    # 12 sketches of 160 bits, each within 64 bytes with the envelope
+    # 12 sketches of 200 bits, each within 64 bytes with the envelope
     assert stats["received"]["SKETCH"]["messages"] == 12
     assert stats["received"]["SKETCH"]["bytes"] <= 12 * 64
     assert stats["sent"]["MODEL"]["messages"] == 4 * 4  # one per cluster per round, + the final evaluation
