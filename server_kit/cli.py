@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--fraction", type=float, default=None, help="fraction of each cluster sampled per round")
     p.add_argument("--min-cluster-size", type=int, default=None)
+    p.add_argument("--shared-base", action="store_true",
+                   help="average the architecture's base layers (its convolutions) over all clients, "
+                        "the rest per cluster (the paper's LeNet-5 setting)")
     p.add_argument("--round-timeout", type=float, dest="round_timeout_s")
     p.add_argument("--sketch-timeout", type=float, dest="sketch_timeout_s")
     p.add_argument("--register-timeout", type=float, dest="register_timeout_s")
@@ -116,6 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             strat["fraction"] = args.fraction
         if args.min_cluster_size is not None:
             strat["min_cluster_size"] = args.min_cluster_size
+        if args.shared_base or strat.pop("shared_base", False):
+            from edge_sdk.nets import BASE_LAYERS
+
+            if config.architecture not in BASE_LAYERS:
+                raise ValueError(f"--shared-base: architecture {config.architecture!r} declares no base layers")
+            strat["shared_prefixes"] = BASE_LAYERS[config.architecture]
         strategy = make_strategy(name, settings=settings, seed=config.seed, **strat)
         password = Path(args.password_file).read_text().strip() if args.password_file else None
         bcfg = BrokerConfig.from_url(broker, username=args.username, password=password,

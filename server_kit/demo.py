@@ -116,7 +116,9 @@ def run_demo(args: argparse.Namespace) -> dict:
     print(f"\nclusters found: {len(set(assignment.values()))} for {args.groups} rotation groups; ARI {ari:.3f}")
     for k in sorted(set(assignment.values())):
         members = [c for c in cids if assignment[c] == k]
-        print(f"  cluster {k}: {len(members)} clients, rotations {sorted({90 * truth[c] for c in members})}")
+        acc = per_cluster.get(f"c{k}")
+        print(f"  cluster {k}: {len(members)} clients, rotations {sorted({90 * truth[c] for c in members})}"
+              + ("" if acc is None else f", final accuracy {acc:.4f}"))
     print("\nround  clustered  fedavg")
     for r, (a, b) in enumerate(zip(clustered, fedavg), start=1):
         print(f"{r:5d}  {a:9.4f}  {b:6.4f}")
@@ -127,7 +129,7 @@ def run_demo(args: argparse.Namespace) -> dict:
         print(f"  {kind:8s} {s.get('bytes', 0):>10,} / {r.get('bytes', 0):>10,}  "
               f"({s.get('messages', 0)} / {r.get('messages', 0)} messages)")
 
-    per_cluster: dict[str, list[float | None]] = {}
+    per_cluster = result["final"].get("per_model", {})
     plot_accuracy(report / "accuracy.png", {"clustered (ours, over MQTT)": clustered, "FedAvg": fedavg})
     plot_bytes(report / "bytes.png", stats)
     if getattr(strategy, "model_", None) is not None:

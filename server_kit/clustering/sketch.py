@@ -836,7 +836,11 @@ def plot_search(model: SketchClustering, path: str | Path) -> Path:
     if bad:
         xs, ys = zip(*bad)
         ax.scatter(xs, ys, marker="x", color="0.5", zorder=3, label="inadmissible probe")
-    ax.axvline(model.threshold_, color="C3", ls="--", label=f"chosen, k = {model.n_clusters_}")
+    top_k = int(fcluster(model.linkage_, model.threshold_, criterion="distance").max()) if model.linkage_.size else 1
+    label = f"chosen, k = {top_k}"
+    if top_k != model.n_clusters_:
+        label += f" (refined to k = {model.n_clusters_})"
+    ax.axvline(model.threshold_, color="C3", ls="--", label=label)
     if probes:
         ax.set_xscale("log")
         ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))

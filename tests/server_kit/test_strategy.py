@@ -1,0 +1,143 @@
+"""Strategies: per-cluster FedAvg with shared layers, sampling, late joiners, the simulator."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from edge_sdk.client import EdgeClient
+from edge_sdk.sketch import Sketch
+from edge_sdk.transport import MemoryBroker, MemoryTransport
+from edge_sdk.worker import LocalWorker, TrainSettings, Update
+from server_kit.data.partition import load_digits_images, rotation_partition
+from server_kit.orchestrator import Orchestrator, ServerConfig
+from server_kit.simulate import Simulator
+from server_kit.strategy import ClientInfo, ClusteredFedAvg, FedAvg, SketchClustered, make_strategy
+
+ARCH = "digits_cnn_1x8x8_10"
+
+
+def w(a, b):
+    return {"conv.w": np.full(2, a, np.float32), "fc.w": np.full(3, b, np.float32)}
+
+
+def test_clustered_fedavg_shares_base_layers_and_keeps_heads_per_cluster():
+    s = ClusteredFedAvg(shared_prefixes=("conv.",))
+    s.setup([ClientInfo(c, 10) for c in "abcd"], w(0, 0))
+    s.set_assignment({"a": 0, "b": 0, "c": 1, "d": 1})
+    tasks = s.configure_round(1, ["a", "b", "c", "d"])
+    assert {t.cid: list(t.models) for t in tasks} == {"a": ["c0"], "b": ["c0"], "c": ["c1"], "d": ["c1"]}
+    updates = [
+        Update("a", 1, "c0", w(1, 1), 10, 0.0),
+        Update("b", 1, "c0", w(3, 3), 30, 0.0),
+        Update("c", 1, "c1", w(5, 5), 20, 0.0),
+        Update("d", 1, "c1", w(7, 7), 40, 0.0),
+    ]
+    s.aggregate_round(1, updates)
+    # heads per cluster: (1*10 + 3*30) / 40 = 2.5 and (5*20 + 7*40) / 60 = 6.333...
+    np.testing.assert_allclose(s.models["c0"]["fc.w"], 2.5)
+    np.testing.assert_allclose(s.models["c1"]["fc.w"], 380 / 60, rtol=1e-6)
+    # base over all: (10 + 90 + 100 + 280) / 100 = 4.8, the same in both clusters
+    np.testing.assert_allclose(s.models["c0"]["conv.w"], 4.8, rtol=1e-6)
+    np.testing.assert_allclose(s.models["c1"]["conv.w"], 4.8, rtol=1e-6)
+
+
+def test_nan_update_is_dropped_and_the_rest_aggregated(caplog):
+    s = FedAvg()
+    s.setup([ClientInfo("a", 1), ClientInfo("b", 1)], w(0, 0))
+    bad = w(1, 1)
+    bad["fc.w"][0] = np.nan
+    summary = s.aggregate_round(1, [Update("a", 1, "global", bad, 5, 0.0), Update("b", 1, "global", w(2, 4), 5, 0.0)])
+    assert summary == {"updates": 1, "rejected": 1}
+    np.testing.assert_allclose(s.models["global"]["fc.w"], 4.0)
+    assert "update of a for global rejected" in caplog.text
+
+
+def test_sampling_is_seeded_by_round_and_covers_each_cluster():
+    s = ClusteredFedAvg(fraction=0.5, seed=3)
+    s.setup([ClientInfo(f"c{i}", 1) for i in range(8)], w(0, 0))
+    s.set_assignment({f"c{i}": i % 2 for i in range(8)})
+    first = [t.cid for t in s.configure_round(4, [f"c{i}" for i in range(8)])]
+    again = [t.cid for t in s.configure_round(4, [f"c{i}" for i in range(8)])]
+    assert first == again and len(first) == 4
+    assert sorted(int(c[1:]) % 2 for c in first) == [0, 0, 1, 1]
+
+
+def test_bad_strategy_parameters_are_refused():
+    with pytest.raises(ValueError, match=r"fraction must be in \(0, 1\], got 0"):
+        FedAvg(fraction=0)
+    with pytest.raises(ValueError, match="unknown strategy 'ifca2'; choose one of"):
+        make_strategy("ifca2")
+
+
+@pytest.fixture(scope="module")
+def digits():
+    images, labels = load_digits_images()
+    return rotation_partition(images, labels, 13, groups=4, seed=2)
+
+
+def test_simulator_recovers_groups_and_beats_fedavg(digits):
+    from edge_sdk import OnnxEncoder
+
+    clients = digits[:12]
+    settings = TrainSettings(epochs=3, lr=1e-2, batch_size=16)
+    ours = Simulator(SketchClustered(settings=settings, min_cluster_size=3), clients, architecture=ARCH,
+                     encoder=OnnxEncoder("digits_encoder"), flip_prob=0.1).run(4)
+    base = Simulator(FedAvg(settings=settings), clients, architecture=ARCH).run(4)
+    assert ours.ari == 1.0
+    assert ours.accuracies[-1] > base.accuracies[-1] + 0.1
+    assert len(set(ours.assignment.values())) == 4 and set(base.assignment.values()) == {0}
+
+
+def test_late_client_joins_the_nearest_cluster(digits):
+    """12 clients cluster; a 13th arrives after training started and lands with its rotation group."""
+    fed = "late"
+    broker = MemoryBroker()
+    early, late = digits[:12], digits[12]
+    threads = []
+
+    def start(c, i):
+        t = MemoryTransport(broker, c.cid, federation=fed)
+        ec = EdgeClient(t, LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=i),
+                        federation=fed, seed=i, model_timeout_s=20)
+        th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 30}, daemon=True)
+        th.start()
+        threads.append(th)
+
+    for i, c in enumerate(early):
+        start(c, i)
+    server = MemoryTransport(broker, "server", federation=fed)
+    server.connect()
+
+    def on_round(rec):
+        if rec["round"] == 1:
+            start(late, 12)
+
+    strategy = SketchClustered(settings=TrainSettings(epochs=1, lr=1e-2, batch_size=16), min_cluster_size=3)
+    cfg = ServerConfig(federation=fed, rounds=3, min_clients=12, register_timeout_s=20, sketch_timeout_s=20,
+                       round_timeout_s=30, eval_timeout_s=20, encoder="digits_encoder", architecture=ARCH)
+    result = Orchestrator(strategy, server, cfg, on_round=on_round).run()
+    for th in threads:
+        th.join(timeout=30)
+    a = result["assignment"]
+    assert late.cid in a
+    same_group = [c.cid for c in early if c.group == late.group]
+    assert {a[c] for c in same_group} == {a[late.cid]}
+    assert adjusted_rand_score([c.group for c in digits], [a[c.cid] for c in digits]) == 1.0
+    assert result["history"][-1]["updates"] == 13  # it trains with its cluster from then on
+
+
+def test_checkpoint_state_round_trips():
+    s = SketchClustered(min_cluster_size=1)
+    s.setup([ClientInfo(c, 1) for c in "abcd"], w(0, 0))
+    bits = {c: Sketch(bytes([v]), 1, 8) for c, v in zip("abcd", (0x00, 0x01, 0xFF, 0xFE))}
+    s.on_sketches(bits)
+    meta, tensors = s.state()
+    t = SketchClustered(min_cluster_size=1)
+    t.setup([ClientInfo(c, 1) for c in "abcd"], w(0, 0))
+    t.load_state(meta, tensors)
+    assert t.clusters() == s.clusters()
+    assert t.assign_late("e", Sketch(bytes([0xFD]), 1, 8)) == s.model_key_for("c")
