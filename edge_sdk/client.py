@@ -168,7 +168,10 @@ class EdgeClient:
                 self._do_evaluate(m, msg.round)
             else:
                 log.warning("unknown command %r ignored", op)
-        except (ValueError, KeyError, TypeError, TimeoutError) as e:
+        except ImportError as e:  # e.g. a train command on a device without torch
+            log.error("command %s needs a missing package (%s); for local training: "
+                      "pip install 'fedsketch[train]'", op, e)
+        except (ValueError, KeyError, TypeError, TimeoutError, RuntimeError) as e:
             log.error("command %s failed: %s", op, e)
         return True
 

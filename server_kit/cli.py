@@ -122,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.shared_base or strat.pop("shared_base", False):
             from edge_sdk.nets import BASE_LAYERS
 
+            if name == "fedavg":
+                raise ValueError("--shared-base applies to clustered strategies; fedavg has one model")
             if config.architecture not in BASE_LAYERS:
                 raise ValueError(f"--shared-base: architecture {config.architecture!r} declares no base layers")
             strat["shared_prefixes"] = BASE_LAYERS[config.architecture]
