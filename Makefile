@@ -33,6 +33,7 @@ demo: $(STAMP)
 	$(PY) -m server_kit.demo
 
 test: $(STAMP)
+	$(PY) -m ruff check edge_sdk server_kit benchmarks tests
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	FEDSKETCH_PURE_NUMPY=1 $(PY) -m pytest -q tests/edge_sdk $(PYTEST_ARGS)
 

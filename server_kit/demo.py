@@ -112,6 +112,7 @@ def run_demo(args: argparse.Namespace) -> dict:
     fedavg = fed.accuracies
     seconds = time.perf_counter() - t0
 
+    per_cluster = result["final"].get("per_model", {})
     sketch_bytes = result["transport"]["received"].get("SKETCH", {}).get("bytes", 0) // max(1, len(cids))
     print(f"\nclusters found: {len(set(assignment.values()))} for {args.groups} rotation groups; ARI {ari:.3f}")
     for k in sorted(set(assignment.values())):
@@ -129,7 +130,6 @@ def run_demo(args: argparse.Namespace) -> dict:
         print(f"  {kind:8s} {s.get('bytes', 0):>10,} / {r.get('bytes', 0):>10,}  "
               f"({s.get('messages', 0)} / {r.get('messages', 0)} messages)")
 
-    per_cluster = result["final"].get("per_model", {})
     plot_accuracy(report / "accuracy.png", {"clustered (ours, over MQTT)": clustered, "FedAvg": fedavg})
     plot_bytes(report / "bytes.png", stats)
     if getattr(strategy, "model_", None) is not None:
