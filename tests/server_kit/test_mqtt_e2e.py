@@ -45,11 +45,11 @@ def digits():
     return rotation_partition(images, labels, 12, groups=4, seed=0)
 
 
-def run_federation(url, clients, passwords=None, rounds=3):
+def run_federation(url, clients, passwords=None, rounds=3, protocol="3.1.1"):
     threads = []
     for i, c in enumerate(clients):
         cfg = BrokerConfig.from_url(url, username=c.cid if passwords else None,
-                                    password=(passwords or {}).get(c.cid), reconnect_min_s=0.1)
+                                    password=(passwords or {}).get(c.cid), reconnect_min_s=0.1, protocol=protocol)
         w = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=i)
         t = MqttTransport(cfg, c.cid, federation=FED)
         ec = EdgeClient(t, w, federation=FED, seed=i, model_timeout_s=30)
@@ -57,7 +57,7 @@ def run_federation(url, clients, passwords=None, rounds=3):
         th.start()
         threads.append(th)
     cfg = BrokerConfig.from_url(url, username="server" if passwords else None,
-                                password=(passwords or {}).get("server"))
+                                password=(passwords or {}).get("server"), protocol=protocol)
     server = MqttTransport(cfg, "server", federation=FED)
     server.connect(timeout=10)
     try:
@@ -85,6 +85,7 @@ def check_result(result, clients, rounds=3):
 
 
 def test_federation_over_embedded_amqtt_broker(digits):
+    """amqtt speaks MQTT 3.1.1 only."""
     with EmbeddedBroker() as broker:
         result = run_federation(broker.url, digits)
     check_result(result, digits)
@@ -92,10 +93,11 @@ def test_federation_over_embedded_amqtt_broker(digits):
 
 @needs_mosquitto
 def test_federation_over_mosquitto_with_acl(digits):
+    """Per-client passwords, the shipped ACL, MQTT 5."""
     passwords = {c.cid: f"pw-{c.cid}" for c in digits} | {"server": "pw-server"}
     acl = (ROOT / "deploy" / "acl").read_text()
     with MosquittoBroker(acl=acl, passwords=passwords) as broker:
-        result = run_federation(broker.url, digits, passwords=passwords)
+        result = run_federation(broker.url, digits, passwords=passwords, protocol="5")
     check_result(result, digits)
 
 
