@@ -125,6 +125,20 @@ class EdgeClient:
         return self._encoders[name]
 
     def _do_sketch(self, m: Mapping[str, Any], rnd: int) -> None:
+        kind = str(m.get("summary", "sketch"))
+        if kind != "sketch":
+            from .features import SUMMARIES
+
+            if kind not in SUMMARIES:
+                raise ValueError(f"unknown summary kind {kind!r}; this client knows {sorted(SUMMARIES)}")
+            params = m.get("params", {})
+            if not isinstance(params, dict):
+                raise ValueError("summary params must be a JSON object")
+            feats = SUMMARIES[kind](self.worker.x, self.worker.y, num_classes=int(m["num_classes"]), **params)
+            self._send(self.topics.sketch(self.cid), Kind.FEATURES, rnd, {"summary": kind},
+                       tensors_body({"features": np.ascontiguousarray(feats, dtype=np.float32)}))
+            log.info("sent %s summary %s", kind, feats.shape)
+            return
         sketcher = Sketcher(self._encoder(str(m.get("encoder", "digits_encoder"))),
                             int(m["num_classes"]), float(m.get("flip_prob", 0.1)), seed=self.seed)
         sk = self.worker.sketch(sketcher)

@@ -104,6 +104,7 @@ class Kind(enum.IntEnum):
     MODEL = 6
     METRICS = 7
     CHUNK = 8
+    FEATURES = 9  #: a client summary other than bits (e.g. LADD's spectra), as tensors
 
 
 _INNER_KINDS = frozenset(int(k) for k in Kind if k != Kind.CHUNK)

@@ -137,8 +137,10 @@ class Orchestrator:
             template = initial_weights(config.architecture, config.seed)
         self.template = {k: np.asarray(v) for k, v in template.items()}
         self._spec = {k: (tuple(v.shape), str(v.dtype)) for k, v in self.template.items()}
-        self._latent = config.latent_dim or self._encoder_latent(config.encoder)
+        self._latent = (config.latent_dim or self._encoder_latent(config.encoder)
+                        if strategy.summary_kind == "sketch" else None)
         self._lock = threading.Lock()
+        self._feature_shape: tuple[int, int] | None = None
 
     # -- plumbing ---------------------------------------------------------
     @staticmethod
@@ -209,7 +211,7 @@ class Orchestrator:
             if state.online and not online:
                 log.info("client %s is offline", cid)
             state.online = online
-        elif msg.kind == Kind.SKETCH:
+        elif msg.kind in (Kind.SKETCH, Kind.FEATURES):
             self._on_sketch(cid, msg)
         elif msg.kind == Kind.UPDATE:
             self._on_update(cid, msg)
@@ -251,10 +253,33 @@ class Orchestrator:
 
     def _ask_sketch(self, cid: str) -> None:
         self._cmd(cid, "sketch", encoder=self.config.encoder, num_classes=self.config.num_classes,
-                  flip_prob=self.config.flip_prob)
+                  flip_prob=self.config.flip_prob, summary=self.strategy.summary_kind,
+                  params=dict(self.strategy.summary_params))
+
+    def _on_features(self, cid: str, msg: Message) -> Any:
+        """A float summary (e.g. LADD's spectra): one finite float32 (num_classes, W) tensor."""
+        if msg.meta.get("summary") != self.strategy.summary_kind:
+            raise ProtocolError("meta", f"summary {msg.meta.get('summary')!r} is not the "
+                                        f"{self.strategy.summary_kind!r} this server asked for")
+        arr = parse_tensors(msg.body)
+        feats = arr.get("features")
+        if set(arr) != {"features"} or feats is None or feats.dtype != np.float32 or feats.ndim != 2:
+            raise ProtocolError("tensor-name", "a features message holds one float32 2-D tensor 'features'")
+        shape = self._feature_shape or (self.config.num_classes, feats.shape[1])
+        if feats.shape != shape:
+            raise ProtocolError("tensor-shape", f"features of shape {feats.shape}, expected {shape}")
+        self._feature_shape = shape
+        return feats
 
     def _on_sketch(self, cid: str, msg: Message) -> None:
-        sk = parse_sketch(msg.body, num_classes=self.config.num_classes, latent_dim=self._latent)
+        if self.strategy.summary_kind == "sketch":
+            if msg.kind != Kind.SKETCH:
+                raise ProtocolError("kind", f"expected a SKETCH, got {msg.kind.name}")
+            sk: Any = parse_sketch(msg.body, num_classes=self.config.num_classes, latent_dim=self._latent)
+        else:
+            if msg.kind != Kind.FEATURES:
+                raise ProtocolError("kind", f"expected FEATURES, got {msg.kind.name}")
+            sk = self._on_features(cid, msg)
         self.sketches[cid] = sk
         if self._phase == "train" and cid not in self.strategy.clusters():
             key = self.strategy.assign_late(cid, sk, self.clients[cid].info)
@@ -398,7 +423,8 @@ class Orchestrator:
         state = {
             "round": rnd, "strategy": meta, "history": self.history, "timings": self.timings,
             "clients": {c: asdict(s.info) for c, s in self.clients.items()},
-            "sketches": {c: [s.bits.hex(), s.num_classes, s.latent_dim] for c, s in self.sketches.items()},
+            "sketches": {c: [s.bits.hex(), s.num_classes, s.latent_dim] for c, s in self.sketches.items()
+                         if isinstance(s, Sketch)},
             "config": asdict(self.config),
         }
         tmp = path / "state.json.tmp"

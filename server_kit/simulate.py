@@ -16,10 +16,18 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk.sketch import Sketcher
+from edge_sdk.protocol import Kind, sketch_body
+from edge_sdk.sketch import Sketch, Sketcher
 from edge_sdk.worker import LocalWorker
 
 from .data.partition import ClientData
+from .metrics import (
+    CommLedger,
+    clustering_scores,
+    final_accuracy,
+    message_bytes,
+    weights_message_bytes,
+)
 from .strategy import ClientInfo, Strategy
 
 __all__ = ["RoundRecord", "SimulationResult", "Simulator"]
@@ -45,12 +53,22 @@ class SimulationResult:
     rounds: list[RoundRecord] = field(default_factory=list)
     assignment: dict[str, int] = field(default_factory=dict)
     ari: float | None = None
+    scores: dict[str, float] = field(default_factory=dict)
     seconds_clustering: float = 0.0
     seconds_training: float = 0.0
+    ledger: CommLedger = field(default_factory=CommLedger)
 
     @property
     def accuracies(self) -> list[float]:
         return [r.accuracy for r in self.rounds]
+
+    @property
+    def final_accuracy(self) -> float | None:
+        """Mean of the last 5 rounds (the paper's final accuracy)."""
+        return final_accuracy(self.accuracies)
+
+    def total_bytes(self) -> int:
+        return self.ledger.total()
 
 
 def mean_accuracy(workers: dict[str, LocalWorker], strategy: Strategy, cids: Sequence[str]) -> tuple[float, dict[str, float]]:
@@ -106,14 +124,31 @@ class Simulator:
         self.flip_prob = flip_prob
         self.seed = seed
         self.progress = progress
+        self._size_cache: dict[Any, int] = {}
         self.workers = {
             c.cid: LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test,
                                architecture=architecture, num_classes=num_classes, seed=seed * 1000 + i)
             for i, c in enumerate(clients)
         }
 
+    def _summaries(self, s: Strategy) -> dict[str, Any]:
+        """Every client's summary of the kind the strategy asks for (sketch bits or features)."""
+        if s.summary_kind == "sketch":
+            if self.encoder is None:
+                raise ValueError(f"strategy {s.name!r} needs sketches: give the simulator an encoder")
+            return {
+                cid: w.sketch(Sketcher(self.encoder, self.num_classes, self.flip_prob, seed=self.seed * 1000 + i))
+                for i, (cid, w) in enumerate(self.workers.items())
+            }
+        from edge_sdk.features import SUMMARIES
+
+        if s.summary_kind not in SUMMARIES:
+            raise ValueError(f"unknown summary kind {s.summary_kind!r}; known: {sorted(SUMMARIES)}")
+        fn = SUMMARIES[s.summary_kind]
+        return {cid: fn(w.x, w.y, num_classes=w.num_classes, **dict(s.summary_params))
+                for cid, w in self.workers.items()}
+
     def run(self, rounds: int) -> SimulationResult:
-        from sklearn.metrics import adjusted_rand_score
 
         from edge_sdk.trainer import initial_weights
 
@@ -123,14 +158,19 @@ class Simulator:
         s.setup(infos, initial_weights(self.architecture, self.seed))
         result = SimulationResult(strategy=s.name)
         t0 = time.perf_counter()
+        ledger = result.ledger
         if s.needs_sketches:
-            if self.encoder is None:
-                raise ValueError(f"strategy {s.name!r} needs sketches: give the simulator an encoder")
-            sketches = {
-                cid: w.sketch(Sketcher(self.encoder, self.num_classes, self.flip_prob, seed=self.seed * 1000 + i))
-                for i, (cid, w) in enumerate(self.workers.items())
-            }
-            s.on_sketches(sketches)
+            summaries = self._summaries(s)
+            ask = message_bytes(Kind.CMD, meta={"op": "sketch", "num_classes": self.num_classes,
+                                                "flip_prob": self.flip_prob, "summary": s.summary_kind})
+            ledger.add("CMD", "down", ask, len(summaries))
+            for v in summaries.values():
+                if isinstance(v, Sketch):
+                    ledger.add("SKETCH", "up", message_bytes(Kind.SKETCH, sketch_body(v)))
+                else:
+                    ledger.add("FEATURES", "up", weights_message_bytes(Kind.FEATURES, {"features": v},
+                                                                       {"summary": s.summary_kind}))
+            s.on_sketches(summaries)
         result.seconds_clustering = time.perf_counter() - t0
         cids = sorted(self.workers)
         bar = _progress(range(1, rounds + 1), f"{s.name} rounds", self.progress)
@@ -138,7 +178,10 @@ class Simulator:
         for rnd in bar:
             tr = time.perf_counter()
             tasks = s.configure_round(rnd, cids)
+            self._count_tasks(ledger, tasks)
             updates = [self.workers[t.cid].fit(t) for t in tasks]
+            for u in updates:
+                ledger.add("UPDATE", "up", self._update_bytes(u))
             summary = s.aggregate_round(rnd, updates)
             acc, per = mean_accuracy(self.workers, s, [t.cid for t in tasks])
             result.rounds.append(RoundRecord(rnd, acc, per, len(tasks), summary, time.perf_counter() - tr))
@@ -148,8 +191,31 @@ class Simulator:
         result.seconds_training = time.perf_counter() - t1
         result.assignment = s.clusters()
         truth = [self.data[c].group for c in cids]
-        result.ari = float(adjusted_rand_score(truth, [result.assignment.get(c, 0) for c in cids]))
+        result.scores = clustering_scores(truth, [result.assignment.get(c, 0) for c in cids])
+        result.ari = result.scores["ari"]
         return result
+
+    def _count_tasks(self, ledger: CommLedger, tasks) -> None:
+        """A train command and every model offered, per client (IFCA offers K)."""
+        for t in tasks:
+            ledger.add("CMD", "down", message_bytes(Kind.CMD, meta={
+                "op": "train", "round": t.round, "models": sorted(t.models), **t.settings.to_dict()}))
+            for key, w in t.models.items():
+                ledger.add("MODEL", "down", self._model_bytes(key, w))
+
+    def _model_bytes(self, key: str, weights) -> int:
+        # the size depends only on names, shapes and dtypes: computed once per model key
+        if key not in self._size_cache:
+            self._size_cache[key] = weights_message_bytes(Kind.MODEL, weights, {"key": key})
+        return self._size_cache[key]
+
+    def _update_bytes(self, u) -> int:
+        k = ("update", u.model_key)
+        if k not in self._size_cache:
+            self._size_cache[k] = weights_message_bytes(Kind.UPDATE, u.weights, {
+                "round": u.round, "model_key": u.model_key, "n_samples": u.n_samples, "loss": u.loss,
+                "metrics": dict(u.metrics)})
+        return self._size_cache[k]
 
 
 def _progress(it, desc: str, enabled: bool):

@@ -77,7 +77,14 @@ class Strategy(ABC):
     """
 
     name: str = "base"
+    #: Whether the drivers collect one summary per client before training
+    #: and hand them to :meth:`on_sketches`.
     needs_sketches: bool = False
+    #: Which summary: "sketch" (bits, :class:`edge_sdk.sketch.Sketch`) or a key
+    #: of :data:`edge_sdk.features.SUMMARIES` (a float32 array per client).
+    summary_kind: str = "sketch"
+    #: Keyword arguments of the client-side summary function.
+    summary_params: Mapping[str, Any] = {}
 
     def __init__(self, *, settings: TrainSettings | None = None, fraction: float = 1.0, seed: int = 0) -> None:
         if not 0.0 < float(fraction) <= 1.0:
@@ -97,8 +104,8 @@ class Strategy(ABC):
 
     default_key: str = "global"
 
-    def on_sketches(self, sketches: Mapping[str, Sketch]) -> dict[str, int]:
-        """Cluster before training. Default: nothing to do."""
+    def on_sketches(self, sketches: Mapping[str, Any]) -> dict[str, int]:
+        """Cluster before training from the clients' summaries. Default: nothing to do."""
         return {}
 
     @abstractmethod

@@ -9,6 +9,7 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.client import EdgeClient
+from edge_sdk.protocol import Kind
 from edge_sdk.sketch import Sketch
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import LocalWorker, TrainSettings, Update
@@ -141,3 +142,34 @@ def test_checkpoint_state_round_trips():
     t.load_state(meta, tensors)
     assert t.clusters() == s.clusters()
     assert t.assign_late("e", Sketch(bytes([0xFD]), 1, 8)) == s.model_key_for("c")
+
+
+def test_metrics_landmarks_and_scores():
+    from server_kit.metrics import CommLedger, clustering_scores, final_accuracy, rounds_to_target
+
+    accs = [0.5, 0.9, None, 0.96, 0.97, 0.95, 0.99]
+    assert rounds_to_target(accs, 0.95) == 4
+    assert rounds_to_target(accs, 0.999) is None
+    assert final_accuracy(accs) == pytest.approx((0.9 + 0.96 + 0.97 + 0.95 + 0.99) / 5)
+    s = clustering_scores([0, 0, 1, 1], [1, 1, 0, 0])
+    assert s == {"ari": 1.0, "ami": 1.0, "completeness": 1.0}
+    ledger = CommLedger()
+    ledger.add("MODEL", "down", 100, 3)
+    ledger.add("UPDATE", "up", 90, 2)
+    assert ledger.total() == 480 and ledger.total("up") == 180
+    assert ledger.as_dict()["down"]["MODEL"] == {"bytes": 300, "messages": 3}
+    with pytest.raises(ValueError, match="direction must be 'up' or 'down'"):
+        ledger.add("MODEL", "sideways", 1)
+
+
+def test_simulator_counts_bytes_per_delivery(digits):
+    clients = digits[:4]
+    res = Simulator(FedAvg(settings=TrainSettings(epochs=1, lr=1e-2, batch_size=16)), clients,
+                    architecture=ARCH).run(2)
+    d = res.ledger.as_dict()
+    assert d["down"]["MODEL"]["messages"] == 8 and d["up"]["UPDATE"]["messages"] == 8
+    from edge_sdk.trainer import initial_weights
+    from server_kit.metrics import weights_message_bytes
+
+    one = weights_message_bytes(Kind.MODEL, initial_weights(ARCH, 0), {"key": "global"})
+    assert d["down"]["MODEL"]["bytes"] == 8 * one

@@ -1,0 +1,93 @@
+"""What every run records: accuracy landmarks, clustering scores, bytes on the wire.
+
+Bytes are counted from the real wire encoding (:func:`edge_sdk.protocol.encode_message`
+of the message each party would send, chunk envelopes included), per message
+kind and direction, per client delivery: a model sent to 50 clients counts 50
+times, as the paper counts all bytes in and out of the server.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from edge_sdk.protocol import Kind, Message, encode_message, split_payload, tensors_body
+
+__all__ = ["CommLedger", "clustering_scores", "final_accuracy", "message_bytes", "rounds_to_target",
+           "weights_message_bytes"]
+
+
+def rounds_to_target(accuracies: Sequence[float | None], target: float) -> int | None:
+    """First round (1-based) whose accuracy reaches ``target``; None if none does."""
+    for i, a in enumerate(accuracies, start=1):
+        if a is not None and a >= target:
+            return i
+    return None
+
+
+def final_accuracy(accuracies: Sequence[float | None], last: int = 5) -> float | None:
+    """Mean accuracy of the last ``last`` rounds that have one (the paper's final accuracy)."""
+    vals = [a for a in accuracies if a is not None][-last:]
+    return float(np.mean(vals)) if vals else None
+
+
+def clustering_scores(truth: Sequence[int], labels: Sequence[int]) -> dict[str, float]:
+    """ARI, AMI and completeness of a clustering against ground-truth groups."""
+    from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, completeness_score
+
+    if len(truth) != len(labels):
+        raise ValueError(f"truth and labels differ in length: {len(truth)} vs {len(labels)}")
+    return {
+        "ari": float(adjusted_rand_score(truth, labels)),
+        "ami": float(adjusted_mutual_info_score(truth, labels)),
+        "completeness": float(completeness_score(truth, labels)),
+    }
+
+
+def message_bytes(kind: Kind, body: bytes = b"", meta: Mapping[str, Any] | None = None, *,
+                  sender: str = "c000", federation: str = "sim", max_payload: int = 1_000_000) -> int:
+    """Bytes a message takes on the wire, chunk envelopes included."""
+    payload = encode_message(Message(kind, federation, sender, 1, dict(meta or {}), body))
+    if len(payload) <= max_payload:
+        return len(payload)
+    return sum(map(len, split_payload(payload, max_payload=max_payload, federation=federation,
+                                      sender=sender, round=1)))
+
+
+def weights_message_bytes(kind: Kind, weights: Mapping[str, np.ndarray], meta: Mapping[str, Any] | None = None,
+                          **kw: Any) -> int:
+    """Bytes of a message carrying ``weights`` as safetensors."""
+    return message_bytes(kind, tensors_body(weights), meta, **kw)
+
+
+class CommLedger:
+    """Bytes and messages per (kind, direction); direction is "up" (to the server) or "down"."""
+
+    def __init__(self) -> None:
+        self._t: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+
+    def add(self, kind: str, direction: str, nbytes: int, messages: int = 1) -> None:
+        if direction not in ("up", "down"):
+            raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")
+        row = self._t[(kind, direction)]
+        row[0] += int(nbytes) * int(messages)
+        row[1] += int(messages)
+
+    def total(self, direction: str | None = None, kinds: Sequence[str] | None = None) -> int:
+        return sum(v[0] for (k, d), v in self._t.items()
+                   if (direction is None or d == direction) and (kinds is None or k in kinds))
+
+    def as_dict(self) -> dict[str, dict[str, dict[str, int]]]:
+        out: dict[str, dict[str, dict[str, int]]] = {"up": {}, "down": {}}
+        for (k, d), (b, m) in sorted(self._t.items()):
+            out[d][k] = {"bytes": b, "messages": m}
+        return out
+
+    def merge(self, other: CommLedger) -> None:
+        for (k, d), (b, m) in other._t.items():
+            row = self._t[(k, d)]
+            row[0] += b
+            row[1] += m
