@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="TOML run config (options given here override it)")
     p.add_argument("--broker", default=None, help="mqtt://host:port or mqtts://host:port")
     p.add_argument("--federation", default=None)
-    p.add_argument("--strategy", default=None, help="fedsketch (ours), fedavg, ...")
+    p.add_argument("--strategy", default=None, help="fedsketch (ours), fedavg, ifca, ladd")
+    p.add_argument("--k", type=int, default=None, help="number of clusters for ifca and ladd")
     p.add_argument("--rounds", type=int)
     p.add_argument("--min-clients", type=int)
     p.add_argument("--flip-prob", type=float)
@@ -119,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             strat["fraction"] = args.fraction
         if args.min_cluster_size is not None:
             strat["min_cluster_size"] = args.min_cluster_size
+        if args.k is not None:
+            strat["k"] = args.k
         if args.shared_base or strat.pop("shared_base", False):
             from edge_sdk.nets import BASE_LAYERS
 
@@ -127,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if config.architecture not in BASE_LAYERS:
                 raise ValueError(f"--shared-base: architecture {config.architecture!r} declares no base layers")
             strat["shared_prefixes"] = BASE_LAYERS[config.architecture]
-        strategy = make_strategy(name, settings=settings, seed=config.seed, **strat)
+        strategy = make_strategy(name, settings=settings, seed=config.seed, architecture=config.architecture,
+                                 **strat)
         password = Path(args.password_file).read_text().strip() if args.password_file else None
         bcfg = BrokerConfig.from_url(broker, username=args.username, password=password,
                                      ca_certs=args.ca_certs, protocol=args.protocol, max_payload=args.max_payload)

@@ -356,10 +356,42 @@ STRATEGIES: dict[str, type[Strategy]] = {
 }
 
 
+#: Strategies in their own modules, imported when asked for: name -> (module, class).
+LAZY_STRATEGIES: dict[str, tuple[str, str]] = {
+    "ifca": ("server_kit.ifca", "IFCA"),
+    "ladd": ("server_kit.ladd", "LADD"),
+}
+
+
+def strategy_names() -> list[str]:
+    """Every strategy a user can pick."""
+    return sorted(set(STRATEGIES) | set(LAZY_STRATEGIES))
+
+
 def make_strategy(name: str, **kw: Any) -> Strategy:
-    """A strategy by name (``fedavg``, ``fedsketch``, ...)."""
-    try:
+    """A strategy by name (``fedavg``, ``fedsketch``, ``ifca``, ``ladd``, ...).
+
+    ``architecture`` is context the drivers always know: it is passed only to
+    strategies that take it (IFCA builds its K models from it). Any other
+    keyword a strategy does not take is refused by the strategy itself.
+    """
+    import importlib
+
+    if name in STRATEGIES:
         cls = STRATEGIES[name]
-    except KeyError:
-        raise ValueError(f"unknown strategy {name!r}; choose one of {sorted(STRATEGIES)}") from None
+    elif name in LAZY_STRATEGIES:
+        module, attr = LAZY_STRATEGIES[name]
+        cls = getattr(importlib.import_module(module), attr)
+    else:
+        raise ValueError(f"unknown strategy {name!r}; choose one of {strategy_names()}")
+    if "architecture" in kw and not _passes_through(cls, "architecture"):
+        kw.pop("architecture")
     return cls(**kw)
+
+
+def _passes_through(cls: type, name: str) -> bool:
+    """Whether ``name`` is a parameter somewhere along the class's ``__init__`` chain."""
+    import inspect
+
+    return any(name in inspect.signature(c.__init__).parameters
+               for c in cls.__mro__ if "__init__" in vars(c))

@@ -1,0 +1,207 @@
+"""The paper's MNIST comparison, side by side in one run (Prigent et al., Tables III and IV).
+
+Five methods on the same clients, seeds and training settings, in the
+in-process simulator (the same strategy and client code as the MQTT
+orchestrator): ours with the centrally pre-trained autoencoder (the shipped
+Fashion-MNIST one), ours with federated AE pre-training (FedAvg of the AE over
+the clients, exported to ONNX, then sketches), IFCA (K = 4, on-device ONNX
+selection), LADD (FFT-amplitude features, K-means with K = 4) and FedAvg.
+
+The paper's scenario (the defaults): MNIST train from ``--data``, 100 clients,
+Dirichlet alpha = 10 label skew, client i rotated by 90 * (i mod 4) degrees
+(train and test), 50 clients per round, LeNet-5 (its two convolutions averaged
+over all sampled clients, the rest per cluster, as in the reference), Adam
+1e-3, batch 32, 5 local epochs, 50 rounds, P = 0.1.
+
+``--quick`` runs a small version on scikit-learn's digits (no data folder
+needed; it is the smoke test of ``make test``). Bytes are counted per client
+delivery from the real wire encoding (see :mod:`server_kit.metrics`).
+
+Run: ``.venv/bin/python benchmarks/paper_mnist.py [--rounds R --clients N --epochs E]``.
+The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "mnist"
+METHODS = ("ours-central", "ours-federated", "ifca", "ladd", "fedavg")
+PAPER = {  # Table III / IV of the paper (MNIST): rounds to 95 %, final accuracy (%)
+    "ours-central": (5, 98.35), "ours-federated": (5, 98.49), "ifca": (11, 97.50),
+    "ladd": (40, 94.16), "fedavg": (None, 93.05),
+}
+
+
+def build_clients(args):
+    from server_kit.data.partition import load_digits_images, rotation_groups
+
+    if args.dataset == "digits":
+        images, labels = load_digits_images()
+    else:
+        from server_kit.data.idx import load_mnist
+
+        images, labels = load_mnist(args.data, "train")
+    return rotation_groups(images, labels, args.clients, groups=4, alpha=args.alpha, seed=args.seed,
+                           min_size=10) if args.alpha else rotation_groups(
+        images, labels, args.clients, groups=4, seed=args.seed)
+
+
+def make_method(name, args, clients, arch, tmp):
+    """(strategy, encoder, extra) for a method; extra holds the pre-training phase's costs."""
+    from edge_sdk import OnnxEncoder
+    from edge_sdk.nets import BASE_LAYERS
+    from edge_sdk.worker import TrainSettings
+    from server_kit.ifca import IFCA
+    from server_kit.ladd import LADD
+    from server_kit.strategy import FedAvg, SketchClustered
+
+    settings = TrainSettings(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size)
+    common = dict(settings=settings, fraction=args.fraction, seed=args.seed)
+    shared = dict(shared_prefixes=BASE_LAYERS.get(arch, ())) if args.shared_base else {}
+    extra = {"pretrain_seconds": 0.0, "pretrain_bytes": 0}
+    if name == "fedavg":
+        return FedAvg(**common), None, extra
+    if name == "ifca":
+        return IFCA(k=4, architecture=arch, **common), None, extra
+    if name == "ladd":
+        return LADD(k=4, **shared, **common), None, extra
+    mcs = max(3, args.clients // 10)  # the paper: 10 for 100 clients
+    strategy = SketchClustered(min_cluster_size=mcs, **shared, **common)
+    if name == "ours-central":
+        return strategy, OnnxEncoder(args.central_encoder), extra
+    from server_kit.pretrain import export_encoder, federated_ae_pretrain
+
+    t0 = time.perf_counter()
+    pre = federated_ae_pretrain([c.x_train for c in clients], architecture=args.ae_architecture,
+                                rounds=args.ae_rounds, clients_per_round=min(args.ae_clients, len(clients)),
+                                epochs=args.ae_epochs, seed=args.seed, progress=args.progress)
+    exported = export_encoder(pre.weights, args.ae_architecture, tmp, name="fed_ae_encoder")
+    onnx_path = exported[0] if isinstance(exported, tuple) else exported
+    onnx_bytes = Path(onnx_path).stat().st_size
+    extra["pretrain_seconds"] = time.perf_counter() - t0
+    extra["pretrain_bytes"] = int(pre.bytes_down + pre.bytes_up + onnx_bytes * len(clients))
+    return strategy, OnnxEncoder("fed_ae_encoder", models_dir=tmp), extra
+
+
+def run(args) -> dict:
+    from server_kit.metrics import final_accuracy, rounds_to_target
+    from server_kit.report import plot_accuracy, write_json
+    from server_kit.simulate import Simulator
+
+    arch = "digits_cnn_1x8x8_10" if args.dataset == "digits" else "lenet5_1x28x28_10"
+    t_all = time.perf_counter()
+    clients = build_clients(args)
+    print(f"{len(clients)} clients ({args.dataset}), 4 rotation groups, {args.rounds} rounds x {args.epochs} "
+          f"epochs, fraction {args.fraction}, P = {args.flip_prob}, architecture {arch}", flush=True)
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="fedsketch-paper-") as tmp:
+        for name in args.methods:
+            t0 = time.perf_counter()
+            strategy, encoder, extra = make_method(name, args, clients, arch, tmp)
+            sim = Simulator(strategy, clients, architecture=arch, encoder=encoder, flip_prob=args.flip_prob,
+                            seed=args.seed, progress=args.progress)
+            res = sim.run(args.rounds)
+            accs = res.accuracies
+            total = res.total_bytes() + extra["pretrain_bytes"]
+            r95 = rounds_to_target(accs, args.target)
+            rows[name] = {
+                "accuracy": accs, "rounds_to_target": r95, "final_acc": final_accuracy(accs),
+                **res.scores, "bytes": total, "bytes_by_kind": res.ledger.as_dict(),
+                "pretrain_bytes": extra["pretrain_bytes"], "seconds_pretrain": extra["pretrain_seconds"],
+                "seconds_clustering": res.seconds_clustering, "seconds_training": res.seconds_training,
+                "seconds": time.perf_counter() - t0, "clusters": len(set(res.assignment.values())),
+            }
+            print(f"  {name:15s} final {rows[name]['final_acc']:.4f}  to {args.target:.0%}: {r95}  "
+                  f"ARI {res.scores['ari']:.3f}  {total / 1e6:9.1f} MB  {rows[name]['seconds']:.1f} s", flush=True)
+    ours = rows.get("ours-central") or rows.get("ours-federated")
+    print(f"\n{'method':16s} {'rounds to ' + format(args.target, '.0%'):>13s} {'final acc':>9s} {'ARI':>6s} "
+          f"{'AMI':>6s} {'MB':>9s} {'x ours':>7s} {'pre-train s':>11s} {'cluster s':>9s} {'train s':>8s}"
+          f" | paper: rounds, final %")
+    for name, r in rows.items():
+        ratio = r["bytes"] / ours["bytes"] if ours else float("nan")
+        pr = PAPER.get(name, (None, None))
+        print(f"{name:16s} {str(r['rounds_to_target'] or 'never'):>13s} {r['final_acc']:9.4f} {r['ari']:6.3f} "
+              f"{r['ami']:6.3f} {r['bytes'] / 1e6:9.1f} {ratio:7.2f} {r['seconds_pretrain']:11.1f} "
+              f"{r['seconds_clustering']:9.1f} {r['seconds_training']:8.1f} | {pr[0] or 'never'}, {pr[1]}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_accuracy(out / "accuracy.png", {n: r["accuracy"] for n, r in rows.items()},
+                  title=f"{args.dataset}: mean local test accuracy per round ({len(clients)} clients)")
+    seconds = time.perf_counter() - t_all
+    write_json(out / "results.json", {"args": vars(args), "rows": rows, "seconds": seconds})
+    summary = {
+        "ours_rounds_to_95": rows["ours-central"]["rounds_to_target"] if "ours-central" in rows else None,
+        "ours_final_acc": round(rows["ours-central"]["final_acc"], 4) if "ours-central" in rows else None,
+        "ours_ari": rows["ours-central"]["ari"] if "ours-central" in rows else None,
+        "ours_federated_final_acc": round(rows["ours-federated"]["final_acc"], 4) if "ours-federated" in rows else None,
+        "ours_federated_ari": rows["ours-federated"]["ari"] if "ours-federated" in rows else None,
+        "ifca_bytes_over_ours": round(rows["ifca"]["bytes"] / ours["bytes"], 3) if "ifca" in rows and ours else None,
+        "ifca_final_acc": round(rows["ifca"]["final_acc"], 4) if "ifca" in rows else None,
+        "ladd_ari": rows["ladd"]["ari"] if "ladd" in rows else None,
+        "fedavg_final_acc": round(rows["fedavg"]["final_acc"], 4) if "fedavg" in rows else None,
+        "rounds": args.rounds, "clients": len(clients), "epochs": args.epochs,
+        "dataset": args.dataset, "seconds": round(seconds, 1),
+    }
+    print(f"\nreport: {out}/results.json, {out}/accuracy.png; {seconds:.0f} s in all")
+    return summary
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with the MNIST IDX files")
+    ap.add_argument("--dataset", choices=["mnist", "digits"], default="mnist")
+    ap.add_argument("--clients", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=50)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--fraction", type=float, default=0.5, help="clients per round (of each cluster)")
+    ap.add_argument("--alpha", type=float, default=10.0, help="Dirichlet label skew (0: equal shards)")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--flip-prob", type=float, default=0.1)
+    ap.add_argument("--target", type=float, default=0.95)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--no-shared-base", dest="shared_base", action="store_false",
+                    help="average every layer per cluster (default: convolutions over all clients)")
+    ap.add_argument("--central-encoder", default=None)
+    ap.add_argument("--ae-architecture", default=None)
+    ap.add_argument("--ae-rounds", type=int, default=10)
+    ap.add_argument("--ae-clients", type=int, default=50)
+    ap.add_argument("--ae-epochs", type=int, default=3)
+    ap.add_argument("--out", default="reports/paper_mnist")
+    ap.add_argument("--quick", action="store_true", help="digits, 12 clients, 3 rounds: the smoke test")
+    ap.add_argument("--no-progress", dest="progress", action="store_false")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.dataset, args.clients, args.rounds, args.epochs = "digits", 12, 3, 2
+        args.fraction, args.alpha, args.lr, args.batch_size = 1.0, 0.0, 1e-2, 16
+        args.ae_rounds, args.ae_clients, args.ae_epochs = 3, 12, 2
+        args.progress = False
+        args.out = args.out if args.out != "reports/paper_mnist" else "reports/paper_quick"
+    args.methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown:
+        ap.error(f"unknown methods {unknown}; choose from {list(METHODS)}")
+    if args.central_encoder is None:
+        args.central_encoder = "digits_encoder" if args.dataset == "digits" else "fmnist_fc_encoder"
+    if args.ae_architecture is None:
+        args.ae_architecture = "fc_ae_64_48_20" if args.dataset == "digits" else "fc_ae_784_50_20"
+    if args.dataset == "mnist" and not Path(args.data).is_dir():
+        print(f"MNIST not found in {args.data}: pass --data DIR, or --quick for the digits version",
+              file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    print(json.dumps(run(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
