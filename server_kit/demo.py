@@ -113,6 +113,7 @@ def run_demo(args: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - t0
 
     per_cluster = result["final"].get("per_model", {})
+    delivered = result.get("delivered", {}).get("MODEL", 0)
     sketch_bytes = result["transport"]["received"].get("SKETCH", {}).get("bytes", 0) // max(1, len(cids))
     print(f"\nclusters found: {len(set(assignment.values()))} for {args.groups} rotation groups; ARI {ari:.3f}")
     for k in sorted(set(assignment.values())):
@@ -129,6 +130,7 @@ def run_demo(args: argparse.Namespace) -> dict:
         s, r = stats["sent"].get(kind, {}), stats["received"].get(kind, {})
         print(f"  {kind:8s} {s.get('bytes', 0):>10,} / {r.get('bytes', 0):>10,}  "
               f"({s.get('messages', 0)} / {r.get('messages', 0)} messages)")
+    print(f"  models delivered to clients by the broker's fan-out: {delivered:,} bytes")
 
     plot_accuracy(report / "accuracy.png", {"clustered (ours, over MQTT)": clustered, "FedAvg": fedavg})
     plot_bytes(report / "bytes.png", stats)

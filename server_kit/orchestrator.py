@@ -131,6 +131,8 @@ class Orchestrator:
         self.rejected: dict[str, int] = {}
         self.history: list[dict[str, Any]] = []
         self.timings: dict[str, float] = {}
+        #: Bytes per client delivery of what the server publishes once per topic (models).
+        self.delivered: dict[str, int] = {}
         if template is None:
             from edge_sdk.trainer import initial_weights
 
@@ -345,10 +347,11 @@ class Orchestrator:
             else:
                 self._admit_late(cid, self.clients[cid].info)
 
-    def _publish_models(self, keys) -> None:
-        for key in sorted(keys):
-            self._send(self.topics.model(key), Kind.MODEL, meta={"key": key},
-                       body=tensors_body(self.strategy.models[key]))
+    def _publish_models(self, keys) -> dict[str, int]:
+        """Publish each model once on its cluster topic; returns the bytes of each."""
+        return {key: self._send(self.topics.model(key), Kind.MODEL, meta={"key": key},
+                                body=tensors_body(self.strategy.models[key]))
+                for key in sorted(keys)}
 
     def _run_round(self, rnd: int) -> dict[str, Any]:
         t0 = time.monotonic()
@@ -356,7 +359,10 @@ class Orchestrator:
         self._updates = {}
         tasks = self.strategy.configure_round(rnd, self.online())
         self._tasked = {t.cid for t in tasks}
-        self._publish_models({k for t in tasks for k in t.models})
+        sizes = self._publish_models({k for t in tasks for k in t.models})
+        # what each client is offered (IFCA: all K): bytes per delivery, as the paper counts them
+        delivered = sum(sizes[k] for t in tasks for k in t.models)
+        self.delivered["MODEL"] = self.delivered.get("MODEL", 0) + delivered
         for t in tasks:
             self._cmd(t.cid, "train", round=rnd, models=sorted(t.models), evaluate_first=t.evaluate_first,
                       **t.settings.to_dict())
@@ -378,6 +384,7 @@ class Orchestrator:
             "round": rnd, "tasked": len(tasks), "updates": len(updates), "missing": missing,
             "acc_before": float(np.mean(before)) if before else None,
             "loss": float(np.mean([u.loss for u in updates])) if updates else None,
+            "model_bytes_delivered": delivered,
             "summary": summary, "seconds": time.monotonic() - t0,
         }
         self.history.append(rec)
@@ -489,4 +496,5 @@ class Orchestrator:
             "timings": self.timings,
             "rejected": dict(self.rejected),
             "transport": self.transport.stats(),
+            "delivered": dict(self.delivered),
         }
