@@ -106,6 +106,11 @@ class LocalWorker:
         Number of classes of the federation.
     seed : int, optional
         Seed of local shuffling.
+    selection : {"onnx", "torch"}
+        Runtime of the evaluations :meth:`select` makes to pick a model
+        (IFCA): ``"onnx"`` (default) runs the architecture's shipped ONNX
+        template in ONNX Runtime, as a device without torch does; ``"torch"``
+        runs the torch model (falling back to ONNX where torch is missing).
     """
 
     def __init__(
@@ -119,7 +124,10 @@ class LocalWorker:
         architecture: str,
         num_classes: int = 10,
         seed: int | None = None,
+        selection: str = "onnx",
     ) -> None:
+        if selection not in ("onnx", "torch"):
+            raise ValueError(f"selection must be 'onnx' or 'torch', got {selection!r}")
         if len(x) != len(y):
             raise ValueError(f"x and y differ in length: {len(x)} vs {len(y)}")
         if len(y) == 0:
@@ -131,6 +139,7 @@ class LocalWorker:
         self.architecture = architecture
         self.num_classes = int(num_classes)
         self.seed = seed
+        self.selection = selection
         self._calls = 0
 
     def hello(self) -> dict[str, Any]:
@@ -165,7 +174,9 @@ class LocalWorker:
             return next(iter(models))
         rng = np.random.default_rng(None if self.seed is None else self.seed + 7919 * self._calls)
         idx = rng.choice(len(self.y), size=min(batch_size, len(self.y)), replace=False)
-        losses = {k: evaluate(self.architecture, w, self.x[idx], self.y[idx]).loss for k, w in models.items()}
+        onnx = self.selection == "onnx"
+        losses = {k: evaluate(self.architecture, w, self.x[idx], self.y[idx], force_onnx=onnx).loss
+                  for k, w in models.items()}
         best = min(sorted(losses), key=lambda k: losses[k])
         log.debug("client %s selects %s from losses %s", self.cid, best, losses)
         return best
