@@ -84,8 +84,7 @@ def make_method(name, args, clients, arch, tmp):
                                 rounds=args.ae_rounds, clients_per_round=min(args.ae_clients, len(clients)),
                                 epochs=args.ae_epochs, seed=args.seed, progress=args.progress)
     exported = export_encoder(pre.weights, args.ae_architecture, tmp, name="fed_ae_encoder")
-    onnx_path = exported[0] if isinstance(exported, tuple) else exported
-    onnx_bytes = Path(onnx_path).stat().st_size
+    onnx_bytes = exported.nbytes  # the encoder each client receives
     extra["pretrain_seconds"] = time.perf_counter() - t0
     extra["pretrain_bytes"] = int(pre.bytes_down + pre.bytes_up + onnx_bytes * len(clients))
     return strategy, OnnxEncoder("fed_ae_encoder", models_dir=tmp), extra
@@ -181,9 +180,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-progress", dest="progress", action="store_false")
     args = ap.parse_args(argv)
     if args.quick:
-        args.dataset, args.clients, args.rounds, args.epochs = "digits", 12, 3, 2
+        args.dataset, args.clients, args.rounds, args.epochs = "digits", 12, 5, 3
         args.fraction, args.alpha, args.lr, args.batch_size = 1.0, 0.0, 1e-2, 16
-        args.ae_rounds, args.ae_clients, args.ae_epochs = 3, 12, 2
+        args.ae_rounds, args.ae_clients, args.ae_epochs = 10, 12, 5
         args.progress = False
         args.out = args.out if args.out != "reports/paper_mnist" else "reports/paper_quick"
     args.methods = [m for m in args.methods.split(",") if m]
