@@ -20,6 +20,9 @@ travels on the wire. Three operations:
 * :func:`initial_weights` (torch) and :func:`state_spec` (numpy only) give
   the seeded starting weights and the names, shapes and dtypes a received
   update must have.
+* :func:`train_autoencoder_local` trains received autoencoder weights on
+  local images with the MSE reconstruction loss (federated pre-training of
+  the sketch encoder, see :mod:`server_kit.pretrain`).
 
 torch is imported lazily inside the functions that need it: importing this
 module (and :mod:`edge_sdk`) never imports torch.
@@ -53,6 +56,7 @@ __all__ = [
     "initial_weights",
     "state_spec",
     "torch_available",
+    "train_autoencoder_local",
     "train_local",
 ]
 
@@ -64,7 +68,7 @@ OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What :func:`train_local` returns.
+    """What :func:`train_local` and :func:`train_autoencoder_local` return.
 
     Attributes
     ----------
@@ -75,7 +79,8 @@ class TrainResult:
         Number of local training samples (the FedAvg weight).
     loss : float
         Mean cross-entropy over the samples of the last epoch, measured
-        while training.
+        while training (for :func:`train_autoencoder_local`: the mean
+        squared reconstruction error per element).
     seconds : float
         Wall-clock time of the training loop.
     """
@@ -462,6 +467,184 @@ def train_local(
         "%s: %d samples, %d epochs, loss %.4f, %.2f s", architecture, n, n_epochs, last, seconds
     )
     return TrainResult(weights=out, n_samples=int(n), loss=float(last), seconds=float(seconds))
+
+
+# --------------------------------------------------------------------------- autoencoders
+
+
+def _build_autoencoder(architecture: str) -> tuple[Any, _ModelInfo, Optional[tuple[int, ...]]]:
+    """A fresh torch autoencoder (caller's torch RNG untouched), its info and its image shape.
+
+    The info's ``num_classes`` is 0 (unused: there are no labels). The image
+    shape is the square ``(side, side)`` a flattened FC input may also be
+    given as, or None.
+    """
+    torch = _import_torch()
+    from .nets import ARCHITECTURES, build_model
+
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {architecture!r}; known: {sorted(ARCHITECTURES)}")
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(architecture)
+    if not callable(getattr(model, "encode", None)) or not hasattr(model, "decoder"):
+        raise ValueError(
+            f"architecture {architecture!r} is not an autoencoder (no encode() and decoder)"
+        )
+    image_shape: Optional[tuple[int, ...]] = None
+    if hasattr(model, "in_features"):  # FCAutoencoder: flattened images
+        input_shape: tuple[int, ...] = (int(model.in_features),)
+        side = math.isqrt(int(model.in_features))
+        if side * side == int(model.in_features):
+            image_shape = (side, side)
+    elif hasattr(model, "channels"):  # ConvAutoencoder: (C, 32, 32) NCHW
+        input_shape = (int(model.channels[0]), 32, 32)
+    else:  # pragma: no cover - every registered autoencoder is one of the two
+        raise ValueError(f"architecture {architecture!r}: unknown autoencoder input shape")
+    state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+    info = _ModelInfo(
+        architecture=architecture, input_shape=input_shape, num_classes=0, spec=state_spec(state)
+    )
+    return model, info, image_shape
+
+
+def train_autoencoder_local(
+    architecture: str,
+    weights: Mapping[str, np.ndarray],
+    x: np.ndarray,
+    *,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: Optional[int] = None,
+    threads: Optional[int] = None,
+) -> TrainResult:
+    """Train received autoencoder weights to reconstruct local images (MSE, Adam).
+
+    The local step of federated autoencoder pre-training (the paper's
+    Section V): the same loop as :func:`train_local`, with the mean squared
+    reconstruction error per element as the loss and a fresh Adam optimiser.
+
+    Parameters
+    ----------
+    architecture : str
+        An autoencoder key of :data:`edge_sdk.nets.ARCHITECTURES`
+        (``"fc_ae_784_50_20"``, ``"fc_ae_64_48_20"``, ``"conv_ae_3_12_24_48"``).
+    weights : mapping of str to numpy.ndarray
+        The starting ``state_dict`` (buffers included); names and shapes must
+        be exactly those of the architecture, floating tensors finite. Not
+        modified.
+    x : numpy.ndarray
+        Images, floating point in [0, 1]: ``(n, in_features)`` for a fully
+        connected autoencoder, or square images ``(n, side, side)``
+        (``(n, 28, 28)`` or ``(n, 784)`` for ``fc_ae_784_50_20``);
+        ``(n, 3, 32, 32)`` for the convolutional one.
+    epochs : int
+        Passes over the data, each with a fresh shuffle.
+    lr : float
+        Adam learning rate.
+    batch_size : int
+        Mini-batch size (the last batch of an epoch may be smaller).
+    seed : int, optional
+        Seeds the shuffling generator and torch's global RNG inside the call
+        (the caller's RNG state is restored): with the same seed, data,
+        weights and thread count the result is bit-identical. None draws a
+        seed from the OS.
+    threads : int, optional
+        Intra-op threads during the call (restored afterwards).
+
+    Returns
+    -------
+    TrainResult
+        The trained weights (float32, integer buffers unchanged), the sample
+        count, the last epoch's mean reconstruction MSE per element (in
+        ``loss``) and the seconds spent.
+
+    Raises
+    ------
+    ValueError
+        On an unknown or non-autoencoder architecture, weights that do not
+        match it, images of the wrong shape, dtype or range, NaN or Inf, no
+        images, or bad hyper-parameters.
+    RuntimeError
+        If training diverges (the weights become NaN or Inf).
+    ImportError
+        If torch is not installed.
+    """
+    n_epochs = _check_positive_int(epochs, "epochs")
+    bs = _check_positive_int(batch_size, "batch_size")
+    if (
+        isinstance(lr, bool)
+        or not isinstance(lr, (int, float, np.integer, np.floating))
+        or not (math.isfinite(lr) and lr > 0)
+    ):
+        raise ValueError(f"lr must be a positive finite number, got {lr!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+        raise ValueError(f"seed must be an integer or None, got {seed!r}")
+    if threads is not None:
+        _check_positive_int(threads, "threads")
+    torch = _import_torch()
+    model, info, image_shape = _build_autoencoder(architecture)
+    w = _check_weights(info, weights)
+    spec = ArtifactSpec(
+        name=architecture,
+        file="",
+        sha256="",
+        role="autoencoder",
+        input_shape=info.input_shape,
+        image_shape=image_shape,
+        input_range=(0.0, 1.0),
+    )
+    xa = check_model_input(x, spec, "x")
+    if not xa.flags.writeable:  # see _check_weights
+        xa = xa.copy()
+    n = xa.shape[0]
+    if n == 0:
+        raise ValueError("x holds no samples")
+    t0 = time.perf_counter()
+    with _torch_threads(torch, threads), torch.random.fork_rng(devices=[]):
+        gen = torch.Generator()
+        if seed is None:
+            gen.seed()
+        else:
+            torch.manual_seed(int(seed))
+            gen.manual_seed(int(seed))
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in w.items()}, strict=True)
+        model.train()
+        opt = torch.optim.Adam(model.parameters(), lr=float(lr))
+        xt = torch.from_numpy(xa)
+        flat = xt.reshape(n, -1)
+        loss_fn = torch.nn.MSELoss()
+        last = math.nan
+        for _ in range(n_epochs):
+            perm = torch.randperm(n, generator=gen)
+            total = torch.zeros((), dtype=torch.float64)
+            for start in range(0, n, bs):
+                idx = perm[start : start + bs]
+                opt.zero_grad(set_to_none=True)
+                # the FC autoencoder returns flattened reconstructions, the conv one images
+                out = model(xt[idx])
+                loss = loss_fn(out.reshape(idx.shape[0], -1), flat[idx])
+                loss.backward()
+                opt.step()
+                total += loss.detach().double() * idx.shape[0]
+            last = float(total) / n
+        model.eval()
+        out_state = _to_numpy_state(model)
+    seconds = time.perf_counter() - t0
+    bad = [
+        k
+        for k, v in out_state.items()
+        if np.issubdtype(v.dtype, np.floating) and not np.isfinite(v).all()
+    ]
+    if bad:
+        raise RuntimeError(
+            f"training diverged: {bad[0]!r} became NaN or Inf (last epoch loss {last:g}); "
+            f"try a smaller lr than {lr:g}"
+        )
+    log.debug(
+        "%s: %d images, %d epochs, MSE %.5f, %.2f s", architecture, n, n_epochs, last, seconds
+    )
+    return TrainResult(weights=out_state, n_samples=int(n), loss=float(last), seconds=float(seconds))
 
 
 def _torch_logits(
