@@ -2,7 +2,10 @@
 
 It registers (hello: sample count, classes present, capabilities), sends its
 sketch when asked, trains when commanded and sends the update with its sample
-count, evaluates the model it was given, and keeps going across broker
+count, evaluates the model it was given, takes part in the federated
+pre-training of the sketch autoencoder when asked ("train_ae", then the
+exported encoder arrives as raw ONNX bytes, checked against its sha256 and
+kept in a private models folder), and keeps going across broker
 restarts (paho reconnects with back-off; the persistent session keeps its
 subscriptions and queued QoS 1 messages). All work is done by an
 :class:`edge_sdk.worker.LocalWorker`; this module only speaks the protocol.
@@ -11,12 +14,16 @@ subscriptions and queued QoS 1 messages). All work is done by an
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import logging
 import queue
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -69,6 +76,11 @@ class EdgeClient:
         self._models_cv = threading.Condition()
         self._cmds: queue.Queue[Message] = queue.Queue(maxsize=1000)
         self._encoders: dict[str, Any] = {}
+        #: Encoders received from the server: name -> the folder holding it and its manifest.
+        self.encoder_dirs: dict[str, Path] = {}
+        self._encoder_root: Path | None = None
+        #: Why received encoders were refused (for logs and tests).
+        self.rejected_encoders: list[str] = []
         self._stop = threading.Event()
         self.handled: dict[str, int] = {}
 
@@ -86,6 +98,9 @@ class EdgeClient:
         if msg.kind != Kind.MODEL or msg.sender != "server":
             return
         key = str(msg.meta.get("key", ""))
+        if key == "encoder":  # raw ONNX bytes, not tensors
+            self._on_encoder(msg)
+            return
         try:
             weights = parse_tensors(msg.body)
         except ValueError as e:
@@ -94,6 +109,43 @@ class EdgeClient:
         with self._models_cv:
             self._models[key] = (msg.round, weights)
             self._models_cv.notify_all()
+
+    def _reject_encoder(self, reason: str) -> None:
+        self.rejected_encoders.append(reason)
+        log.error("rejected encoder: %s", reason)
+
+    def _on_encoder(self, msg: Message) -> None:
+        """Keep an encoder the server sent, if its bytes match the sha256 of its meta and entry."""
+        m = msg.meta
+        name, sha, entry = m.get("name"), m.get("sha256"), m.get("entry")
+        if not isinstance(name, str) or not name or Path(name).name != name or name.startswith("."):
+            return self._reject_encoder(f"invalid encoder name {name!r}")
+        if not isinstance(sha, str) or not isinstance(entry, dict):
+            return self._reject_encoder(f"encoder {name!r}: meta lacks sha256 or its manifest entry")
+        actual = hashlib.sha256(msg.body).hexdigest()
+        if actual != sha.lower():
+            return self._reject_encoder(f"encoder {name!r}: bytes have sha256 {actual}, meta says {sha}")
+        if str(entry.get("sha256", "")).lower() != actual:
+            return self._reject_encoder(f"encoder {name!r}: manifest entry sha256 differs from the bytes'")
+        fname = entry.get("file")
+        if not isinstance(fname, str) or Path(fname).name != fname or not fname.endswith(".onnx"):
+            return self._reject_encoder(f"encoder {name!r}: invalid file name {fname!r}")
+        try:
+            from .artifacts import ArtifactSpec
+
+            ArtifactSpec.from_entry(name, entry)
+            if self._encoder_root is None:
+                self._encoder_root = Path(tempfile.mkdtemp(prefix=f"fedsketch-{self.cid}-encoders-"))
+            folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self._encoder_root))
+            (folder / fname).write_bytes(msg.body)
+            (folder / "manifest.json").write_text(json.dumps({"artifacts": {name: entry}}, indent=1))
+        except (ValueError, TypeError, KeyError, OSError) as e:
+            return self._reject_encoder(f"encoder {name!r}: {e}")
+        with self._models_cv:
+            self.encoder_dirs[name] = folder
+            self._encoders.pop(name, None)
+            self._models_cv.notify_all()
+        log.info("received encoder %s (%d bytes)", name, len(msg.body))
 
     def _wait_model(self, key: str, rnd: int) -> dict[str, np.ndarray]:
         deadline = time.monotonic() + self.model_timeout_s
@@ -117,11 +169,23 @@ class EdgeClient:
         self._send(self.topics.status(self.cid), Kind.STATUS, meta={"state": "online"})
 
     # -- commands -------------------------------------------------------------
-    def _encoder(self, name: str):
+    def _encoder(self, name: str, wait: bool = False):
+        if wait and name not in self.encoder_dirs:
+            from .artifacts import load_manifest
+
+            try:
+                shipped = name in load_manifest()
+            except (OSError, ValueError):
+                shipped = False
+            if not shipped:  # a federated encoder: it may still be on its way
+                deadline = time.monotonic() + self.model_timeout_s
+                with self._models_cv:
+                    while name not in self.encoder_dirs and time.monotonic() < deadline:
+                        self._models_cv.wait(timeout=0.5)
         if name not in self._encoders:
             from .encoder import OnnxEncoder
 
-            self._encoders[name] = OnnxEncoder(name)
+            self._encoders[name] = OnnxEncoder(name, models_dir=self.encoder_dirs.get(name))
         return self._encoders[name]
 
     def _do_sketch(self, m: Mapping[str, Any], rnd: int) -> None:
@@ -139,7 +203,7 @@ class EdgeClient:
                        tensors_body({"features": np.ascontiguousarray(feats, dtype=np.float32)}))
             log.info("sent %s summary %s", kind, feats.shape)
             return
-        sketcher = Sketcher(self._encoder(str(m.get("encoder", "digits_encoder"))),
+        sketcher = Sketcher(self._encoder(str(m.get("encoder", "digits_encoder")), wait=True),
                             int(m["num_classes"]), float(m.get("flip_prob", 0.1)), seed=self.seed)
         sk = self.worker.sketch(sketcher)
         self._send(self.topics.sketch(self.cid), Kind.SKETCH, rnd, body=sketch_body(sk))
@@ -155,6 +219,18 @@ class EdgeClient:
                 "metrics": dict(upd.metrics)}
         self._send(self.topics.update(self.cid), Kind.UPDATE, r, meta, tensors_body(upd.weights))
         log.info("round %d: trained %s, loss %.4f", r, upd.model_key, upd.loss)
+
+    def _do_train_ae(self, m: Mapping[str, Any], rnd: int) -> None:
+        from .trainer import train_autoencoder_local
+
+        r = int(m["round"])
+        weights = self._wait_model("ae", r)
+        seed = None if self.seed is None else int(self.seed) * 1000 + r
+        res = train_autoencoder_local(str(m["architecture"]), weights, self.worker.x, epochs=int(m["epochs"]),
+                                      lr=float(m["lr"]), batch_size=int(m["batch_size"]), seed=seed)
+        meta = {"round": r, "model_key": "ae", "n_samples": int(res.n_samples), "loss": float(res.loss)}
+        self._send(self.topics.update(self.cid), Kind.UPDATE, r, meta, tensors_body(res.weights))
+        log.info("AE round %d: trained, MSE %.5f", r, res.loss)
 
     def _do_evaluate(self, m: Mapping[str, Any], rnd: int) -> None:
         r, key = int(m["round"]), str(m["model_key"])
@@ -178,6 +254,8 @@ class EdgeClient:
                 log.info("assigned to model %s", self.model_key)
             elif op == "train":
                 self._do_train(m, msg.round)
+            elif op == "train_ae":
+                self._do_train_ae(m, msg.round)
             elif op == "evaluate":
                 self._do_evaluate(m, msg.round)
             else:

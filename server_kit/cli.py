@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="TOML run config (options given here override it)")
     p.add_argument("--broker", default=None, help="mqtt://host:port or mqtts://host:port")
     p.add_argument("--federation", default=None)
-    p.add_argument("--strategy", default=None, help="fedsketch (ours), fedavg, ifca, ladd")
+    p.add_argument("--strategy", default=None,
+                   help="fedsketch (ours), fedsketch-fedae (ours with federated AE pre-training), fedavg, ifca, ladd")
     p.add_argument("--k", type=int, default=None, help="number of clusters for ifca and ladd")
     p.add_argument("--rounds", type=int)
     p.add_argument("--min-clients", type=int)
@@ -65,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--fraction", type=float, default=None, help="fraction of each cluster sampled per round")
     p.add_argument("--min-cluster-size", type=int, default=None)
+    p.add_argument("--ae-rounds", type=int, default=None,
+                   help="federated AE pre-training rounds (fedsketch-fedae; default 3)")
+    p.add_argument("--ae-epochs", type=int, default=None,
+                   help="local epochs per AE pre-training round (fedsketch-fedae; default 2)")
     p.add_argument("--shared-base", action="store_true",
                    help="average the architecture's base layers (its convolutions) over all clients, "
                         "the rest per cluster (the paper's LeNet-5 setting)")
@@ -122,6 +127,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             strat["min_cluster_size"] = args.min_cluster_size
         if args.k is not None:
             strat["k"] = args.k
+        for opt, key in ((args.ae_rounds, "rounds"), (args.ae_epochs, "epochs")):
+            if opt is not None:
+                if name != "fedsketch-fedae":
+                    raise ValueError("--ae-rounds and --ae-epochs apply to --strategy fedsketch-fedae")
+                pre = strat.get("pretrain") or {}
+                if not isinstance(pre, dict):
+                    raise ValueError("config: [strategy.pretrain] must be a table")
+                strat["pretrain"] = {**pre, key: opt}
         if args.shared_base or strat.pop("shared_base", False):
             from edge_sdk.nets import BASE_LAYERS
 
@@ -132,6 +145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             strat["shared_prefixes"] = BASE_LAYERS[config.architecture]
         strategy = make_strategy(name, settings=settings, seed=config.seed, architecture=config.architecture,
                                  **strat)
+        if getattr(strategy, "pretrain", None) is not None:
+            from .strategy import pretrain_config
+
+            pretrain_config(strategy.pretrain, config.encoder)  # refuse a bad setting before connecting
         password = Path(args.password_file).read_text().strip() if args.password_file else None
         bcfg = BrokerConfig.from_url(broker, username=args.username, password=password,
                                      ca_certs=args.ca_certs, protocol=args.protocol, max_payload=args.max_payload)

@@ -6,13 +6,17 @@ or its in-memory twin in unit tests):
 
 1. registration: clients say hello (the server broadcasts a request, so
    clients started before it re-register); closed by quorum or deadline;
-2. if the strategy clusters from sketches: ask every client for its sketch,
+2. if the strategy pre-trains the sketch autoencoder (``strategy.pretrain``,
+   "fedsketch-fedae"): FedAvg rounds of the autoencoder over the clients'
+   images (model key "ae"), then its encoder exported to ONNX and sent to
+   every client (model key "encoder", raw .onnx bytes, sha256 in meta);
+3. if the strategy clusters from sketches: ask every client for its sketch,
    collect until quorum or deadline, cluster once, tell each client its model;
-3. rounds: publish each model once on its cluster topic, command the round's
+4. rounds: publish each model once on its cluster topic, command the round's
    clients to train, collect updates until quorum or deadline (a client that
    vanished, announced by its last will, is not waited for), aggregate,
    checkpoint;
-4. a final evaluation round.
+5. a final evaluation round.
 
 Every message from a client is validated on arrival (envelope, sender vs
 topic, registration, round, tensor names/shapes/dtypes, NaN); a bad one is
@@ -27,6 +31,7 @@ import json
 import logging
 import os
 import queue
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -143,6 +148,13 @@ class Orchestrator:
                         if strategy.summary_kind == "sketch" else None)
         self._lock = threading.Lock()
         self._feature_shape: tuple[int, int] | None = None
+        #: The encoder the clients sketch with (the federated one after pre-training).
+        self.encoder_name = config.encoder
+        self._encoder_msg: tuple[dict[str, Any], bytes] | None = None
+        self._encoder_tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._ae_spec: dict[str, tuple[tuple[int, ...], str]] = {}
+        self._ae_updates: dict[str, tuple[dict[str, np.ndarray], int, float]] = {}
+        self.pretrain_history: list[dict[str, Any]] = []
 
     # -- plumbing ---------------------------------------------------------
     @staticmethod
@@ -215,6 +227,8 @@ class Orchestrator:
             state.online = online
         elif msg.kind in (Kind.SKETCH, Kind.FEATURES):
             self._on_sketch(cid, msg)
+        elif msg.kind == Kind.UPDATE and self._phase == "pretrain":
+            self._on_ae_update(cid, msg)
         elif msg.kind == Kind.UPDATE:
             self._on_update(cid, msg)
         elif msg.kind == Kind.METRICS:
@@ -254,7 +268,9 @@ class Orchestrator:
             self._cmd(cid, "assign", model_key=key)
 
     def _ask_sketch(self, cid: str) -> None:
-        self._cmd(cid, "sketch", encoder=self.config.encoder, num_classes=self.config.num_classes,
+        if self._encoder_msg is not None and self._phase == "train":
+            self._send_encoder([cid])  # a late client has not got the federated encoder yet
+        self._cmd(cid, "sketch", encoder=self.encoder_name, num_classes=self.config.num_classes,
                   flip_prob=self.config.flip_prob, summary=self.strategy.summary_kind,
                   params=dict(self.strategy.summary_params))
 
@@ -303,6 +319,19 @@ class Orchestrator:
         metrics = {k: float(v) for k, v in dict(m.get("metrics", {})).items() if isinstance(v, (int, float))}
         self._updates[cid] = Update(cid, rnd, key, weights, n, float(m.get("loss", float("nan"))), metrics)
 
+    def _on_ae_update(self, cid: str, msg: Message) -> None:
+        m = msg.meta
+        rnd = int(m.get("round", -1))
+        if rnd != self._round or cid not in self._tasked or m.get("model_key") != "ae":
+            self._reject("stale-update", f"AE update from {cid} for round {rnd}, model {m.get('model_key')!r} "
+                                         f"(current {self._round}, tasked: {cid in self._tasked})")
+            return
+        n = m.get("n_samples")
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"AE update from {cid!r} has an invalid n_samples {n!r}")
+        weights = parse_tensors(msg.body, spec=self._ae_spec)
+        self._ae_updates[cid] = (weights, n, float(m.get("loss", float("nan"))))
+
     # -- phases -------------------------------------------------------------
     def online(self) -> list[str]:
         return sorted(c for c, s in self.clients.items() if s.online)
@@ -321,6 +350,82 @@ class Orchestrator:
         self._pump(lambda: False, 0.5)
         self.timings["register_s"] = time.monotonic() - t0
         log.info("registration closed: %d clients", len(self.clients))
+
+    def _pretrain_ae(self) -> None:
+        """Federated pre-training of the sketch autoencoder, then its encoder sent to every client."""
+        from edge_sdk.trainer import initial_weights, state_spec
+
+        from .aggregate import StreamingFedAvg
+        from .pretrain import export_encoder
+        from .strategy import pretrain_config
+
+        t0 = time.monotonic()
+        cfg = pretrain_config(self.strategy.pretrain or {}, self.config.encoder)
+        arch = cfg["architecture"]
+        self._phase = "pretrain"
+        weights = initial_weights(arch, self.config.seed)
+        self._ae_spec = state_spec(weights)
+        for rnd in range(1, cfg["rounds"] + 1):
+            tr = time.monotonic()
+            self._round = rnd
+            self._ae_updates = {}
+            pool = self.online()
+            m = max(1, int(np.ceil(cfg["fraction"] * len(pool))))
+            chosen = pool if m >= len(pool) else sorted(
+                np.random.default_rng([self.config.seed, rnd, 7919]).choice(pool, size=m, replace=False).tolist())
+            self._tasked = set(chosen)
+            size = self._send(self.topics.model("ae"), Kind.MODEL, meta={"key": "ae"}, body=tensors_body(weights))
+            self.delivered["AE_MODEL"] = self.delivered.get("AE_MODEL", 0) + size * len(chosen)
+            for cid in chosen:
+                self._cmd(cid, "train_ae", round=rnd, architecture=arch, epochs=cfg["epochs"], lr=cfg["lr"],
+                          batch_size=cfg["batch_size"])
+            need = max(1, int(np.ceil(self.config.round_quorum * len(chosen))))
+
+            def done(need: int = need) -> bool:
+                waiting = [c for c in self._tasked if c not in self._ae_updates and self.clients[c].online]
+                return len(self._ae_updates) >= need or not waiting
+
+            self._pump(done, self.config.round_timeout_s)
+            got = {c: self._ae_updates[c] for c in sorted(self._ae_updates)}
+            missing = sorted(self._tasked - set(got))
+            if missing:
+                log.warning("AE round %d closed without %d client(s): %s", rnd, len(missing), ", ".join(missing))
+            if got:
+                agg = StreamingFedAvg(weights)
+                for w, n, _ in got.values():
+                    agg.add(w, n)
+                weights = agg.result()
+            n_tot = sum(n for _, n, _ in got.values())
+            loss = sum(loss * n for _, n, loss in got.values()) / n_tot if n_tot else None
+            self.pretrain_history.append({"round": rnd, "tasked": len(chosen), "updates": len(got),
+                                          "missing": missing, "loss": loss, "model_bytes_delivered": size * len(chosen),
+                                          "seconds": time.monotonic() - tr})
+            log.info("AE pre-training round %d: %d/%d updates, MSE %s", rnd, len(got), len(chosen), loss)
+        self._tasked = set()
+        self._round = 0
+        if self.config.checkpoint_dir:
+            out = Path(self.config.checkpoint_dir) / "encoder"
+        else:
+            self._encoder_tmp = tempfile.TemporaryDirectory(prefix="fedsketch-fedae-")
+            out = Path(self._encoder_tmp.name)
+        name = f"fedae_{self.config.federation}"
+        exported = export_encoder(weights, arch, out, name=name,
+                                  metadata={"pretrain": {k: v for k, v in cfg.items()}})
+        self._encoder_msg = ({"key": "encoder", "name": exported.name, "sha256": exported.sha256,
+                              "entry": dict(exported.entry)}, exported.path.read_bytes())
+        self.encoder_name = exported.name
+        self._latent = int(exported.entry["latent_dim"])
+        self._send_encoder(self.online())
+        self._phase = "register"
+        self.timings["pretrain_s"] = time.monotonic() - t0
+        log.info("federated encoder %s (%d bytes, latent %d) sent", exported.name, exported.nbytes, self._latent)
+
+    def _send_encoder(self, cids) -> None:
+        """Publish the federated encoder on its topic; counted once per client it is meant for."""
+        assert self._encoder_msg is not None
+        meta, body = self._encoder_msg
+        size = self._send(self.topics.model("encoder"), Kind.MODEL, meta=meta, body=body)
+        self.delivered["ENCODER"] = self.delivered.get("ENCODER", 0) + size * len(list(cids))
 
     def _cluster(self) -> None:
         t0 = time.monotonic()
@@ -433,6 +538,8 @@ class Orchestrator:
             "sketches": {c: [s.bits.hex(), s.num_classes, s.latent_dim] for c, s in self.sketches.items()
                          if isinstance(s, Sketch)},
             "config": asdict(self.config),
+            "encoder": self.encoder_name, "latent_dim": self._latent,
+            "pretrain_history": self.pretrain_history,
         }
         tmp = path / "state.json.tmp"
         tmp.write_text(json.dumps(state, indent=1, default=list))
@@ -456,6 +563,18 @@ class Orchestrator:
                          for c, (hx, n, lat) in state.get("sketches", {}).items()}
         self.history = list(state.get("history", []))
         self.timings = dict(state.get("timings", {}))
+        self.pretrain_history = list(state.get("pretrain_history", []))
+        self.encoder_name = str(state.get("encoder", self.config.encoder))
+        if state.get("latent_dim") is not None:
+            self._latent = int(state["latent_dim"])
+        if self.encoder_name != self.config.encoder:  # the federated encoder, for late clients
+            from edge_sdk.artifacts import load_manifest
+
+            enc_dir = path / "encoder"
+            spec = load_manifest(enc_dir)[self.encoder_name]
+            raw = json.loads((enc_dir / "manifest.json").read_text())["artifacts"][self.encoder_name]
+            self._encoder_msg = ({"key": "encoder", "name": self.encoder_name, "sha256": spec.sha256,
+                                  "entry": raw}, (enc_dir / spec.file).read_bytes())
         log.info("resumed from %s after round %d (%d clients known)", path, state["round"], len(self.clients))
         return int(state["round"])
 
@@ -475,6 +594,8 @@ class Orchestrator:
         else:
             self._register()
             self.strategy.setup([s.info for s in self.clients.values()], self.template)
+            if getattr(self.strategy, "pretrain", None) is not None:
+                self._pretrain_ae()
             if self.strategy.needs_sketches:
                 self._cluster()
             self._phase = "train"
@@ -497,4 +618,6 @@ class Orchestrator:
             "rejected": dict(self.rejected),
             "transport": self.transport.stats(),
             "delivered": dict(self.delivered),
+            "pretrain": list(self.pretrain_history),
+            "encoder": self.encoder_name,
         }

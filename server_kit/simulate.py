@@ -9,6 +9,8 @@ simulator leaves out is the transport: messages, chunking, deadlines.
 from __future__ import annotations
 
 import logging
+import math
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -124,6 +126,8 @@ class Simulator:
         self.flip_prob = flip_prob
         self.seed = seed
         self.progress = progress
+        self.exported_encoder: Any = None
+        self._encoder_tmp: tempfile.TemporaryDirectory[str] | None = None
         self._size_cache: dict[Any, int] = {}
         self.workers = {
             c.cid: LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test,
@@ -159,6 +163,8 @@ class Simulator:
         result = SimulationResult(strategy=s.name)
         t0 = time.perf_counter()
         ledger = result.ledger
+        if getattr(s, "pretrain", None) is not None:
+            self._pretrain_encoder(s, ledger)
         if s.needs_sketches:
             summaries = self._summaries(s)
             ask = message_bytes(Kind.CMD, meta={"op": "sketch", "num_classes": self.num_classes,
@@ -194,6 +200,39 @@ class Simulator:
         result.scores = clustering_scores(truth, [result.assignment.get(c, 0) for c in cids])
         result.ari = result.scores["ari"]
         return result
+
+    def _pretrain_encoder(self, s: Strategy, ledger: CommLedger) -> None:
+        """Federated AE pre-training (``strategy.pretrain``); the exported encoder replaces ``self.encoder``."""
+        from edge_sdk.encoder import OnnxEncoder
+
+        from .pretrain import export_encoder, federated_ae_pretrain
+        from .strategy import pretrain_config
+
+        cfg = pretrain_config(s.pretrain or {}, self.encoder)
+        if cfg["architecture"] is None:
+            raise ValueError(f"strategy {s.name!r} pre-trains an autoencoder: give its architecture "
+                             "in pretrain or an encoder to take it from")
+        cids = sorted(self.workers)
+        per_round = max(1, math.ceil(cfg["fraction"] * len(cids)))
+        res = federated_ae_pretrain([self.workers[c].x for c in cids], architecture=cfg["architecture"],
+                                    rounds=cfg["rounds"], clients_per_round=per_round, epochs=cfg["epochs"],
+                                    lr=cfg["lr"], batch_size=cfg["batch_size"], seed=self.seed)
+        ledger.add("AE_MODEL", "down", res.bytes_down, cfg["rounds"] * per_round)
+        ledger.add("AE_UPDATE", "up", res.bytes_up, cfg["rounds"] * per_round)
+        ledger.add("CMD", "down", message_bytes(Kind.CMD, meta={
+            "op": "train_ae", "round": 1, "architecture": cfg["architecture"], "epochs": cfg["epochs"],
+            "lr": cfg["lr"], "batch_size": cfg["batch_size"]}) * cfg["rounds"] * per_round,
+            cfg["rounds"] * per_round)
+        self._encoder_tmp = tempfile.TemporaryDirectory(prefix="fedsketch-fedae-sim-")
+        exp = export_encoder(res.weights, cfg["architecture"], self._encoder_tmp.name, name="fedae_sim",
+                             metadata={"pretrain": cfg})
+        enc_msg = message_bytes(Kind.MODEL, exp.path.read_bytes(), {
+            "key": "encoder", "name": exp.name, "sha256": exp.sha256, "entry": exp.entry})
+        ledger.add("ENCODER", "down", enc_msg * len(cids), len(cids))
+        self.exported_encoder = exp
+        self.encoder = OnnxEncoder(exp.name, models_dir=exp.models_dir)
+        log.info("federated encoder: %d rounds, MSE %.5f, %d bytes", cfg["rounds"],
+                 res.history[-1]["loss"], exp.nbytes)
 
     def _count_tasks(self, ledger: CommLedger, tasks) -> None:
         """A train command and every model offered, per client (IFCA offers K)."""
