@@ -22,6 +22,7 @@ attributes, which :mod:`edge_sdk.trainer` uses to validate data.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Callable
 
 import torch
@@ -299,13 +300,15 @@ BASE_LAYERS: dict[str, tuple[str, ...]] = {
 }
 
 
-def build_model(architecture: str) -> nn.Module:
+def build_model(architecture: str, registry: Mapping[str, Callable[[], nn.Module]] | None = None) -> nn.Module:
     """Instantiate a registered architecture with fresh (random) weights.
 
     Parameters
     ----------
     architecture : str
         A key of :data:`ARCHITECTURES`, as recorded in ``manifest.json``.
+    registry : mapping, optional
+        Another registry to look in (the server's adds server-only nets).
 
     Returns
     -------
@@ -317,10 +320,9 @@ def build_model(architecture: str) -> nn.Module:
     KeyError
         If the name is not registered.
     """
+    reg = ARCHITECTURES if registry is None else registry
     try:
-        factory = ARCHITECTURES[architecture]
+        factory = reg[architecture]
     except KeyError:
-        raise KeyError(
-            f"unknown architecture {architecture!r}; known: {sorted(ARCHITECTURES)}"
-        ) from None
+        raise KeyError(f"unknown architecture {architecture!r}; known: {sorted(reg)}") from None
     return factory()

@@ -338,6 +338,20 @@ def _optimizer(torch: Any, name: str, params: Any, lr: float) -> Any:
     return factories[name]()
 
 
+
+def _finished(architecture: str, state: dict[str, np.ndarray], n: int, n_epochs: int, last: float,
+              lr: float, seconds: float, what: str) -> TrainResult:
+    """Refuse a diverged model, log, and wrap the result of a local training run."""
+    bad = [k for k, v in state.items() if np.issubdtype(v.dtype, np.floating) and not np.isfinite(v).all()]
+    if bad:
+        raise RuntimeError(
+            f"training diverged: {bad[0]!r} became NaN or Inf (last epoch loss {last:g}); "
+            f"try a smaller lr than {lr:g}"
+        )
+    items, metric = what.split(", ")
+    log.debug("%s: %d %s, %d epochs, %s %.5f, %.2f s", architecture, n, items, n_epochs, metric, last, seconds)
+    return TrainResult(weights=state, n_samples=int(n), loss=float(last), seconds=float(seconds))
+
 def train_local(
     architecture: str,
     weights: Mapping[str, np.ndarray],
@@ -452,21 +466,7 @@ def train_local(
             last = float(total) / n
         model.eval()
         out = _to_numpy_state(model)
-    seconds = time.perf_counter() - t0
-    bad = [
-        k
-        for k, v in out.items()
-        if np.issubdtype(v.dtype, np.floating) and not np.isfinite(v).all()
-    ]
-    if bad:
-        raise RuntimeError(
-            f"training diverged: {bad[0]!r} became NaN or Inf (last epoch loss {last:g}); "
-            f"try a smaller lr than {lr:g}"
-        )
-    log.debug(
-        "%s: %d samples, %d epochs, loss %.4f, %.2f s", architecture, n, n_epochs, last, seconds
-    )
-    return TrainResult(weights=out, n_samples=int(n), loss=float(last), seconds=float(seconds))
+    return _finished(architecture, out, n, n_epochs, last, lr, time.perf_counter() - t0, "samples, loss")
 
 
 # --------------------------------------------------------------------------- autoencoders
@@ -630,21 +630,7 @@ def train_autoencoder_local(
             last = float(total) / n
         model.eval()
         out_state = _to_numpy_state(model)
-    seconds = time.perf_counter() - t0
-    bad = [
-        k
-        for k, v in out_state.items()
-        if np.issubdtype(v.dtype, np.floating) and not np.isfinite(v).all()
-    ]
-    if bad:
-        raise RuntimeError(
-            f"training diverged: {bad[0]!r} became NaN or Inf (last epoch loss {last:g}); "
-            f"try a smaller lr than {lr:g}"
-        )
-    log.debug(
-        "%s: %d images, %d epochs, MSE %.5f, %.2f s", architecture, n, n_epochs, last, seconds
-    )
-    return TrainResult(weights=out_state, n_samples=int(n), loss=float(last), seconds=float(seconds))
+    return _finished(architecture, out_state, n, n_epochs, last, lr, time.perf_counter() - t0, "images, MSE")
 
 
 def _torch_logits(

@@ -31,6 +31,7 @@ from edge_sdk.nets import (
     LeNet5,
     count_params,
 )
+from edge_sdk.nets import build_model as _edge_build_model
 
 __all__ = [
     "ARCHITECTURES",
@@ -137,25 +138,6 @@ ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {
 def build_model(architecture: str) -> nn.Module:
     """Instantiate a registered architecture (edge or server-only) with fresh weights.
 
-    Parameters
-    ----------
-    architecture : str
-        A key of :data:`ARCHITECTURES`, as recorded in ``manifest.json``.
-
-    Returns
-    -------
-    torch.nn.Module
-        The model (full autoencoder for the ``*_ae_*`` names).
-
-    Raises
-    ------
-    KeyError
-        If the name is not registered.
+    See :func:`edge_sdk.nets.build_model`; this one also knows the server-only nets.
     """
-    try:
-        factory = ARCHITECTURES[architecture]
-    except KeyError:
-        raise KeyError(
-            f"unknown architecture {architecture!r}; known: {sorted(ARCHITECTURES)}"
-        ) from None
-    return factory()
+    return _edge_build_model(architecture, ARCHITECTURES)
