@@ -100,6 +100,8 @@ def test_sketch_path_imports_no_torch():
         "from edge_sdk import OnnxEncoder, Sketcher\n"
         "x = np.random.default_rng(0).random((40, 28, 28), dtype=np.float32)\n"
         "s = Sketcher(OnnxEncoder('fmnist_fc_encoder'), 10, 0.1, seed=1).sketch(x, np.arange(40) % 10)\n"
+        "import edge_sdk.nets, edge_sdk.trainer, edge_sdk.client\n"
+        "assert edge_sdk.nets.BASE_LAYERS\n"
         "print(len(s.bits), 'torch' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
