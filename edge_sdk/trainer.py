@@ -165,6 +165,20 @@ def _check_positive_int(value: Any, what: str) -> int:
     return int(value)
 
 
+
+def _check_lr(lr: Any) -> None:
+    if (
+        isinstance(lr, bool)
+        or not isinstance(lr, (int, float, np.integer, np.floating))
+        or not (math.isfinite(lr) and lr > 0)
+    ):
+        raise ValueError(f"lr must be a positive finite number, got {lr!r}")
+
+
+def _check_seed(seed: Any) -> None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+        raise ValueError(f"seed must be an integer or None, got {seed!r}")
+
 def _check_weights(info: _ModelInfo, weights: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Check names, shapes, dtypes and finiteness against the architecture; return arrays."""
     if not isinstance(weights, Mapping):
@@ -419,16 +433,10 @@ def train_local(
     """
     n_epochs = _check_positive_int(epochs, "epochs")
     bs = _check_positive_int(batch_size, "batch_size")
-    if (
-        isinstance(lr, bool)
-        or not isinstance(lr, (int, float, np.integer, np.floating))
-        or not (math.isfinite(lr) and lr > 0)
-    ):
-        raise ValueError(f"lr must be a positive finite number, got {lr!r}")
+    _check_lr(lr)
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {optimizer!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-        raise ValueError(f"seed must be an integer or None, got {seed!r}")
+    _check_seed(seed)
     if threads is not None:
         _check_positive_int(threads, "threads")
     torch = _import_torch()
@@ -572,14 +580,8 @@ def train_autoencoder_local(
     """
     n_epochs = _check_positive_int(epochs, "epochs")
     bs = _check_positive_int(batch_size, "batch_size")
-    if (
-        isinstance(lr, bool)
-        or not isinstance(lr, (int, float, np.integer, np.floating))
-        or not (math.isfinite(lr) and lr > 0)
-    ):
-        raise ValueError(f"lr must be a positive finite number, got {lr!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-        raise ValueError(f"seed must be an integer or None, got {seed!r}")
+    _check_lr(lr)
+    _check_seed(seed)
     if threads is not None:
         _check_positive_int(threads, "threads")
     torch = _import_torch()
