@@ -678,6 +678,12 @@ def export_family(
     return entries
 
 
+def _ae_training(epochs: int, seed: int) -> dict[str, Any]:
+    """The training settings an autoencoder's manifest entry records."""
+    return {"epochs": epochs, "batch_size": BATCH_SIZE, "optimizer": "adam", "lr": LEARNING_RATE,
+            "loss": "mse", "seed": seed}
+
+
 def _ae_exports(
     prefix: str, model: nn.Module, sample_shape: Sequence[int], ae_output_shape: Sequence[int]
 ) -> list[dict[str, Any]]:
@@ -747,14 +753,7 @@ def export_fmnist_fc_ae(
         "train_mse": train_mse,
         "test_mse": test_mse,
         "final_epoch_loss": history[-1],
-        "training": {
-            "epochs": epochs,
-            "batch_size": BATCH_SIZE,
-            "optimizer": "adam",
-            "lr": LEARNING_RATE,
-            "loss": "mse",
-            "seed": seed,
-        },
+        "training": _ae_training(epochs, seed),
         "recipe": _recipe("fmnist-fc-ae", data=data_arg, epochs=epochs, seed=seed, out=out_arg),
     }
     return export_family(
@@ -802,14 +801,7 @@ def export_digits_ae(
         ),
         "train_mse": train_mse,
         "final_epoch_loss": history[-1],
-        "training": {
-            "epochs": epochs,
-            "batch_size": BATCH_SIZE,
-            "optimizer": "adam",
-            "lr": LEARNING_RATE,
-            "loss": "mse",
-            "seed": seed,
-        },
+        "training": _ae_training(epochs, seed),
         "recipe": _recipe("digits-ae", data=None, epochs=epochs, seed=seed, out=out_arg),
     }
     return export_family(
