@@ -17,7 +17,8 @@ over all sampled clients, the rest per cluster, as in the reference), Adam
 needed; it is the smoke test of ``make test``). Bytes are counted per client
 delivery from the real wire encoding (see :mod:`server_kit.metrics`).
 
-Run: ``.venv/bin/python benchmarks/paper_mnist.py [--rounds R --clients N --epochs E]``.
+Run: ``.venv/bin/python benchmarks/paper_mnist.py [--rounds R --clients N --epochs E] [--jobs 2]``
+(``--jobs``: methods side by side in separate processes, one torch thread each).
 The last line is JSON.
 """
 
@@ -38,6 +39,8 @@ PAPER = {  # Table III / IV of the paper (MNIST): rounds to 95 %, final accuracy
     "ours-central": (5, 98.35), "ours-federated": (5, 98.49), "ifca": (11, 97.50),
     "ladd": (40, 94.16), "fedavg": (None, 93.05),
 }
+# relative cost per round on MNIST (measured): the order in which --jobs starts them
+COST = {"ifca": 1.3, "ours-federated": 1.1, "ladd": 1.0, "ours-central": 1.0, "fedavg": 0.9}
 
 
 def build_clients(args):
@@ -90,40 +93,75 @@ def make_method(name, args, clients, arch, tmp):
     return strategy, OnnxEncoder("fed_ae_encoder", models_dir=tmp), extra
 
 
-def run(args) -> dict:
+def run_method(name, args, clients, arch, tmp) -> dict:
+    """Run one method on ``clients``; the row of the results table (plain JSON types)."""
     from server_kit.metrics import final_accuracy, rounds_to_target
-    from server_kit.report import plot_accuracy, write_json
     from server_kit.simulate import Simulator
 
-    if args.threads is not None:
+    t0 = time.perf_counter()
+    strategy, encoder, extra = make_method(name, args, clients, arch, tmp)
+    sim = Simulator(strategy, clients, architecture=arch, encoder=encoder, flip_prob=args.flip_prob,
+                    seed=args.seed, progress=args.progress and args.jobs == 1)
+    res = sim.run(args.rounds)
+    accs = res.accuracies
+    total = res.total_bytes() + extra["pretrain_bytes"]
+    row = {
+        "accuracy": accs, "rounds_to_target": rounds_to_target(accs, args.target), "final_acc": final_accuracy(accs),
+        **res.scores, "bytes": total, "bytes_by_kind": res.ledger.as_dict(),
+        "pretrain_bytes": extra["pretrain_bytes"], "seconds_pretrain": extra["pretrain_seconds"],
+        "seconds_clustering": res.seconds_clustering, "seconds_training": res.seconds_training,
+        "seconds": time.perf_counter() - t0, "clusters": len(set(res.assignment.values())),
+    }
+    print(f"  {name:15s} final {row['final_acc']:.4f}  to {args.target:.0%}: {row['rounds_to_target']}  "
+          f"ARI {res.scores['ari']:.3f}  {total / 1e6:9.1f} MB  {row['seconds']:.1f} s", flush=True)
+    return row
+
+
+def _set_threads(threads) -> None:
+    if threads is not None:
         import torch
 
-        torch.set_num_threads(args.threads)
-    arch = "digits_cnn_1x8x8_10" if args.dataset == "digits" else "lenet5_1x28x28_10"
+        torch.set_num_threads(threads)
+
+
+def _worker(name: str, args) -> dict:
+    """One method in its own process (``--jobs``): its own data, torch threads and temporary folder."""
+    _set_threads(args.threads)
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s [{name}] %(message)s", datefmt="%H:%M:%S")
+    if args.progress:  # one log line per round instead of a progress bar per process
+        logging.getLogger("server_kit.simulate").setLevel(logging.INFO)
+    arch = architecture_of(args)
+    with tempfile.TemporaryDirectory(prefix=f"fedsketch-paper-{name}-") as tmp:
+        return run_method(name, args, build_clients(args), arch, tmp)
+
+
+def architecture_of(args) -> str:
+    return "digits_cnn_1x8x8_10" if args.dataset == "digits" else "lenet5_1x28x28_10"
+
+
+def run(args) -> dict:
+    """Every method of ``args.methods`` (in ``args.jobs`` processes); print the table; the summary dict."""
+    from server_kit.report import plot_accuracy, write_json
+
+    _set_threads(args.threads)
+    arch = architecture_of(args)
     t_all = time.perf_counter()
     clients = build_clients(args)
     print(f"{len(clients)} clients ({args.dataset}), 4 rotation groups, {args.rounds} rounds x {args.epochs} "
-          f"epochs, fraction {args.fraction}, P = {args.flip_prob}, architecture {arch}", flush=True)
-    rows = {}
-    with tempfile.TemporaryDirectory(prefix="fedsketch-paper-") as tmp:
-        for name in args.methods:
-            t0 = time.perf_counter()
-            strategy, encoder, extra = make_method(name, args, clients, arch, tmp)
-            sim = Simulator(strategy, clients, architecture=arch, encoder=encoder, flip_prob=args.flip_prob,
-                            seed=args.seed, progress=args.progress)
-            res = sim.run(args.rounds)
-            accs = res.accuracies
-            total = res.total_bytes() + extra["pretrain_bytes"]
-            r95 = rounds_to_target(accs, args.target)
-            rows[name] = {
-                "accuracy": accs, "rounds_to_target": r95, "final_acc": final_accuracy(accs),
-                **res.scores, "bytes": total, "bytes_by_kind": res.ledger.as_dict(),
-                "pretrain_bytes": extra["pretrain_bytes"], "seconds_pretrain": extra["pretrain_seconds"],
-                "seconds_clustering": res.seconds_clustering, "seconds_training": res.seconds_training,
-                "seconds": time.perf_counter() - t0, "clusters": len(set(res.assignment.values())),
-            }
-            print(f"  {name:15s} final {rows[name]['final_acc']:.4f}  to {args.target:.0%}: {r95}  "
-                  f"ARI {res.scores['ari']:.3f}  {total / 1e6:9.1f} MB  {rows[name]['seconds']:.1f} s", flush=True)
+          f"epochs, fraction {args.fraction}, P = {args.flip_prob}, architecture {arch}, "
+          f"{args.jobs} process(es)", flush=True)
+    if args.jobs == 1:
+        with tempfile.TemporaryDirectory(prefix="fedsketch-paper-") as tmp:
+            rows = {name: run_method(name, args, clients, arch, tmp) for name in args.methods}
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        # spawn: a fresh interpreter per worker (no forked torch thread pools); the slowest methods first
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = {name: pool.submit(_worker, name, args) for name in sorted(args.methods, key=COST.get,
+                                                                                    reverse=True)}
+            rows = {name: futures[name].result() for name in args.methods}
     ours = rows.get("ours-central") or rows.get("ours-federated")
     print(f"\n{'method':16s} {'rounds to ' + format(args.target, '.0%'):>13s} {'final acc':>9s} {'ARI':>6s} "
           f"{'AMI':>6s} {'MB':>9s} {'x ours':>7s} {'pre-train s':>11s} {'cluster s':>9s} {'train s':>8s}"
@@ -185,7 +223,14 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default: torch's choice); 1 on a shared machine, where more threads "
                          "than free cores slow LeNet-5 training by orders of magnitude")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="methods run side by side in this many processes (each with --threads, default 1, "
+                         "torch threads); same seeds and results as one process")
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.jobs > 1 and args.threads is None:
+        args.threads = 1
     if args.quick:
         args.dataset, args.clients, args.rounds, args.epochs = "digits", 12, 5, 3
         args.fraction, args.alpha, args.lr, args.batch_size = 1.0, 0.0, 1e-2, 16

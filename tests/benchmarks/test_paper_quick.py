@@ -11,21 +11,49 @@ import pytest
 
 pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "paper_mnist.py"
 
 
-def test_quick_reproduction_bounds(tmp_path):
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "paper_mnist.py"), "--quick", "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
+def _quick(out: Path, *extra: str) -> tuple[dict, dict]:
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--threads", "1", "--out", str(out), *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    return summary, json.loads((out / "results.json").read_text())["rows"]
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("paper_quick")
+    return (*_quick(out), out)
+
+
+def test_quick_reproduction_bounds(quick):
+    summary, rows, out = quick
     assert summary["ours_ari"] == 1.0
     assert summary["ours_final_acc"] > summary["fedavg_final_acc"]
     assert summary["ifca_bytes_over_ours"] > 1.5  # IFCA ships K = 4 models to each client
     assert summary["ladd_ari"] < 0.6  # FFT amplitudes cannot tell 0 from 180 degrees
     assert {"ours_rounds_to_95", "rounds", "clients", "epochs"} <= set(summary)
-    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert set(rows) == {"ours-central", "ours-federated", "ifca", "ladd", "fedavg"}
     assert rows["ours-federated"]["pretrain_bytes"] > 0 and rows["ours-federated"]["seconds_pretrain"] > 0
-    assert (tmp_path / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_jobs_run_methods_side_by_side_with_the_same_results(quick, tmp_path):
+    _, seq, _ = quick
+    methods = ["ours-central", "ladd", "fedavg"]
+    summary, par = _quick(tmp_path, "--jobs", "2", "--methods", ",".join(methods))
+    assert list(par) == methods  # the table keeps the order asked, whatever finished first
+    for m in methods:
+        assert par[m]["accuracy"] == seq[m]["accuracy"], m  # same seeds, same thread count: same training
+        assert par[m]["ari"] == seq[m]["ari"]
+        # sizes of update messages are taken from each run's first update, whose float metadata may differ
+        assert abs(par[m]["bytes"] - seq[m]["bytes"]) < 1e-4 * seq[m]["bytes"]
+    assert summary["ifca_bytes_over_ours"] is None and summary["ladd_ari"] == seq["ladd"]["ari"]
+
+
+def test_jobs_must_be_positive():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--jobs", "0"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "--jobs must be >= 1, got 0" in proc.stderr
