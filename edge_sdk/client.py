@@ -86,6 +86,9 @@ class EdgeClient:
 
     # -- transport callbacks (network thread: enqueue only) ---------------
     def _on_cmd(self, topic: str, msg: Message) -> None:
+        if msg.kind == Kind.MODEL and msg.sender == "server" and topic == self.topics.cmd(self.cid):
+            self._on_model(topic, msg)  # a model for this client alone, ahead of the command that uses it
+            return
         if msg.kind != Kind.CMD or msg.sender != "server":
             log.warning("ignoring %s from %s on %s", msg.kind.name, msg.sender, topic)
             return

@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sketch-timeout", type=float, dest="sketch_timeout_s")
     p.add_argument("--register-timeout", type=float, dest="register_timeout_s")
     p.add_argument("--round-quorum", type=float)
+    p.add_argument("--model-delivery", choices=["auto", "client", "cluster"], default=None,
+                   help="models per client on its own topic (each device downloads only its models), once per "
+                        "cluster topic (every device downloads all), or auto (default: broadcast only when every "
+                        "client needs every model)")
     p.add_argument("--seed", type=int)
     p.add_argument("--checkpoint-dir")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint's last round")
@@ -121,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 SERVER_KEYS = ("federation", "rounds", "min_clients", "flip_prob", "num_classes", "encoder", "architecture",
                "round_timeout_s", "sketch_timeout_s", "register_timeout_s", "round_quorum", "seed",
-               "checkpoint_dir")
+               "checkpoint_dir", "model_delivery")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -130,7 +130,7 @@ def run_demo(args: argparse.Namespace) -> dict:
         s, r = stats["sent"].get(kind, {}), stats["received"].get(kind, {})
         print(f"  {kind:8s} {s.get('bytes', 0):>10,} / {r.get('bytes', 0):>10,}  "
               f"({s.get('messages', 0)} / {r.get('messages', 0)} messages)")
-    print(f"  models delivered to clients by the broker's fan-out: {delivered:,} bytes")
+    print(f"  models the devices downloaded: {delivered:,} bytes (each only its own cluster's)")
 
     plot_accuracy(report / "accuracy.png", {"clustered (ours, over MQTT)": clustered, "FedAvg": fedavg})
     plot_bytes(report / "bytes.png", stats)

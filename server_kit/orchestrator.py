@@ -12,11 +12,24 @@ or its in-memory twin in unit tests):
    every client (model key "encoder", raw .onnx bytes, sha256 in meta);
 3. if the strategy clusters from sketches: ask every client for its sketch,
    collect until quorum or deadline, cluster once, tell each client its model;
-4. rounds: publish each model once on its cluster topic, command the round's
-   clients to train, collect updates until quorum or deadline (a client that
-   vanished, announced by its last will, is not waited for), aggregate,
-   checkpoint;
+4. rounds: deliver each client the models it needs (see below), command the
+   round's clients to train, collect updates until quorum or deadline (a
+   client that vanished, announced by its last will, is not waited for),
+   aggregate, checkpoint;
 5. a final evaluation round.
+
+Model delivery (``ServerConfig.model_delivery``): every client subscribes to
+``clusters/+/model``, so a model published there reaches every online client,
+whatever its cluster. ``"client"`` publishes each model a client needs on
+that client's own command topic, just before the command that uses it: each
+device downloads exactly its models (with K clusters, 1/K of the broadcast's
+bytes), and the server sends one copy per client. ``"cluster"`` publishes
+each model once on its cluster topic: one copy from the server, every online
+client downloads all of them. ``"auto"`` (the default) broadcasts when every
+online client needs every model of the step (IFCA or FedAvg with all clients
+every round, the encoder for everyone) and otherwise delivers per client.
+``delivered`` and each round's ``model_bytes_delivered`` count the bytes the
+devices download, as the broker delivers them.
 
 Every message from a client is validated on arrival (envelope, sender vs
 topic, registration, round, tensor names/shapes/dtypes, NaN); a bad one is
@@ -60,6 +73,8 @@ __all__ = ["Orchestrator", "ServerConfig"]
 log = logging.getLogger(__name__)
 
 SERVER_ID = "server"
+#: How models reach the clients (see the module docstring).
+MODEL_DELIVERY = ("auto", "client", "cluster")
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,7 @@ class ServerConfig:
     seed: int = 0
     checkpoint_dir: str | None = None
     stop_clients: bool = True
+    model_delivery: str = "auto"
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -99,6 +115,8 @@ class ServerConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0.0 <= self.flip_prob <= 0.5:
             raise ValueError(f"flip_prob must be in [0, 0.5], got {self.flip_prob}")
+        if self.model_delivery not in MODEL_DELIVERY:
+            raise ValueError(f"model_delivery must be one of {list(MODEL_DELIVERY)}, got {self.model_delivery!r}")
 
 
 @dataclass
@@ -136,7 +154,7 @@ class Orchestrator:
         self.rejected: dict[str, int] = {}
         self.history: list[dict[str, Any]] = []
         self.timings: dict[str, float] = {}
-        #: Bytes per client delivery of what the server publishes once per topic (models).
+        #: Bytes of models (and encoders) the clients downloaded, per kind (see the module docstring).
         self.delivered: dict[str, int] = {}
         if template is None:
             from edge_sdk.trainer import initial_weights
@@ -374,8 +392,8 @@ class Orchestrator:
             chosen = pool if m >= len(pool) else sorted(
                 np.random.default_rng([self.config.seed, rnd, 7919]).choice(pool, size=m, replace=False).tolist())
             self._tasked = set(chosen)
-            size = self._send(self.topics.model("ae"), Kind.MODEL, meta={"key": "ae"}, body=tensors_body(weights))
-            self.delivered["AE_MODEL"] = self.delivered.get("AE_MODEL", 0) + size * len(chosen)
+            size = self._deliver({c: ["ae"] for c in chosen}, {"ae": ({"key": "ae"}, tensors_body(weights))},
+                                 "AE_MODEL")
             for cid in chosen:
                 self._cmd(cid, "train_ae", round=rnd, architecture=arch, epochs=cfg["epochs"], lr=cfg["lr"],
                           batch_size=cfg["batch_size"])
@@ -398,7 +416,7 @@ class Orchestrator:
             n_tot = sum(n for _, n, _ in got.values())
             loss = sum(loss * n for _, n, loss in got.values()) / n_tot if n_tot else None
             self.pretrain_history.append({"round": rnd, "tasked": len(chosen), "updates": len(got),
-                                          "missing": missing, "loss": loss, "model_bytes_delivered": size * len(chosen),
+                                          "missing": missing, "loss": loss, "model_bytes_delivered": size,
                                           "seconds": time.monotonic() - tr})
             log.info("AE pre-training round %d: %d/%d updates, MSE %s", rnd, len(got), len(chosen), loss)
         self._tasked = set()
@@ -421,11 +439,9 @@ class Orchestrator:
         log.info("federated encoder %s (%d bytes, latent %d) sent", exported.name, exported.nbytes, self._latent)
 
     def _send_encoder(self, cids) -> None:
-        """Publish the federated encoder on its topic; counted once per client it is meant for."""
+        """Deliver the federated encoder to ``cids`` (all online ones at once: broadcast, a late one: to it)."""
         assert self._encoder_msg is not None
-        meta, body = self._encoder_msg
-        size = self._send(self.topics.model("encoder"), Kind.MODEL, meta=meta, body=body)
-        self.delivered["ENCODER"] = self.delivered.get("ENCODER", 0) + size * len(list(cids))
+        self._deliver({c: ["encoder"] for c in cids}, {"encoder": self._encoder_msg}, "ENCODER")
 
     def _cluster(self) -> None:
         t0 = time.monotonic()
@@ -452,11 +468,38 @@ class Orchestrator:
             else:
                 self._admit_late(cid, self.clients[cid].info)
 
-    def _publish_models(self, keys) -> dict[str, int]:
-        """Publish each model once on its cluster topic; returns the bytes of each."""
-        return {key: self._send(self.topics.model(key), Kind.MODEL, meta={"key": key},
-                                body=tensors_body(self.strategy.models[key]))
-                for key in sorted(keys)}
+    def _deliver(self, needs: Mapping[str, Any], messages: Mapping[str, tuple[dict[str, Any], bytes]],
+                 counter: str) -> int:
+        """Get each client of ``needs`` (client id -> model keys) the ``messages`` (key -> meta, body) it needs.
+
+        Broadcast on the cluster topics or per client, by ``config.model_delivery``;
+        adds the bytes the clients download to ``delivered[counter]`` and returns them.
+        """
+        needs = {cid: sorted(set(keys)) for cid, keys in needs.items()}
+        keys = sorted({k for ks in needs.values() for k in ks})
+        mode = self.config.model_delivery
+        if mode == "auto":
+            online = set(self.online())
+            mode = "cluster" if set(needs) >= online and all(ks == keys for ks in needs.values()) else "client"
+        total = 0
+        if mode == "cluster":
+            receivers = len(set(self.online()) | set(needs))  # every online client subscribes to clusters/+/model
+            for key in keys:
+                meta, body = messages[key]
+                total += self._send(self.topics.model(key), Kind.MODEL, meta=meta, body=body) * receivers
+        else:
+            for cid, ks in needs.items():
+                for key in ks:
+                    meta, body = messages[key]
+                    total += self._send(self.topics.cmd(cid), Kind.MODEL, meta=meta, body=body)
+        self.delivered[counter] = self.delivered.get(counter, 0) + total
+        return total
+
+    def _deliver_models(self, needs: Mapping[str, Any]) -> int:
+        """Deliver strategy models (key -> its current weights) to the clients that need them."""
+        keys = {k for ks in needs.values() for k in ks}
+        messages = {k: ({"key": k}, tensors_body(self.strategy.models[k])) for k in keys}
+        return self._deliver(needs, messages, "MODEL")
 
     def _run_round(self, rnd: int) -> dict[str, Any]:
         t0 = time.monotonic()
@@ -464,10 +507,8 @@ class Orchestrator:
         self._updates = {}
         tasks = self.strategy.configure_round(rnd, self.online())
         self._tasked = {t.cid for t in tasks}
-        sizes = self._publish_models({k for t in tasks for k in t.models})
-        # what each client is offered (IFCA: all K): bytes per delivery, as the paper counts them
-        delivered = sum(sizes[k] for t in tasks for k in t.models)
-        self.delivered["MODEL"] = self.delivered.get("MODEL", 0) + delivered
+        # what each client is offered (IFCA: all K), as the devices download it
+        delivered = self._deliver_models({t.cid: list(t.models) for t in tasks})
         for t in tasks:
             self._cmd(t.cid, "train", round=rnd, models=sorted(t.models), evaluate_first=t.evaluate_first,
                       **t.settings.to_dict())
@@ -503,8 +544,7 @@ class Orchestrator:
         self._round = self.config.rounds + 1
         self._metrics = {}
         cids = self.online()
-        keys = {self.strategy.model_key_for(c) for c in cids}
-        self._publish_models(keys)
+        self._deliver_models({c: [self.strategy.model_key_for(c)] for c in cids})
         for cid in cids:
             self._cmd(cid, "evaluate", round=self._round, model_key=self.strategy.model_key_for(cid))
         self._pump(lambda: all(c in self._metrics or not self.clients[c].online for c in cids),

@@ -203,7 +203,7 @@ def test_ladd_in_the_simulator_cannot_separate_rotations(digits12):
 
 
 def start_clients(broker, clients, fed, seed=0):
-    threads = []
+    threads, edge = [], []
     for i, c in enumerate(clients):
         worker = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=seed + i)
         ec = EdgeClient(MemoryTransport(broker, c.cid, federation=fed), worker, federation=fed, seed=seed + i,
@@ -211,12 +211,13 @@ def start_clients(broker, clients, fed, seed=0):
         th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 60}, daemon=True)
         th.start()
         threads.append(th)
-    return threads
+        edge.append(ec)
+    return threads, edge
 
 
 def run_federation(strategy, clients, fed, rounds=3):
     broker = MemoryBroker()
-    threads = start_clients(broker, clients, fed)
+    threads, edge = start_clients(broker, clients, fed)
     server = MemoryTransport(broker, "server", federation=fed)
     server.connect()
     per_round: list[int] = []
@@ -229,15 +230,17 @@ def run_federation(strategy, clients, fed, rounds=3):
     result = Orchestrator(strategy, server, cfg, on_round=on_round).run()
     for th in threads:
         th.join(timeout=20)
-    return result, np.diff([0, *per_round]).tolist()
+    received = [e.transport.stats()["received"].get("MODEL", {}).get("messages", 0) for e in edge]
+    return result, np.diff([0, *per_round]).tolist(), received
 
 
 def test_ifca_over_mqtt(digits12):
-    result, models_per_round = run_federation(IFCA(settings=SETTINGS, k=4, architecture=ARCH), digits12, "ifca")
+    result, models_per_round, received = run_federation(IFCA(settings=SETTINGS, k=4, architecture=ARCH), digits12,
+                                                        "ifca")
     assert [h["updates"] for h in result["history"]] == [12, 12, 12]
-    assert models_per_round == [4, 4, 4]  # round 1: the 12 random choices cover all 4 models
-    final_keys = set(result["final"]["per_model"])
-    assert result["transport"]["sent"]["MODEL"]["messages"] == 3 * 4 + len(final_keys)
+    # round 1: one random model per client, on its own topic; then all 4 to everyone: one broadcast each
+    assert models_per_round == [12, 4, 4]
+    assert received == [1 + 4 + 4 + 1] * 12  # + the final evaluation's own model
     assert not result["rejected"]
     assert result["final"]["accuracy"] is not None and result["final"]["accuracy"] > 0.3
     print(f"IFCA over MQTT: final accuracy {result['final']['accuracy']:.3f}, "
@@ -245,10 +248,11 @@ def test_ifca_over_mqtt(digits12):
 
 
 def test_ladd_over_mqtt_clusters_like_the_simulator(digits12):
-    result, models_per_round = run_federation(LADD(settings=SETTINGS, k=4, seed=0), digits12, "ladd", rounds=1)
+    result, models_per_round, received = run_federation(LADD(settings=SETTINGS, k=4, seed=0), digits12, "ladd",
+                                                        rounds=1)
     stats = result["transport"]
     assert stats["received"]["FEATURES"]["messages"] == 12
-    assert models_per_round == [4]
+    assert models_per_round == [12] and received == [2] * 12  # each client its own cluster's model (+ evaluation)
     assert not result["rejected"]
     # the clients computed the same features as the simulator's workers: same K-means result
     s = LADD(k=4, seed=0)

@@ -46,7 +46,7 @@ def digits():
 
 
 def run_federation(url, clients, passwords=None, rounds=3, protocol="3.1.1"):
-    threads = []
+    threads, edge = [], []
     for i, c in enumerate(clients):
         cfg = BrokerConfig.from_url(url, username=c.cid if passwords else None,
                                     password=(passwords or {}).get(c.cid), reconnect_min_s=0.1, protocol=protocol)
@@ -56,6 +56,7 @@ def run_federation(url, clients, passwords=None, rounds=3, protocol="3.1.1"):
         th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 60}, daemon=True)
         th.start()
         threads.append(th)
+        edge.append(ec)
     cfg = BrokerConfig.from_url(url, username="server" if passwords else None,
                                 password=(passwords or {}).get("server"), protocol=protocol)
     server = MqttTransport(cfg, "server", federation=FED)
@@ -70,6 +71,7 @@ def run_federation(url, clients, passwords=None, rounds=3, protocol="3.1.1"):
         server.close()
     for th in threads:
         th.join(timeout=30)
+    result["edge_models"] = [e.transport.stats()["received"]["MODEL"] for e in edge]
     return result
 
 
@@ -82,6 +84,9 @@ def check_result(result, clients, rounds=3):
     assert result["final"]["accuracy"] > fed.accuracies[-1] + 0.05, (result["final"], fed.accuracies)
     sketches = result["transport"]["received"]["SKETCH"]
     assert sketches["messages"] == len(clients) and sketches["bytes"] <= 64 * len(clients)
+    # through the broker each device got only its cluster's model: one per round and one to evaluate
+    assert [m["messages"] for m in result["edge_models"]] == [rounds + 1] * len(clients)
+    assert sum(m["bytes"] for m in result["edge_models"]) == result["delivered"]["MODEL"]
 
 
 def test_federation_over_embedded_amqtt_broker(digits):

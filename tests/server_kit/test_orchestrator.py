@@ -55,7 +55,7 @@ def config(**kw):
 
 def test_clustered_federation_recovers_rotation_groups(digits12):
     broker = MemoryBroker()
-    threads, _ = start_clients(broker, digits12)
+    threads, edge = start_clients(broker, digits12)
     server = MemoryTransport(broker, "server", federation=FED)
     server.connect()
     strategy = SketchClustered(settings=TrainSettings(epochs=3, lr=1e-2, batch_size=16), min_cluster_size=3)
@@ -71,7 +71,11 @@ def test_clustered_federation_recovers_rotation_groups(digits12):
     # 12 sketches of 200 bits, each within 64 bytes with the envelope
     assert stats["received"]["SKETCH"]["messages"] == 12
     assert stats["received"]["SKETCH"]["bytes"] <= 12 * 64
-    assert stats["sent"]["MODEL"]["messages"] == 4 * 4  # one per cluster per round, + the final evaluation
+    # each client downloads its own cluster's model and nothing else: 3 rounds + the final evaluation
+    got = [e.transport.stats()["received"]["MODEL"] for e in edge]
+    assert [g["messages"] for g in got] == [4] * 12
+    assert sum(g["bytes"] for g in got) == result["delivered"]["MODEL"] == stats["sent"]["MODEL"]["bytes"]
+    assert stats["sent"]["MODEL"]["messages"] == 12 * 4
     assert not result["rejected"]
 
 
@@ -124,3 +128,27 @@ def test_bad_server_config_is_refused():
         ServerConfig(rounds=0)
     with pytest.raises(ValueError, match=r"flip_prob must be in \[0, 0.5\], got 0.9"):
         ServerConfig(flip_prob=0.9)
+    with pytest.raises(ValueError, match=r"model_delivery must be one of \['auto', 'client', 'cluster'\], "
+                                         r"got 'everyone'"):
+        ServerConfig(model_delivery="everyone")
+
+
+@pytest.mark.parametrize("mode, per_step", [("cluster", 2), ("client", 1), ("auto", 1)])
+def test_model_delivery_bytes_on_the_wire(digits12, mode, per_step):
+    """Broadcast on cluster topics: every device downloads both clusters' models; per client: only its own."""
+    clients = [c for c in digits12 if c.group in (0, 2)]  # 6 clients, 0 and 180 degrees: 2 clusters
+    broker = MemoryBroker()
+    threads, edge = start_clients(broker, clients)
+    server = MemoryTransport(broker, "server", federation=FED)
+    server.connect()
+    strategy = SketchClustered(settings=TrainSettings(epochs=1, lr=1e-2, batch_size=16), min_cluster_size=3)
+    result = Orchestrator(strategy, server, config(min_clients=6, rounds=1, model_delivery=mode)).run()
+    for th in threads:
+        th.join(timeout=20)
+    assert len(set(result["assignment"].values())) == 2
+    got = [e.transport.stats()["received"]["MODEL"] for e in edge]
+    assert [g["messages"] for g in got] == [2 * per_step] * 6  # round 1 and the final evaluation
+    # what the server reports is what the devices downloaded
+    assert result["delivered"]["MODEL"] == sum(g["bytes"] for g in got)
+    assert result["history"][0]["model_bytes_delivered"] == sum(g["bytes"] for g in got) // 2
+    assert [h["updates"] for h in result["history"]] == [6]
