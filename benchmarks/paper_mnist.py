@@ -85,7 +85,7 @@ def make_method(name, args, clients, arch, tmp):
     t0 = time.perf_counter()
     pre = federated_ae_pretrain([c.x_train for c in clients], architecture=args.ae_architecture,
                                 rounds=args.ae_rounds, clients_per_round=min(args.ae_clients, len(clients)),
-                                epochs=args.ae_epochs, seed=args.seed, progress=args.progress)
+                                epochs=args.ae_epochs, seed=args.seed, progress=args.progress and args.jobs == 1)
     exported = export_encoder(pre.weights, args.ae_architecture, tmp, name="fed_ae_encoder")
     onnx_bytes = exported.nbytes  # the encoder each client receives
     extra["pretrain_seconds"] = time.perf_counter() - t0
@@ -127,7 +127,9 @@ def _set_threads(threads) -> None:
 def _worker(name: str, args) -> dict:
     """One method in its own process (``--jobs``): its own data, torch threads and temporary folder."""
     _set_threads(args.threads)
-    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s [{name}] %(message)s", datefmt="%H:%M:%S")
+    # force: a pooled process runs several methods, each line says which
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s [{name}] %(message)s", datefmt="%H:%M:%S",
+                        force=True)
     if args.progress:  # one log line per round instead of a progress bar per process
         logging.getLogger("server_kit.simulate").setLevel(logging.INFO)
     arch = architecture_of(args)

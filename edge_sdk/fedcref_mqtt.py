@@ -14,7 +14,7 @@ topics are those of the table in :mod:`server_kit.fedcref`:
   server): ``receive_models``, no answer;
 * ``associate`` (CMD on ``clients/<id>/cmd``): ``association_report``, answer ``association``
   (FEATURES on ``clients/<id>/sketch``);
-* ``community_model`` (MODEL on ``clusters/<g>/model``): ``community_update`` when a member,
+* ``community_model`` (MODEL on ``clients/<id>/cmd``): ``community_update`` when a member,
   answer ``community_update`` (UPDATE on ``clients/<id>/update``);
 * ``community_models`` (MODEL on ``clients/<id>/cmd``): ``refine``, answer ``refined``
   (METRICS on ``clients/<id>/metrics``);
@@ -22,11 +22,11 @@ topics are those of the table in :mod:`server_kit.fedcref`:
 
 A client whose models did not change answers ``iterate`` with an empty
 ``cluster_models`` object marked ``"unchanged": true``, so the server knows
-it is done. A ``community_model`` message is published once per community
-and round on the cluster topic; its ``members`` maps each member client to
-its member clusters, and a client not named there ignores it. The device
-writes only under its own ``clients/<id>/`` and reads only its commands, the
-broadcasts and the cluster models: the shipped ``deploy/acl`` holds.
+it is done. A ``community_model`` message goes to each member of the
+community on its command topic; its ``members`` maps the client to its
+member clusters (a client not named there ignores it). The device writes
+only under its own ``clients/<id>/`` and reads only its commands and the
+broadcasts: the shipped ``deploy/acl`` holds.
 
 Handlers only queue messages; the work runs in :meth:`FedCRefEdge.run`'s
 thread. Because :class:`~edge_sdk.fedcref.FedCRefClient` seeds torch's global
@@ -133,7 +133,6 @@ class FedCRefEdge:
             return
         self.transport.subscribe(self.topics.cmd(self.cid), self._on_message)
         self.transport.subscribe(self.topics.broadcast(), self._on_message)
-        self.transport.subscribe(self.topics.model("+"), self._on_message)
         self.transport.connect()
         with self.lock:
             self._hello, _ = self.client.initialize()

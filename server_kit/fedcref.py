@@ -38,7 +38,7 @@ iterate             CMD       server -> each client           ``clients/<id>/cmd
 cluster_models      UPDATE    client -> server                ``clients/<id>/update``
 cluster_models      MODEL     server -> every other client    ``clients/<id>/cmd`` (relay)
 association         FEATURES  client -> server                ``clients/<id>/sketch``
-community_model     MODEL     server -> member clients        ``clusters/<g>/model``
+community_model     MODEL     server -> member clients        ``clients/<id>/cmd``
 community_update    UPDATE    member client -> server         ``clients/<id>/update``
 community_models    MODEL     server -> each active client    ``clients/<id>/cmd``
 refined             METRICS   client -> server                ``clients/<id>/metrics``

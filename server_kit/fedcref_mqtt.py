@@ -14,9 +14,9 @@ Each iteration makes the calls of the in-process driver, in its order:
    computes its statistics); the ``association`` reports come back as
    FEATURES on ``clients/<id>/sketch``; then the association graph and its
    communities;
-3. per community, ``community_rounds`` FedAvg rounds: the model is
-   published once per round on ``clusters/<g>/model`` (``members`` maps each
-   member client to its clusters), the members answer ``community_update``
+3. per community, ``community_rounds`` FedAvg rounds: the model goes to
+   each member's command topic (``members`` maps each member client to its
+   clusters), the members answer ``community_update``
    on their update topic; updates are averaged in client-id order, as in
    process, so the floats agree;
 4. the community models go to each active client's command topic; the
@@ -24,8 +24,7 @@ Each iteration makes the calls of the in-process driver, in its order:
 5. the stopping rule; at the end a ``stop`` command to every client.
 
 Devices write only under their own ``clients/<id>/`` and read their command
-topic, broadcasts and ``clusters/+/model``: the shipped ``deploy/acl``
-holds. Every incoming message is checked (kind against topic, sender
+topic and broadcasts: the shipped ``deploy/acl`` holds. Every incoming message is checked (kind against topic, sender
 against the ``cid`` it claims, iteration, community and round, tensor
 names, shapes, dtypes and finiteness); a bad one is logged with its reason
 and counted in ``rejected_``, never fatal. A client that does not answer a
@@ -162,11 +161,9 @@ class FedCRefCoordinator:
     keeps (every cluster model, the statistics table, one model per
     community while it trains) plus the community updates of the round in
     hand (one model per member client). Bytes: as the in-process ledger
-    (:class:`~server_kit.fedcref.Wire`) counts them, except the community
-    models: they are published once per round on ``clusters/<g>/model`` and
-    the broker delivers them to every client (all subscribe to
-    ``clusters/+/model``, the ACL's read right), non-members dropping them,
-    so ``N`` deliveries instead of one per member client; plus a few small
+    (:class:`~server_kit.fedcref.Wire`) counts them (community models go to
+    each member on its own command topic, so non-members download none of
+    them), plus a few small
     CMD envelopes per client and iteration (``iterate``, ``associate``,
     ``stop``) and an ``unchanged`` marker from a client whose models did not
     change. Clients: as :class:`~edge_sdk.fedcref.FedCRefClient`.
@@ -398,7 +395,9 @@ class FedCRefCoordinator:
                     "members": members}
             self._community = (g, r)
             self._updates = {}
-            self._publish(self.topics.model(g), Kind.MODEL, (meta, weights))
+            for cid in sorted(members):  # on each member's own topic: non-members download nothing,
+                # and a member learns only its own clusters, not who else is in the community
+                self._publish(self.topics.cmd(cid), Kind.MODEL, (dict(meta, members={cid: members[cid]}), weights))
             self._wait("community", sorted(members), self.timeout_s)
             updates = [self._updates[c] for c in sorted(self._updates)]  # in-process order: by client id
             if updates:

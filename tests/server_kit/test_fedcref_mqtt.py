@@ -16,7 +16,7 @@ import pytest
 
 from edge_sdk.fedcref import FedCRefClient
 from edge_sdk.fedcref_mqtt import FedCRefEdge
-from edge_sdk.protocol import Kind, Message, encode_message
+from edge_sdk.protocol import Kind, Message, decode_message, encode_message
 from edge_sdk.transport import BrokerConfig, MemoryBroker, MemoryTransport, MqttTransport
 from server_kit.broker import EmbeddedBroker, MosquittoBroker, find_mosquitto
 from server_kit.data.partition import load_digits_images
@@ -121,6 +121,11 @@ def test_memory_broker_run_matches_in_process_and_rejects_hostile_messages(data,
     assert edges[0].transport.rejected == {"magic": 1}
     assert edges[0].errors_ == ["ignored CMD from 'intruder' on fedsketch/fedcref/clients/c0/cmd"]
     assert all(e.errors_ == [] for e in edges[1:])
+    # community models went to members only, each naming that member alone; nothing on a shared topic
+    assert not [t for t, _ in broker.log if "/clusters/" in t]
+    community = [(t, decode_message(p)) for t, p in broker.log if t.endswith("/cmd") and p[:2] == b"FS"]
+    community = [(t, m) for t, m in community if m.kind == Kind.MODEL and m.meta.get("type") == "community_model"]
+    assert community and all(list(m.meta["members"]) == [t.split("/")[-2]] for t, m in community)
 
 
 @pytest.mark.broker
