@@ -83,7 +83,10 @@ def _extensions():
     )
 
 
-EDGE = ["numpy>=1.24", "onnxruntime>=1.17", "paho-mqtt>=2.0", "safetensors>=0.4"]
+EDGE = [
+    "numpy>=1.24", "onnxruntime>=1.17", "paho-mqtt>=2.0", "safetensors>=0.4",
+    "tomli>=1.1; python_version < '3.11'",  # TOML values of --set and --config before Python 3.11
+]
 TRAIN = ["torch>=2.1"]
 SERVER = TRAIN + [
     "onnx>=1.15",

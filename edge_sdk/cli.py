@@ -12,6 +12,35 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
+
+
+def parse_params(items: Sequence[str]) -> dict[str, Any]:
+    """``["eps1=0.4", 'algorithm="hdbscan"', "algorithm=hdbscan"]`` -> keyword arguments.
+
+    Used by ``fedsketch-server --set`` (strategy parameters) and
+    ``fedsketch-client --fedcref --set`` (FedCRef client parameters).
+
+    Values are read as TOML (numbers, booleans, quoted strings, arrays); a
+    bare word that is no TOML value is taken as a string.
+    """
+    try:
+        import tomllib
+    except ImportError:  # pragma: no cover
+        import tomli as tomllib  # type: ignore[no-redef]
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key.replace("_", "").isalnum():
+            raise ValueError(f"--set expects KEY=VALUE with a parameter name as KEY, got {item!r}")
+        try:
+            out[key] = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            if not value.strip() or any(ch in value for ch in "\"'[]{}=#\n"):
+                raise ValueError(f"--set {key}: cannot read {value!r} as a TOML value") from None
+            out[key] = value.strip()
+    return out
 
 
 def _cmd_info(args: argparse.Namespace) -> int:

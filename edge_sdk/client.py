@@ -319,6 +319,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-payload", type=int, default=1_000_000, help="chunk messages above this many bytes")
     p.add_argument("--threads", type=int, default=1, help="torch threads for local training")
     p.add_argument("--max-idle", type=float, default=None, help="leave after this many idle seconds")
+    p.add_argument("--fedcref", action="store_true",
+                   help="take part in a FedCRef federation (fedsketch-server --strategy fedcref): unlabelled data, "
+                        "only x is read from --data")
+    p.add_argument("--set", dest="params", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --fedcref: a FedCRefClient parameter, the value in TOML syntax (repeatable), "
+                        "for example --set n_clusters=3 --set epochs=10")
+    p.add_argument("--labels-out", default=None,
+                   help="with --fedcref: write the final local cluster of each sample here (.npz, 'labels')")
     p.add_argument("-v", "--verbose", action="count", default=0)
     return p
 
@@ -327,20 +335,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
                         format=f"%(asctime)s {args.client_id} %(levelname)s %(name)s: %(message)s")
-    from .transport import BrokerConfig, MqttTransport
-
+    if args.fedcref:
+        return _run_fedcref(args)
+    if args.params or args.labels_out:
+        print("fedsketch-client: error: --set and --labels-out go with --fedcref", file=sys.stderr)
+        return 2
     try:
         with np.load(args.data, allow_pickle=False) as f:
             x, y = f["x"], f["y"]
             x_test = f["x_test"] if "x_test" in f.files else None
             y_test = f["y_test"] if "y_test" in f.files else None
-        password = None
-        if args.password_file:
-            with open(args.password_file) as pf:
-                password = pf.read().strip()
-        cfg = BrokerConfig.from_url(args.broker, username=args.username, password=password,
-                                    ca_certs=args.ca_certs, certfile=args.certfile, keyfile=args.keyfile,
-                                    protocol=args.protocol, max_payload=args.max_payload)
+        cfg = _broker_config(args)
         worker = LocalWorker(args.client_id, x, y, x_test, y_test, architecture=args.architecture,
                              num_classes=args.num_classes, seed=args.seed)
     except (OSError, KeyError, ValueError) as e:
@@ -353,21 +358,74 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
         except ImportError:
             pass
+    client = EdgeClient(_transport(args, cfg), worker, federation=args.federation, root=args.root, seed=args.seed)
+    return _serve(args, lambda: client.run(max_idle_s=args.max_idle))
+
+
+def _broker_config(args: argparse.Namespace) -> Any:
+    from .transport import BrokerConfig
+
+    password = None
+    if args.password_file:
+        with open(args.password_file) as pf:
+            password = pf.read().strip()
+    return BrokerConfig.from_url(args.broker, username=args.username, password=password,
+                                 ca_certs=args.ca_certs, certfile=args.certfile, keyfile=args.keyfile,
+                                 protocol=args.protocol, max_payload=args.max_payload)
+
+
+def _transport(args: argparse.Namespace, cfg: Any) -> Any:
+    """The device's MQTT transport, with an "offline" last will on its status topic."""
+    from .protocol import encode_message
+    from .transport import MqttTransport
+
     topics = Topics(args.root, args.federation)
     offline = Message(Kind.STATUS, args.federation, args.client_id, 0, {"state": "offline"})
-    from .protocol import encode_message
+    return MqttTransport(cfg, args.client_id, federation=args.federation, root=args.root,
+                         will_topic=topics.status(args.client_id), will_payload=encode_message(offline))
 
-    transport = MqttTransport(cfg, args.client_id, federation=args.federation,
-                              will_topic=topics.status(args.client_id), will_payload=encode_message(offline))
-    client = EdgeClient(transport, worker, federation=args.federation, root=args.root, seed=args.seed)
+
+def _serve(args: argparse.Namespace, run: Any) -> int:
     try:
-        client.run(max_idle_s=args.max_idle)
+        run()
     except ConnectionError as e:
         print(f"fedsketch-client: cannot connect to {args.broker}: {e}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _run_fedcref(args: argparse.Namespace) -> int:
+    """``--fedcref``: this device in a FedCRef federation (unlabelled ``x`` from ``--data``)."""
+    from .cli import parse_params
+    from .fedcref import FedCRefClient
+    from .fedcref_mqtt import FedCRefEdge
+
+    try:
+        with np.load(args.data, allow_pickle=False) as f:
+            x = f["x"]
+        params = parse_params(args.params)
+        if str(params.get("encoder", "")).lower() == "none":  # TOML has no null: K-means on the pixels
+            params["encoder"] = None
+        params.setdefault("threads", args.threads or None)
+        if args.seed is not None:
+            params.setdefault("seed", args.seed)
+        fc = FedCRefClient(args.client_id, x, **params)
+        cfg = _broker_config(args)
+        edge = FedCRefEdge(fc, _transport(args, cfg))
+    except (OSError, KeyError, ValueError, TypeError, ImportError) as e:
+        print(f"fedsketch-client: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        rc = _serve(args, lambda: edge.run(max_idle_s=args.max_idle))
+    except (KeyError, ValueError, FileNotFoundError) as e:  # e.g. an unknown encoder, met at initialisation
+        print(f"fedsketch-client: error: {e}", file=sys.stderr)
+        return 2
+    if rc == 0 and args.labels_out:
+        np.savez(args.labels_out, labels=np.asarray(fc.labels_, dtype=np.int64))
+        log.warning("final local clusters of %d samples written to %s", len(fc.labels_), args.labels_out)
+    return rc
 
 
 if __name__ == "__main__":  # pragma: no cover

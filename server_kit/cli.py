@@ -22,6 +22,8 @@ from typing import Any
 
 __all__ = ["build_parser", "load_config", "main", "parse_params"]
 
+from edge_sdk.cli import parse_params
+
 log = logging.getLogger(__name__)
 
 
@@ -47,31 +49,6 @@ def load_config(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return raw, strategy
 
 
-def parse_params(items: Sequence[str]) -> dict[str, Any]:
-    """``["eps1=0.4", 'algorithm="hdbscan"', "algorithm=hdbscan"]`` -> strategy keyword arguments.
-
-    Values are read as TOML (numbers, booleans, quoted strings, arrays); a
-    bare word that is no TOML value is taken as a string.
-    """
-    try:
-        import tomllib
-    except ImportError:  # pragma: no cover
-        import tomli as tomllib  # type: ignore[no-redef]
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key.replace("_", "").isalnum():
-            raise ValueError(f"--set expects KEY=VALUE with a parameter name as KEY, got {item!r}")
-        try:
-            out[key] = tomllib.loads(f"v = {value.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
-            if not value.strip() or any(ch in value for ch in "\"'[]{}=#\n"):
-                raise ValueError(f"--set {key}: cannot read {value!r} as a TOML value") from None
-            out[key] = value.strip()
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedsketch-server", description=__doc__.splitlines()[0])
     p.add_argument("--config", help="TOML run config (options given here override it)")
@@ -79,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--federation", default=None)
     p.add_argument("--strategy", default=None,
                    help="fedsketch (ours), fedsketch-fedae (ours with federated AE pre-training), fedavg, ifca, "
-                        "ladd, ocfl, cfl, briggs, kmeans-weights, flis-hc, flis-dc")
+                        "ladd, ocfl, cfl, briggs, kmeans-weights, flis-hc, flis-dc, or fedcref (unlabelled "
+                        "clients: fedsketch-client --fedcref; --set theta=0.2 --set community_rounds=15 ...)")
     p.add_argument("--k", type=int, default=None, help="number of clusters for ifca, ladd and kmeans-weights")
     p.add_argument("--set", dest="params", action="append", default=[], metavar="KEY=VALUE",
                    help="a strategy parameter, the value in TOML syntax (repeatable): --set algorithm=hdbscan "
@@ -123,6 +101,66 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _broker_config(args: argparse.Namespace, broker: str) -> Any:
+    from edge_sdk.transport import BrokerConfig
+
+    password = Path(args.password_file).read_text().strip() if args.password_file else None
+    return BrokerConfig.from_url(broker, username=args.username, password=password, ca_certs=args.ca_certs,
+                                 protocol=args.protocol, max_payload=args.max_payload)
+
+
+def _run_fedcref(args: argparse.Namespace, config: Any, broker: str, params: dict[str, Any],
+                 report_dir: str | None) -> int:
+    """``--strategy fedcref``: a FedCRef federation of ``fedsketch-client --fedcref`` devices.
+
+    Registration waits ``register_timeout_s`` for ``min_clients``; each phase
+    waits ``round_timeout_s`` for the devices' answers. With ``--report-dir``:
+    ``results.json`` and the community autoencoders in ONNX
+    (``communities/``, read by :class:`edge_sdk.fedcref.OnnxCommunityLabeler`).
+    """
+    import dataclasses as dc
+
+    from edge_sdk.transport import MqttTransport
+
+    from .fedcref import FedCRefServer, export_communities
+    from .fedcref_mqtt import FedCRefCoordinator
+
+    if args.resume or config.checkpoint_dir:
+        print("fedsketch-server: error: fedcref has no checkpoint or resume", file=sys.stderr)
+        return 2
+    try:
+        server = FedCRefServer(**params)
+        bcfg = _broker_config(args, broker)
+    except (ValueError, TypeError, OSError) as e:
+        print(f"fedsketch-server: error: {e}", file=sys.stderr)
+        return 2
+    transport = MqttTransport(bcfg, args.username or "server", federation=config.federation, root=config.root)
+    try:
+        transport.connect()
+        coordinator = FedCRefCoordinator(server, transport, min_clients=config.min_clients,
+                                         timeout_s=config.round_timeout_s,
+                                         register_timeout_s=config.register_timeout_s)
+        result = coordinator.run()
+    except (ConnectionError, TimeoutError, RuntimeError) as e:
+        print(f"fedsketch-server: {e}", file=sys.stderr)
+        return 3
+    finally:
+        transport.close()
+    summary = {"strategy": "fedcref", "communities": len(result.communities), "iterations": result.iterations,
+               "stopped": result.stopped, "clients": len(result.clients), "gone": len(result.gone)}
+    if report_dir:
+        from .report import write_json
+
+        out = Path(report_dir)
+        write_json(out / "results.json", dc.asdict(result))
+        if server.community_models_:
+            files = export_communities(server.community_models_, str(server._architecture), out / "communities",
+                                       members=dict(enumerate(result.communities)))
+            summary["exported"] = [str(f) for f in files]
+    print(json.dumps(summary))
+    return 0
+
+
 SERVER_KEYS = ("federation", "rounds", "min_clients", "flip_prob", "num_classes", "encoder", "architecture",
                "round_timeout_s", "sketch_timeout_s", "register_timeout_s", "round_quorum", "seed",
                "checkpoint_dir", "model_delivery")
@@ -132,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO - 10 * min(args.verbose, 1),
                         format="%(asctime)s server %(levelname)s %(name)s: %(message)s")
-    from edge_sdk.transport import BrokerConfig, MqttTransport
+    from edge_sdk.transport import MqttTransport
     from edge_sdk.worker import TrainSettings
 
     from .orchestrator import Orchestrator, ServerConfig
@@ -150,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         conf.pop("report_dir", None)
         config = ServerConfig(**conf)
         name = args.strategy or strat.pop("name", "fedsketch")
+        if name == "fedcref":
+            return _run_fedcref(args, config, broker, {**strat, **parse_params(args.params)}, report_dir)
         settings = TrainSettings(
             epochs=args.epochs or strat.pop("epochs", 1), lr=args.lr or strat.pop("lr", 1e-3),
             batch_size=args.batch_size or strat.pop("batch_size", 32),
@@ -183,13 +223,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .strategy import pretrain_config
 
             pretrain_config(strategy.pretrain, config.encoder)  # refuse a bad setting before connecting
-        password = Path(args.password_file).read_text().strip() if args.password_file else None
-        bcfg = BrokerConfig.from_url(broker, username=args.username, password=password,
-                                     ca_certs=args.ca_certs, protocol=args.protocol, max_payload=args.max_payload)
+        bcfg = _broker_config(args, broker)
     except (ValueError, TypeError, OSError) as e:
         print(f"fedsketch-server: error: {e}", file=sys.stderr)
         return 2
-    transport = MqttTransport(bcfg, args.username or "server", federation=config.federation)
+    transport = MqttTransport(bcfg, args.username or "server", federation=config.federation, root=config.root)
     try:
         transport.connect()
         result = Orchestrator(strategy, transport, config).run(resume=args.resume)
