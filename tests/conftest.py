@@ -21,3 +21,36 @@ try:
     torch.set_num_threads(1)
 except ImportError:  # the edge profile has no torch; nothing to tune
     pass
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def start_edge_clients():
+    """Start one :class:`edge_sdk.client.EdgeClient` thread per client on an in-memory broker.
+
+    ``start(broker, clients, fed, *, architecture, seed=0, max_idle_s=60)``
+    returns ``(threads, edges)``; client ``i`` gets seed ``seed + i`` for its
+    worker and its sketches, and waits up to 20 s for a model.
+    """
+    import threading
+
+    from edge_sdk.client import EdgeClient
+    from edge_sdk.transport import MemoryTransport
+    from edge_sdk.worker import LocalWorker
+
+    def start(broker, clients, fed, *, architecture, seed=0, max_idle_s=60):
+        threads, edges = [], []
+        for i, c in enumerate(clients):
+            worker = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=architecture,
+                                 seed=seed + i)
+            ec = EdgeClient(MemoryTransport(broker, c.cid, federation=fed), worker, federation=fed, seed=seed + i,
+                            model_timeout_s=20)
+            th = threading.Thread(target=ec.run, kwargs={"max_idle_s": max_idle_s}, daemon=True)
+            th.start()
+            threads.append(th)
+            edges.append(ec)
+        return threads, edges
+
+    return start

@@ -5,15 +5,13 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import threading
 
 import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-from edge_sdk.client import EdgeClient
 from edge_sdk.transport import MemoryBroker, MemoryTransport
-from edge_sdk.worker import LocalWorker, TrainSettings, Update
+from edge_sdk.worker import TrainSettings, Update
 from server_kit.cfl import CFL, max_cross_similarity, optimal_bipartition, update_norm_stats
 from server_kit.clustering.updates import delta_gram, mean_update_norm, update_norms
 from server_kit.data.partition import load_digits_images, rotation_partition
@@ -360,16 +358,10 @@ def test_homogeneous_federation_stays_one_cluster(digits):
 # -- over MQTT (in-memory broker) ------------------------------------------------------------------
 
 
-def test_cfl_over_mqtt_splits_like_the_simulator(digits, tmp_path):
+def test_cfl_over_mqtt_splits_like_the_simulator(digits, tmp_path, start_edge_clients):
     clients = rotation_partition(*digits, 12, groups=4, seed=0)
     broker, fed = MemoryBroker(), "cfl"
-    threads = []
-    for i, c in enumerate(clients):
-        worker = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=i)
-        ec = EdgeClient(MemoryTransport(broker, c.cid, federation=fed), worker, federation=fed, seed=i,
-                        model_timeout_s=20)
-        threads.append(threading.Thread(target=ec.run, kwargs={"max_idle_s": 60}, daemon=True))
-        threads[-1].start()
+    threads, _ = start_edge_clients(broker, clients, fed, architecture=ARCH)
     server = MemoryTransport(broker, "server", federation=fed)
     server.connect()
     cfg = ServerConfig(federation=fed, rounds=4, min_clients=12, register_timeout_s=20, round_timeout_s=60,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 
 import pytest
 
@@ -48,19 +47,6 @@ def digits8():
     return rotation_partition(images, labels, 8, groups=2, seed=0)
 
 
-def start_clients(broker, clients, seed=0):
-    threads, edge = [], []
-    for i, c in enumerate(clients):
-        w = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=seed + i)
-        ec = EdgeClient(MemoryTransport(broker, c.cid, federation=FED), w, federation=FED, seed=seed + i,
-                        model_timeout_s=20)
-        th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 60}, daemon=True)
-        th.start()
-        threads.append(th)
-        edge.append(ec)
-    return threads, edge
-
-
 def test_strategy_option_and_defaults():
     s = make_strategy("fedsketch-fedae", settings=TrainSettings(), architecture=ARCH)
     assert isinstance(s, FedAESketchClustered) and s.needs_sketches
@@ -74,9 +60,9 @@ def test_strategy_option_and_defaults():
         make_strategy("fedsketch-fedae", pretrain={"rounds": 0})
 
 
-def test_fedae_federation_over_the_memory_broker(digits8, tmp_path):
+def test_fedae_federation_over_the_memory_broker(digits8, tmp_path, start_edge_clients):
     broker = MemoryBroker()
-    threads, edge = start_clients(broker, digits8)
+    threads, edge = start_edge_clients(broker, digits8, FED, architecture=ARCH)
     server = MemoryTransport(broker, "server", federation=FED)
     server.connect()
     strategy = make_strategy("fedsketch-fedae", pretrain=PRETRAIN, min_cluster_size=2,

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-from edge_sdk.client import EdgeClient
 from edge_sdk.trainer import initial_weights, train_local
 from edge_sdk.transport import MemoryBroker, MemoryTransport
-from edge_sdk.worker import LocalWorker, TrainSettings, Update
+from edge_sdk.worker import TrainSettings, Update
 from server_kit.data.partition import label_flip_groups, load_digits_images, rotation_partition
 from server_kit.flis import (
     FLISDC,
@@ -377,17 +374,11 @@ def test_flis_keeps_a_homogeneous_federation_in_one_cluster(digits):
     assert sorted(hc.models) == ["c0"] and sorted(dc.models) == ["c0"]
 
 
-def test_flis_dc_over_mqtt_offers_every_cluster_model(digits):
+def test_flis_dc_over_mqtt_offers_every_cluster_model(digits, start_edge_clients):
     images, labels = digits[:2]
     clients = label_flip_groups(images[:600], labels[:600], 4, groups=2, seed=0)
     broker, fed = MemoryBroker(), "flis-dc"
-    threads = []
-    for i, c in enumerate(clients):
-        worker = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=i)
-        ec = EdgeClient(MemoryTransport(broker, c.cid, federation=fed), worker, federation=fed, seed=i,
-                        model_timeout_s=20)
-        threads.append(threading.Thread(target=ec.run, kwargs={"max_idle_s": 60}, daemon=True))
-        threads[-1].start()
+    threads, _ = start_edge_clients(broker, clients, fed, architecture=ARCH)
     server = MemoryTransport(broker, "server", federation=fed)
     server.connect()
     cfg = ServerConfig(federation=fed, rounds=2, min_clients=4, register_timeout_s=20, sketch_timeout_s=20,

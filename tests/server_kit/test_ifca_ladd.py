@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
-from edge_sdk.client import EdgeClient
 from edge_sdk.features import ladd_features
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import LocalWorker, TrainSettings, Update
@@ -202,22 +199,9 @@ def test_ladd_in_the_simulator_cannot_separate_rotations(digits12):
 # -- over MQTT (in-memory broker) -------------------------------------------------------
 
 
-def start_clients(broker, clients, fed, seed=0):
-    threads, edge = [], []
-    for i, c in enumerate(clients):
-        worker = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=seed + i)
-        ec = EdgeClient(MemoryTransport(broker, c.cid, federation=fed), worker, federation=fed, seed=seed + i,
-                        model_timeout_s=20)
-        th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 60}, daemon=True)
-        th.start()
-        threads.append(th)
-        edge.append(ec)
-    return threads, edge
-
-
-def run_federation(strategy, clients, fed, rounds=3):
+def run_federation(start_edge_clients, strategy, clients, fed, rounds=3):
     broker = MemoryBroker()
-    threads, edge = start_clients(broker, clients, fed)
+    threads, edge = start_edge_clients(broker, clients, fed, architecture=ARCH)
     server = MemoryTransport(broker, "server", federation=fed)
     server.connect()
     per_round: list[int] = []
@@ -234,8 +218,8 @@ def run_federation(strategy, clients, fed, rounds=3):
     return result, np.diff([0, *per_round]).tolist(), received
 
 
-def test_ifca_over_mqtt(digits12):
-    result, models_per_round, received = run_federation(IFCA(settings=SETTINGS, k=4, architecture=ARCH), digits12,
+def test_ifca_over_mqtt(digits12, start_edge_clients):
+    result, models_per_round, received = run_federation(start_edge_clients, IFCA(settings=SETTINGS, k=4, architecture=ARCH), digits12,
                                                         "ifca")
     assert [h["updates"] for h in result["history"]] == [12, 12, 12]
     # round 1: one random model per client, on its own topic; then all 4 to everyone: one broadcast each
@@ -247,8 +231,8 @@ def test_ifca_over_mqtt(digits12):
           f"MODEL bytes {result['transport']['sent']['MODEL']['bytes']}")
 
 
-def test_ladd_over_mqtt_clusters_like_the_simulator(digits12):
-    result, models_per_round, received = run_federation(LADD(settings=SETTINGS, k=4, seed=0), digits12, "ladd",
+def test_ladd_over_mqtt_clusters_like_the_simulator(digits12, start_edge_clients):
+    result, models_per_round, received = run_federation(start_edge_clients, LADD(settings=SETTINGS, k=4, seed=0), digits12, "ladd",
                                                         rounds=1)
     stats = result["transport"]
     assert stats["received"]["FEATURES"]["messages"] == 12

@@ -5,17 +5,14 @@ Real-broker runs of the same code are in test_mqtt_e2e.py.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-from edge_sdk.client import EdgeClient
 from edge_sdk.protocol import Kind, Message, Topics, encode_message, sketch_body, tensors_body
 from edge_sdk.sketch import Sketch
 from edge_sdk.transport import MemoryBroker, MemoryTransport
-from edge_sdk.worker import LocalWorker, TrainSettings
+from edge_sdk.worker import TrainSettings
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.orchestrator import Orchestrator, ServerConfig
 from server_kit.strategy import FedAvg, SketchClustered
@@ -24,19 +21,6 @@ pytest.importorskip("torch")
 
 ARCH = "digits_cnn_1x8x8_10"
 FED = "t"
-
-
-def start_clients(broker, clients, seed=0):
-    threads, edge = [], []
-    for i, c in enumerate(clients):
-        w = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=seed + i)
-        t = MemoryTransport(broker, c.cid, federation=FED)
-        ec = EdgeClient(t, w, federation=FED, seed=seed + i, model_timeout_s=20)
-        th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 60}, daemon=True)
-        th.start()
-        threads.append(th)
-        edge.append(ec)
-    return threads, edge
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +37,9 @@ def config(**kw):
     return ServerConfig(**base)
 
 
-def test_clustered_federation_recovers_rotation_groups(digits12):
+def test_clustered_federation_recovers_rotation_groups(digits12, start_edge_clients):
     broker = MemoryBroker()
-    threads, edge = start_clients(broker, digits12)
+    threads, edge = start_edge_clients(broker, digits12, FED, architecture=ARCH)
     server = MemoryTransport(broker, "server", federation=FED)
     server.connect()
     strategy = SketchClustered(settings=TrainSettings(epochs=3, lr=1e-2, batch_size=16), min_cluster_size=3)
@@ -79,10 +63,10 @@ def test_clustered_federation_recovers_rotation_groups(digits12):
     assert not result["rejected"]
 
 
-def test_hostile_messages_are_rejected_and_the_round_finishes(digits12):
+def test_hostile_messages_are_rejected_and_the_round_finishes(digits12, start_edge_clients):
     clients = digits12[:4]
     broker = MemoryBroker()
-    threads, _ = start_clients(broker, clients)
+    threads, _ = start_edge_clients(broker, clients, FED, architecture=ARCH)
     server = MemoryTransport(broker, "server", federation=FED)
     server.connect()
     rogue = MemoryTransport(broker, "rogue", federation=FED)  # publishes under other clients' topics
@@ -134,11 +118,11 @@ def test_bad_server_config_is_refused():
 
 
 @pytest.mark.parametrize("mode, per_step", [("cluster", 2), ("client", 1), ("auto", 1)])
-def test_model_delivery_bytes_on_the_wire(digits12, mode, per_step):
+def test_model_delivery_bytes_on_the_wire(digits12, mode, per_step, start_edge_clients):
     """Broadcast on cluster topics: every device downloads both clusters' models; per client: only its own."""
     clients = [c for c in digits12 if c.group in (0, 2)]  # 6 clients, 0 and 180 degrees: 2 clusters
     broker = MemoryBroker()
-    threads, edge = start_clients(broker, clients)
+    threads, edge = start_edge_clients(broker, clients, FED, architecture=ARCH)
     server = MemoryTransport(broker, "server", federation=FED)
     server.connect()
     strategy = SketchClustered(settings=TrainSettings(epochs=1, lr=1e-2, batch_size=16), min_cluster_size=3)

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-from edge_sdk.client import EdgeClient
 from edge_sdk.protocol import Kind
 from edge_sdk.sketch import Sketch
 from edge_sdk.transport import MemoryBroker, MemoryTransport
-from edge_sdk.worker import LocalWorker, TrainSettings, Update
+from edge_sdk.worker import TrainSettings, Update
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.orchestrator import Orchestrator, ServerConfig
 from server_kit.simulate import Simulator
@@ -93,7 +90,7 @@ def test_simulator_recovers_groups_and_beats_fedavg(digits):
     assert len(set(ours.assignment.values())) == 4 and set(base.assignment.values()) == {0}
 
 
-def test_late_client_joins_the_nearest_cluster(digits):
+def test_late_client_joins_the_nearest_cluster(digits, start_edge_clients):
     """12 clients cluster; a 13th arrives after training started and lands with its rotation group."""
     fed = "late"
     broker = MemoryBroker()
@@ -101,12 +98,7 @@ def test_late_client_joins_the_nearest_cluster(digits):
     threads = []
 
     def start(c, i):
-        t = MemoryTransport(broker, c.cid, federation=fed)
-        ec = EdgeClient(t, LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=i),
-                        federation=fed, seed=i, model_timeout_s=20)
-        th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 30}, daemon=True)
-        th.start()
-        threads.append(th)
+        threads.extend(start_edge_clients(broker, [c], fed, architecture=ARCH, seed=i, max_idle_s=30)[0])
 
     for i, c in enumerate(early):
         start(c, i)
