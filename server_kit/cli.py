@@ -109,6 +109,21 @@ def _broker_config(args: argparse.Namespace, broker: str) -> Any:
                                  protocol=args.protocol, max_payload=args.max_payload)
 
 
+def _with_broker(args: argparse.Namespace, config: Any, bcfg: Any, run: Any, *errors: type[BaseException]) -> Any:
+    """Connect as the server, ``run(transport)``, close; None (said on stderr) if it could not finish."""
+    from edge_sdk.transport import MqttTransport
+
+    transport = MqttTransport(bcfg, args.username or "server", federation=config.federation, root=config.root)
+    try:
+        transport.connect()
+        return run(transport)
+    except (ConnectionError, TimeoutError, *errors) as e:
+        print(f"fedsketch-server: {e}", file=sys.stderr)
+        return None
+    finally:
+        transport.close()
+
+
 def _run_fedcref(args: argparse.Namespace, config: Any, broker: str, params: dict[str, Any],
                  report_dir: str | None) -> int:
     """``--strategy fedcref``: a FedCRef federation of ``fedsketch-client --fedcref`` devices.
@@ -119,8 +134,6 @@ def _run_fedcref(args: argparse.Namespace, config: Any, broker: str, params: dic
     (``communities/``, read by :class:`edge_sdk.fedcref.OnnxCommunityLabeler`).
     """
     import dataclasses as dc
-
-    from edge_sdk.transport import MqttTransport
 
     from .fedcref import FedCRefServer, export_communities
     from .fedcref_mqtt import FedCRefCoordinator
@@ -134,18 +147,11 @@ def _run_fedcref(args: argparse.Namespace, config: Any, broker: str, params: dic
     except (ValueError, TypeError, OSError) as e:
         print(f"fedsketch-server: error: {e}", file=sys.stderr)
         return 2
-    transport = MqttTransport(bcfg, args.username or "server", federation=config.federation, root=config.root)
-    try:
-        transport.connect()
-        coordinator = FedCRefCoordinator(server, transport, min_clients=config.min_clients,
-                                         timeout_s=config.round_timeout_s,
-                                         register_timeout_s=config.register_timeout_s)
-        result = coordinator.run()
-    except (ConnectionError, TimeoutError, RuntimeError) as e:
-        print(f"fedsketch-server: {e}", file=sys.stderr)
+    result = _with_broker(args, config, bcfg, lambda t: FedCRefCoordinator(
+        server, t, min_clients=config.min_clients, timeout_s=config.round_timeout_s,
+        register_timeout_s=config.register_timeout_s).run(), RuntimeError)
+    if result is None:
         return 3
-    finally:
-        transport.close()
     summary = {"strategy": "fedcref", "communities": len(result.communities), "iterations": result.iterations,
                "stopped": result.stopped, "clients": len(result.clients), "gone": len(result.gone)}
     if report_dir:
@@ -170,7 +176,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO - 10 * min(args.verbose, 1),
                         format="%(asctime)s server %(levelname)s %(name)s: %(message)s")
-    from edge_sdk.transport import MqttTransport
     from edge_sdk.worker import TrainSettings
 
     from .orchestrator import Orchestrator, ServerConfig
@@ -227,15 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, OSError) as e:
         print(f"fedsketch-server: error: {e}", file=sys.stderr)
         return 2
-    transport = MqttTransport(bcfg, args.username or "server", federation=config.federation, root=config.root)
-    try:
-        transport.connect()
-        result = Orchestrator(strategy, transport, config).run(resume=args.resume)
-    except (ConnectionError, TimeoutError, FileNotFoundError) as e:
-        print(f"fedsketch-server: {e}", file=sys.stderr)
+    result = _with_broker(args, config, bcfg, lambda t: Orchestrator(strategy, t, config).run(resume=args.resume),
+                          FileNotFoundError)
+    if result is None:
         return 3
-    finally:
-        transport.close()
     if report_dir:
         from .report import plot_bytes, write_json
 
