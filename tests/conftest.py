@@ -54,3 +54,33 @@ def start_edge_clients():
         return threads, edges
 
     return start
+
+
+@pytest.fixture(scope="session")
+def digits_by_class_sets():
+    """Split scikit-learn's digits among devices by class sets, for the FedCRef tests.
+
+    ``split(class_sets)`` returns one index array per set: each class's samples
+    (shuffled with seed 0) are divided equally among the sets that hold it.
+    Also returns the images and labels: ``(x, y, [idx, ...])``.
+    """
+    import numpy as np
+
+    from server_kit.data.partition import load_digits_images
+
+    def split(class_sets):
+        x, y = load_digits_images()
+        rng = np.random.default_rng(0)
+        pools = {c: list(rng.permutation(np.flatnonzero(y == c))) for c in range(10)}
+        holders = {c: sum(c in s for s in class_sets) for c in range(10)}
+        parts = []
+        for classes in class_sets:
+            idx = []
+            for c in classes:
+                k = np.count_nonzero(y == c) // holders[c]
+                idx += pools[c][:k]
+                del pools[c][:k]
+            parts.append(np.asarray(idx))
+        return x, y, parts
+
+    return split

@@ -129,18 +129,10 @@ SHARED = {0, 1, 4, 6}
 
 
 @pytest.fixture(scope="module")
-def federation(tmp_path_factory):
-    x, y = load_digits_images()
-    rng = np.random.default_rng(0)
-    pools = {c: list(rng.permutation(np.flatnonzero(y == c))) for c in range(10)}
-    holders = {c: sum(c in s for s in CLASS_SETS) for c in range(10)}
+def federation(tmp_path_factory, digits_by_class_sets):
+    x, y, parts = digits_by_class_sets(CLASS_SETS)
     clients, truth = [], []
-    for i, classes in enumerate(CLASS_SETS):
-        idx = []
-        for c in classes:
-            k = np.count_nonzero(y == c) // holders[c]
-            idx += pools[c][:k]
-            del pools[c][:k]
+    for i, (classes, idx) in enumerate(zip(CLASS_SETS, parts)):
         odd = i == len(CLASS_SETS) - 1
         # the shared clients start from the paper's simulated 30 %-dirty clustering; the odd one
         # from K-means on the shipped digits encoder's latents

@@ -18,7 +18,6 @@ import pytest
 
 from server_kit.broker import EmbeddedBroker, MosquittoBroker, find_mosquitto
 from server_kit.cli import main as server_main
-from server_kit.data.partition import load_digits_images
 
 pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,19 +26,11 @@ CLASS_SETS = [(0, 1), (0, 4), (1, 4), (3, 7)]
 
 
 @pytest.fixture(scope="module")
-def device_files(tmp_path_factory):
-    x, y = load_digits_images()
-    rng = np.random.default_rng(0)
-    holders = {c: sum(c in s for s in CLASS_SETS) for c in range(10)}
-    pools = {c: list(rng.permutation(np.flatnonzero(y == c))) for c in range(10)}
+def device_files(tmp_path_factory, digits_by_class_sets):
+    x, y, parts = digits_by_class_sets(CLASS_SETS)
     folder = tmp_path_factory.mktemp("fedcref_cli")
     files = []
-    for i, classes in enumerate(CLASS_SETS):
-        idx = []
-        for c in classes:
-            k = np.count_nonzero(y == c) // holders[c]
-            idx += pools[c][:k]
-            del pools[c][:k]
+    for i, idx in enumerate(parts):
         path = folder / f"c{i}.npz"
         np.savez(path, x=x[idx], y=y[idx])  # y is never read by --fedcref: only for scoring here
         files.append(path)

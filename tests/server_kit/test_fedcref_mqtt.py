@@ -19,7 +19,6 @@ from edge_sdk.fedcref_mqtt import FedCRefEdge
 from edge_sdk.protocol import Kind, Message, decode_message, encode_message
 from edge_sdk.transport import BrokerConfig, MemoryBroker, MemoryTransport, MqttTransport
 from server_kit.broker import EmbeddedBroker, MosquittoBroker, find_mosquitto
-from server_kit.data.partition import load_digits_images
 from server_kit.fedcref import FedCRefServer, run_fedcref
 from server_kit.fedcref_mqtt import FedCRefCoordinator
 
@@ -32,20 +31,9 @@ SERVER_KW = {"theta": 0.3, "community_rounds": 3, "max_iterations": 3}
 
 
 @pytest.fixture(scope="module")
-def data():
-    x, y = load_digits_images()
-    rng = np.random.default_rng(0)
-    pools = {c: list(rng.permutation(np.flatnonzero(y == c))) for c in range(10)}
-    holders = {c: sum(c in s for s in CLASS_SETS) for c in range(10)}
-    parts = []
-    for classes in CLASS_SETS:
-        idx = []
-        for c in classes:
-            k = np.count_nonzero(y == c) // holders[c]
-            idx += pools[c][:k]
-            del pools[c][:k]
-        parts.append((x[idx], y[idx]))
-    return parts
+def data(digits_by_class_sets):
+    x, y, parts = digits_by_class_sets(CLASS_SETS)
+    return [(x[idx], y[idx]) for idx in parts]
 
 
 def make_clients(parts, epochs=20):
