@@ -85,6 +85,7 @@ def _extensions():
 
 EDGE = [
     "numpy>=1.24", "onnxruntime>=1.17", "paho-mqtt>=2.0", "safetensors>=0.4",
+    "cryptography>=41",  # Ed25519: devices verify what their server signs
     "tomli>=1.1; python_version < '3.11'",  # TOML values of --set and --config before Python 3.11
 ]
 TRAIN = ["torch>=2.1"]
@@ -100,7 +101,7 @@ SERVER = TRAIN + [
     "msgpack>=1.0",
 ]
 BROKER = ["amqtt>=0.11"]
-DEV = ["pytest>=8", "ruff>=0.5", "Cython>=3.0"]
+DEV = ["pytest>=8", "ruff>=0.5", "Cython>=3.0", "hypothesis>=6.80"]
 
 setup(
     name="fedsketch",

@@ -3,6 +3,7 @@
 ``fedsketch info``            versions, kernel backend (cython or numpy), shipped artifacts
 ``fedsketch sketch DATA.npz`` sketch a local dataset (arrays ``x`` and ``y``) and print it
 ``fedsketch export TARGET``   rebuild a shipped model artifact (needs ``fedsketch[server]``)
+``fedsketch keygen DIR``      the server's signing key pair: ``server.key`` (private) and ``server.pub``
 """
 
 from __future__ import annotations
@@ -87,6 +88,23 @@ def _cmd_sketch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .signing import write_keypair
+
+    out = Path(args.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    private, public = out / "server.key", out / "server.pub"
+    if private.exists() or public.exists():
+        raise ValueError(f"{private} or {public} exists already; remove them to make a new pair "
+                         "(every device then needs the new server.pub)")
+    write_keypair(private, public)
+    print(f"wrote {private} (keep it on the server: fedsketch-server --signing-key {private})")
+    print(f"wrote {public} (give it to every device: fedsketch-client --server-key {public.name})")
+    return 0
+
+
 def _cmd_export(args: argparse.Namespace, rest: list[str]) -> int:
     try:
         from server_kit import export
@@ -126,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--y-key", default="y")
     s.add_argument("--scale", type=float, default=255.0, help="divide integer images by this")
 
+    k = sub.add_parser("keygen", help="make the server's Ed25519 signing key pair (server.key, server.pub)")
+    k.add_argument("dir", help="folder to write server.key (mode 600) and server.pub into")
+
     sub.add_parser("export", help="rebuild model artifacts (fedsketch export --help)", add_help=False)
     return p
 
@@ -144,7 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_info(args)
         if args.command == "sketch":
             return _cmd_sketch(args)
-    except (ValueError, FileNotFoundError, KeyError) as e:
+        if args.command == "keygen":
+            return _cmd_keygen(args)
+    except (ValueError, FileNotFoundError, KeyError, OSError) as e:
         print(f"fedsketch {args.command}: error: {e}", file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command}")

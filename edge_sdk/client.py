@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from .protocol import Kind, Message, Topics, parse_tensors, sketch_body, tensors_body
+from .protocol import Kind, Message, ProtocolError, Topics, parse_tensors, sketch_body, tensors_body
+from .rejections import RejectionLog
+from .schema import check_meta
 from .sketch import Sketcher
 from .worker import LocalWorker, Task, TrainSettings
 
@@ -52,6 +54,9 @@ class EdgeClient:
         Seed of the sketch (default: drawn from the OS once).
     model_timeout_s : float
         How long a command waits for the model it names.
+    max_models : int
+        Most models kept at once (the oldest round is forgotten first), so
+        that no stream of models can fill the device's memory.
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class EdgeClient:
         root: str = "fedsketch",
         seed: int | None = None,
         model_timeout_s: float = 60.0,
+        max_models: int = 8,
     ) -> None:
         self.transport = transport
         self.worker = worker
@@ -71,6 +77,9 @@ class EdgeClient:
         self.topics = Topics(root, federation)
         self.seed = seed
         self.model_timeout_s = model_timeout_s
+        if int(max_models) < 1:
+            raise ValueError(f"max_models must be a positive integer, got {max_models!r}")
+        self.max_models = int(max_models)
         self.model_key: str | None = None
         self._models: dict[str, tuple[int, dict[str, np.ndarray]]] = {}
         self._models_cv = threading.Condition()
@@ -83,6 +92,9 @@ class EdgeClient:
         self.rejected_encoders: list[str] = []
         self._stop = threading.Event()
         self.handled: dict[str, int] = {}
+        self._rejections = RejectionLog(log)
+        #: Refused commands and models per reason (logged once per reason per interval).
+        self.rejected: dict[str, int] = self._rejections.counts
 
     # -- transport callbacks (network thread: enqueue only) ---------------
     def _on_cmd(self, topic: str, msg: Message) -> None:
@@ -90,27 +102,35 @@ class EdgeClient:
             self._on_model(topic, msg)  # a model for this client alone, ahead of the command that uses it
             return
         if msg.kind != Kind.CMD or msg.sender != "server":
-            log.warning("ignoring %s from %s on %s", msg.kind.name, msg.sender, topic)
+            self._rejections("sender", msg.sender, f"ignoring {msg.kind.name} on {topic}")
             return
         try:
             self._cmds.put_nowait(msg)
         except queue.Full:
-            log.warning("command queue full; dropping %s", msg.meta.get("op"))
+            self._rejections("queue-full", msg.sender, f"command queue full; dropping {msg.meta.get('op')!r}")
 
     def _on_model(self, topic: str, msg: Message) -> None:
         if msg.kind != Kind.MODEL or msg.sender != "server":
             return
-        key = str(msg.meta.get("key", ""))
-        if key == "encoder":  # raw ONNX bytes, not tensors
-            self._on_encoder(msg)
-            return
         try:
+            meta = check_meta(msg)
+            key = meta["key"]
+            if key == "encoder":  # raw ONNX bytes, not tensors
+                self._on_encoder(msg)
+                return
             weights = parse_tensors(msg.body)
-        except ValueError as e:
-            log.warning("rejected model %s for round %d: %s", key, msg.round, e)
+        except ProtocolError as e:
+            self._rejections(e.reason, msg.sender, f"model for round {msg.round}: {e}")
+            return
+        except Exception as e:  # never let a message end the device
+            self._rejections("handler-error", msg.sender, f"model: {type(e).__name__}: {e}")
             return
         with self._models_cv:
+            self._models.pop(key, None)
             self._models[key] = (msg.round, weights)
+            while len(self._models) > self.max_models:  # forget the oldest round first
+                oldest = min(self._models, key=lambda k: self._models[k][0])
+                del self._models[oldest]
             self._models_cv.notify_all()
 
     def _reject_encoder(self, reason: str) -> None:
@@ -192,31 +212,28 @@ class EdgeClient:
         return self._encoders[name]
 
     def _do_sketch(self, m: Mapping[str, Any], rnd: int) -> None:
-        kind = str(m.get("summary", "sketch"))
+        kind = m["summary"]
         if kind != "sketch":
             from .features import SUMMARIES
 
             if kind not in SUMMARIES:
                 raise ValueError(f"unknown summary kind {kind!r}; this client knows {sorted(SUMMARIES)}")
-            params = m.get("params", {})
-            if not isinstance(params, dict):
-                raise ValueError("summary params must be a JSON object")
-            feats = SUMMARIES[kind](self.worker.x, self.worker.y, num_classes=int(m["num_classes"]), **params)
+            feats = SUMMARIES[kind](self.worker.x, self.worker.y, num_classes=m["num_classes"], **m["params"])
             self._send(self.topics.sketch(self.cid), Kind.FEATURES, rnd, {"summary": kind},
                        tensors_body({"features": np.ascontiguousarray(feats, dtype=np.float32)}))
             log.info("sent %s summary %s", kind, feats.shape)
             return
-        sketcher = Sketcher(self._encoder(str(m.get("encoder", "digits_encoder")), wait=True),
-                            int(m["num_classes"]), float(m.get("flip_prob", 0.1)), seed=self.seed)
+        sketcher = Sketcher(self._encoder(m["encoder"], wait=True), m["num_classes"], m["flip_prob"],
+                            seed=self.seed)
         sk = self.worker.sketch(sketcher)
         self._send(self.topics.sketch(self.cid), Kind.SKETCH, rnd, body=sketch_body(sk))
         log.info("sent sketch (%d bits, %d bytes)", sk.n_bits, sk.nbytes)
 
     def _do_train(self, m: Mapping[str, Any], rnd: int) -> None:
-        r = int(m["round"])
-        keys = [str(k) for k in m["models"]]
+        r = m["round"]
+        keys = m["models"]
         models = {k: self._wait_model(k, r) for k in keys}
-        task = Task(self.cid, r, models, TrainSettings.from_dict(m), bool(m.get("evaluate_first", True)))
+        task = Task(self.cid, r, models, TrainSettings.from_dict(m), m["evaluate_first"])
         upd = self.worker.fit(task)
         meta = {"round": r, "model_key": upd.model_key, "n_samples": upd.n_samples, "loss": upd.loss,
                 "metrics": dict(upd.metrics)}
@@ -226,25 +243,29 @@ class EdgeClient:
     def _do_train_ae(self, m: Mapping[str, Any], rnd: int) -> None:
         from .trainer import train_autoencoder_local
 
-        r = int(m["round"])
+        r = m["round"]
         weights = self._wait_model("ae", r)
         seed = None if self.seed is None else int(self.seed) * 1000 + r
-        res = train_autoencoder_local(str(m["architecture"]), weights, self.worker.x, epochs=int(m["epochs"]),
-                                      lr=float(m["lr"]), batch_size=int(m["batch_size"]), seed=seed)
+        res = train_autoencoder_local(m["architecture"], weights, self.worker.x, epochs=m["epochs"],
+                                      lr=m["lr"], batch_size=m["batch_size"], seed=seed)
         meta = {"round": r, "model_key": "ae", "n_samples": int(res.n_samples), "loss": float(res.loss)}
         self._send(self.topics.update(self.cid), Kind.UPDATE, r, meta, tensors_body(res.weights))
         log.info("AE round %d: trained, MSE %.5f", r, res.loss)
 
     def _do_evaluate(self, m: Mapping[str, Any], rnd: int) -> None:
-        r, key = int(m["round"]), str(m["model_key"])
+        r, key = m["round"], m["model_key"]
         res = self.worker.evaluate(self._wait_model(key, r))
         self._send(self.topics.metrics(self.cid), Kind.METRICS, r, {"round": r, "model_key": key, **res})
 
     def handle(self, msg: Message) -> bool:
         """Execute one command; returns False when told to stop."""
-        m = msg.meta
-        op = m.get("op")
-        self.handled[str(op)] = self.handled.get(str(op), 0) + 1
+        try:
+            m = check_meta(msg)  # every field checked: types, ranges, lengths; unknown ops refused
+        except ProtocolError as e:
+            self._rejections(e.reason, msg.sender, f"command {str(msg.meta.get('op'))[:32]!r}: {e}")
+            return True
+        op = m["op"]
+        self.handled[op] = self.handled.get(op, 0) + 1
         if op == "stop":
             return False
         try:
@@ -253,7 +274,7 @@ class EdgeClient:
             elif op == "sketch":
                 self._do_sketch(m, msg.round)
             elif op == "assign":
-                self.model_key = str(m["model_key"])
+                self.model_key = m["model_key"]
                 log.info("assigned to model %s", self.model_key)
             elif op == "train":
                 self._do_train(m, msg.round)
@@ -261,13 +282,14 @@ class EdgeClient:
                 self._do_train_ae(m, msg.round)
             elif op == "evaluate":
                 self._do_evaluate(m, msg.round)
-            else:
-                log.warning("unknown command %r ignored", op)
         except ImportError as e:  # e.g. a train command on a device without torch
             log.error("command %s needs a missing package (%s); for local training: "
                       "pip install 'fedsketch[train]'", op, e)
         except (ValueError, KeyError, TypeError, TimeoutError, RuntimeError) as e:
             log.error("command %s failed: %s", op, e)
+        except Exception as e:  # whatever a command triggers, the device keeps serving
+            log.debug("command %s raised", op, exc_info=True)
+            self._rejections("handler-error", msg.sender, f"command {op}: {type(e).__name__}: {e}")
         return True
 
     def start(self) -> None:
@@ -319,6 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-payload", type=int, default=1_000_000, help="chunk messages above this many bytes")
     p.add_argument("--threads", type=int, default=1, help="torch threads for local training")
     p.add_argument("--max-idle", type=float, default=None, help="leave after this many idle seconds")
+    p.add_argument("--server-key", default=None, metavar="PEM",
+                   help="the server's Ed25519 public key (given at enrolment): obey only messages it signed")
     p.add_argument("--fedcref", action="store_true",
                    help="take part in a FedCRef federation (fedsketch-server --strategy fedcref): unlabelled data, "
                         "only x is read from --data")
@@ -348,6 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = _broker_config(args)
         worker = LocalWorker(args.client_id, x, y, x_test, y_test, architecture=args.architecture,
                              num_classes=args.num_classes, seed=args.seed)
+        transport = _transport(args, cfg)
     except (OSError, KeyError, ValueError) as e:
         print(f"fedsketch-client: error: {e}", file=sys.stderr)
         return 2
@@ -358,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
         except ImportError:
             pass
-    client = EdgeClient(_transport(args, cfg), worker, federation=args.federation, root=args.root, seed=args.seed)
+    client = EdgeClient(transport, worker, federation=args.federation, root=args.root, seed=args.seed)
     return _serve(args, lambda: client.run(max_idle_s=args.max_idle))
 
 
@@ -381,8 +406,16 @@ def _transport(args: argparse.Namespace, cfg: Any) -> Any:
 
     topics = Topics(args.root, args.federation)
     offline = Message(Kind.STATUS, args.federation, args.client_id, 0, {"state": "offline"})
-    return MqttTransport(cfg, args.client_id, federation=args.federation, root=args.root,
-                         will_topic=topics.status(args.client_id), will_payload=encode_message(offline))
+    transport = MqttTransport(cfg, args.client_id, federation=args.federation, root=args.root,
+                              will_topic=topics.status(args.client_id), will_payload=encode_message(offline))
+    if args.server_key:
+        from .signing import load_verifier
+
+        transport.verify_with(load_verifier(args.server_key))
+    else:
+        log.warning("no --server-key: this device obeys any message whose sender says 'server'; "
+                    "only the broker's ACL protects it")
+    return transport
 
 
 def _serve(args: argparse.Namespace, run: Any) -> int:

@@ -6,7 +6,7 @@ Every MQTT payload is one *envelope*, big-endian::
     0       2     magic b"FS"
     2       1     protocol version (1)
     3       1     kind (:class:`Kind`)
-    4       1     flags (0 in version 1)
+    4       1     flags (bit 0: signed, see below; other bits 0 in version 1)
     5       4     round (u32)
     9       2     meta_len (u16): length of the JSON meta, 0 when empty
     11      4     body_len (u32)
@@ -14,6 +14,8 @@ Every MQTT payload is one *envelope*, big-endian::
     ..      1+n   sender (u8 length, utf-8)
     ..      meta_len   meta: a compact JSON object (commands, metrics, hello facts)
     ..      body_len   body: packed sketch bits, safetensors tensors, or a chunk
+    ..      72    only when signed: u64 signed_at (ms) + Ed25519 signature
+                  (:mod:`edge_sdk.signing`; the server signs, devices verify)
 
 The decoder trusts nothing: the declared sizes must add up to the payload's
 exact length, ids must be plain topic-safe words, the meta must be a JSON
@@ -51,11 +53,15 @@ from .sketch import Sketch
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE",
+    "FLAG_SIGNED",
     "HEADER_SIZE",
     "MAGIC",
     "MAX_ID_BYTES",
     "MAX_META_BYTES",
+    "MAX_META_DEPTH",
+    "MAX_META_INT",
     "PROTOCOL_VERSION",
+    "SIGNATURE_TRAILER",
     "Kind",
     "Message",
     "ProtocolError",
@@ -82,6 +88,14 @@ HEADER_SIZE = _HEADER.size
 MAX_ID_BYTES = 64
 #: Largest JSON meta (the u16 length field's limit).
 MAX_META_BYTES = 0xFFFF
+#: Bit of the flags byte: a 72-byte signature trailer follows the body (:mod:`edge_sdk.signing`).
+FLAG_SIGNED = 0x01
+#: Bytes of that trailer: u64 signed_at (ms) and a 64-byte Ed25519 signature.
+SIGNATURE_TRAILER = 72
+#: Deepest nesting of arrays and objects a meta may have.
+MAX_META_DEPTH = 8
+#: Largest integer magnitude a meta may hold (exact in a float64).
+MAX_META_INT = 2**53
 #: Default largest envelope :func:`decode_message` accepts (300 MB).
 DEFAULT_MAX_MESSAGE = 300_000_000
 _MAX_ROUND = 0xFFFFFFFF
@@ -91,6 +105,15 @@ _SKETCH_SHAPE = struct.Struct(">HH")
 _CHUNK_KEYS = frozenset({"id", "i", "n", "size", "sha256", "k"})
 _MAX_TRANSFER_ID = 64
 _MAX_DONE = 1024
+#: Reassembler defaults: a transfer idle this long is dropped (seconds).
+DEFAULT_CHUNK_TIMEOUT = 60.0
+#: ... and one not complete this long after its first chunk (seconds; a 45 MB
+#: model needs about 10 minutes at 0.6 Mbit/s).
+DEFAULT_CHUNK_DEADLINE = 600.0
+#: ... most transfers in progress per (federation, sender).
+DEFAULT_CHUNK_PENDING_PER_SENDER = 2
+#: ... most bytes all pending transfers may declare together.
+DEFAULT_CHUNK_MEMORY = 512 * 1024 * 1024
 
 
 class Kind(enum.IntEnum):
@@ -255,10 +278,64 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # JSON reads 1e400 as infinity
+        raise ValueError(f"number {text[:32]} is not a finite float64")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > 20:  # longer than any integer in range: never build a huge int
+        raise ValueError(f"integer {text[:32]}... is outside [-2**53, 2**53]")
+    value = int(text)
+    if abs(value) > MAX_META_INT:
+        raise ValueError(f"integer {text} is outside [-2**53, 2**53]")
+    return value
+
+
+def _nesting(raw: str) -> int:
+    """Deepest nesting of JSON arrays and objects in ``raw`` (brackets inside strings ignored)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
 def _load_meta(raw: bytes) -> dict[str, Any]:
+    """Decode a JSON meta, refusing what no FedSketch peer sends.
+
+    Besides JSON syntax: numbers must be finite (``1e400`` is refused, not read
+    as infinity), integers within +-2**53 (``10**400`` is refused before it is
+    built), NaN and Infinity literals are refused, and objects and arrays may
+    nest at most :data:`MAX_META_DEPTH` deep (checked before parsing, so no
+    recursion error and no traceback).
+    """
     try:
-        meta = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError) as e:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProtocolError("meta", f"meta is not valid JSON (not utf-8): {e}") from None
+    depth = _nesting(text)
+    if depth > MAX_META_DEPTH:
+        raise ProtocolError("meta-depth", f"meta nests {depth} levels deep, at most {MAX_META_DEPTH}")
+    try:
+        meta = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
+                          parse_int=_bounded_int)
+    except (ValueError, RecursionError) as e:
         raise ProtocolError("meta", f"meta is not valid JSON: {e}") from None
     if not isinstance(meta, dict):
         raise ProtocolError("meta", f"meta must be a JSON object, got {type(meta).__name__}")
@@ -316,11 +393,12 @@ def decode_message(
         kind = Kind(kind)
     except ValueError:
         raise ProtocolError("kind", f"unknown message kind {kind}") from None
-    if flags:
+    if flags & ~FLAG_SIGNED:
         raise ProtocolError("flags", f"unknown flags 0x{flags:02x} for protocol version {version}")
+    trailer = SIGNATURE_TRAILER if flags & FLAG_SIGNED else 0
     federation, pos = _read_id(payload, HEADER_SIZE, "federation")
     sender, pos = _read_id(payload, pos, "sender")
-    need = pos + meta_len + body_len
+    need = pos + meta_len + body_len + trailer
     if len(payload) < need:
         raise ProtocolError(
             "truncated",
@@ -342,7 +420,7 @@ def decode_message(
             "sender", f"sender {sender!r} does not match the topic's client id {expected_sender!r}"
         )
     meta = _load_meta(payload[pos : pos + meta_len]) if meta_len else {}
-    body = payload[pos + meta_len :]
+    body = payload[pos + meta_len : need - trailer]
     return Message(kind, federation, sender, rnd, meta, body)
 
 
@@ -548,8 +626,15 @@ class Reassembler:
     """Puts chunked payloads back together.
 
     Partial transfers are keyed by (federation, sender, transfer id), so one
-    sender cannot complete or spoil another's. Not thread-safe: feed it from
-    one thread.
+    sender cannot complete or spoil another's. Each sender also has its own
+    budget (``max_pending_per_sender`` transfers, ``max_sender_bytes``
+    declared bytes), checked after the global ones: a sender over its budget
+    is refused without taking a slot or a byte from anyone else. A transfer
+    is dropped when it stalls (``timeout_s`` since its last chunk) and at its
+    deadline (``deadline_s`` since its first chunk), even while chunks keep
+    dripping in. Expiry runs at every :meth:`feed`; call :meth:`expire`
+    from a timer to free stalled transfers when no chunk comes. Not
+    thread-safe: feed and expire it from one thread, or under one lock.
 
     Parameters
     ----------
@@ -564,32 +649,58 @@ class Reassembler:
         Largest single transfer (reason ``oversized`` above it).
     clock : callable
         Monotonic time source, replaceable in tests.
+    deadline_s : float
+        A transfer not complete this long after its first chunk is dropped.
+    max_pending_per_sender : int
+        Most transfers in progress per (federation, sender) (reason ``pending``).
+    max_sender_bytes : int, optional
+        Most bytes the pending transfers of one (federation, sender) may
+        declare together (reason ``oversized``). Default: ``max_size``, else
+        ``max_total_bytes``.
     """
 
     def __init__(
         self,
-        max_total_bytes: int = 512 * 1024 * 1024,
-        timeout_s: float = 60.0,
+        max_total_bytes: int = DEFAULT_CHUNK_MEMORY,
+        timeout_s: float = DEFAULT_CHUNK_TIMEOUT,
         max_pending: int = 64,
         clock: Callable[[], float] = time.monotonic,
         *,
         max_size: int | None = None,
+        deadline_s: float = DEFAULT_CHUNK_DEADLINE,
+        max_pending_per_sender: int = DEFAULT_CHUNK_PENDING_PER_SENDER,
+        max_sender_bytes: int | None = None,
     ) -> None:
         if max_total_bytes < 1 or max_pending < 1 or not timeout_s > 0:
             raise ValueError(
                 "max_total_bytes and max_pending must be positive and timeout_s > 0, got "
                 f"{max_total_bytes}, {max_pending}, {timeout_s}"
             )
+        if not deadline_s > 0:
+            raise ValueError(f"deadline_s must be > 0, got {deadline_s!r}")
+        if max_pending_per_sender < 1:
+            raise ValueError(f"max_pending_per_sender must be positive, got {max_pending_per_sender!r}")
+        if max_sender_bytes is not None and max_sender_bytes < 1:
+            raise ValueError(f"max_sender_bytes must be positive, got {max_sender_bytes!r}")
         self.max_total_bytes = int(max_total_bytes)
         self.timeout_s = float(timeout_s)
         self.max_pending = int(max_pending)
         self.max_size = None if max_size is None else int(max_size)
         self.clock = clock
+        self.deadline_s = float(deadline_s)
+        self.max_pending_per_sender = int(max_pending_per_sender)
+        if max_sender_bytes is None:
+            max_sender_bytes = self.max_size if self.max_size is not None else self.max_total_bytes
+        self.max_sender_bytes = int(max_sender_bytes)
         self._partials: dict[tuple[str, str, str], _Partial] = {}
         # Recently completed transfers: late duplicates (QoS 1 redeliveries) are ignored.
         self._done: OrderedDict[tuple[str, str, str], float] = OrderedDict()
-        #: Transfers dropped because they stalled, since creation.
+        #: Transfers dropped because they stalled (``timeout_s``), since creation.
         self.expired = 0
+        #: Transfers dropped at their deadline (``deadline_s``), since creation.
+        self.expired_deadline = 0
+        #: Chunks refused by :meth:`feed` (every ProtocolError it raised), per reason.
+        self.refused: dict[str, int] = {}
 
     def pending(self) -> int:
         """Number of transfers in progress."""
@@ -599,21 +710,60 @@ class Reassembler:
         """Bytes declared by the transfers in progress."""
         return sum(p.size for p in self._partials.values())
 
+    def held_bytes(self) -> int:
+        """Bytes of chunks actually held by the transfers in progress."""
+        return sum(p.received for p in self._partials.values())
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: ``pending``, ``pending_bytes``, ``held_bytes``, ``expired``
+        (idle), ``expired_deadline`` and ``refused`` (per reason)."""
+        return {
+            "pending": self.pending(),
+            "pending_bytes": self.pending_bytes(),
+            "held_bytes": self.held_bytes(),
+            "expired": self.expired,
+            "expired_deadline": self.expired_deadline,
+            "refused": dict(self.refused),
+        }
+
+    def _sender_load(self, federation: str, sender: str) -> tuple[int, int]:
+        """Transfers in progress and bytes they declare, for one (federation, sender)."""
+        count = nbytes = 0
+        for (fed, snd, _), p in self._partials.items():
+            if fed == federation and snd == sender:
+                count += 1
+                nbytes += p.size
+        return count, nbytes
+
     def expire(self) -> int:
-        """Drop transfers idle for longer than ``timeout_s``; returns how many."""
+        """Drop transfers idle for longer than ``timeout_s`` or older than
+        ``deadline_s`` (counted from their first chunk); returns how many.
+
+        Each dropped transfer is logged once, with its sender, the chunks
+        received and its age.
+        """
         now = self.clock()
-        stale = [k for k, p in self._partials.items() if now - p.touched > self.timeout_s]
-        for key in stale:
-            p = self._partials.pop(key)
+        dropped = 0
+        for key, p in list(self._partials.items()):
+            if now - p.started > self.deadline_s:
+                why = f"not complete {self.deadline_s:g} s after its first chunk"
+                self.expired_deadline += 1
+            elif now - p.touched > self.timeout_s:
+                why = f"{now - p.touched:.1f} s without progress"
+                self.expired += 1
+            else:
+                continue
+            del self._partials[key]
+            dropped += 1
             log.warning(
-                "dropped incomplete transfer %s from %s/%s: %d of %d chunks after %.1f s without progress",
-                key[2], key[0], key[1], len(p.parts), p.n, now - p.touched,
+                "dropped incomplete transfer %s from %s/%s: %d of %d chunks (%d of %d bytes), "
+                "age %.1f s, %s",
+                key[2], key[0], key[1], len(p.parts), p.n, p.received, p.size, now - p.started, why,
             )
-        self.expired += len(stale)
         while self._done and (now - next(iter(self._done.values())) > self.timeout_s
                               or len(self._done) > _MAX_DONE):
             self._done.popitem(last=False)
-        return len(stale)
+        return dropped
 
     def _validate(self, msg: Message) -> tuple[str, int, int, int, str, int | None]:
         if msg.kind != Kind.CHUNK:
@@ -654,8 +804,18 @@ class Reassembler:
         ------
         ProtocolError
             Reasons: ``kind``, ``chunk`` (malformed or inconsistent chunks;
-            the transfer is dropped), ``oversized``, ``pending``, ``checksum``.
+            the transfer is dropped), ``oversized`` (too large for the limit
+            on one transfer, on all pending transfers or on one sender's),
+            ``pending`` (too many transfers in progress, in all or from this
+            sender), ``checksum``. Each is counted in :attr:`refused`.
         """
+        try:
+            return self._feed(msg)
+        except ProtocolError as e:
+            self.refused[e.reason] = self.refused.get(e.reason, 0) + 1
+            raise
+
+    def _feed(self, msg: Message) -> bytes | None:
         self.expire()
         tid, i, n, size, digest, k = self._validate(msg)
         key = (msg.federation, msg.sender, tid)
@@ -674,6 +834,19 @@ class Reassembler:
                     "oversized",
                     f"transfer {tid} of {size} bytes would exceed the {self.max_total_bytes} bytes "
                     "allowed for pending transfers",
+                )
+            count, nbytes = self._sender_load(msg.federation, msg.sender)
+            if count >= self.max_pending_per_sender:
+                raise ProtocolError(
+                    "pending",
+                    f"sender {msg.sender!r} already has {count} transfers in progress (limit "
+                    f"{self.max_pending_per_sender} per sender); refusing transfer {tid}",
+                )
+            if nbytes + size > self.max_sender_bytes:
+                raise ProtocolError(
+                    "oversized",
+                    f"transfer {tid} of {size} bytes from sender {msg.sender!r} would exceed the "
+                    f"{self.max_sender_bytes} bytes allowed per sender ({nbytes} pending)",
                 )
             part = _Partial(n=n, size=size, sha256=digest, kind=k, started=now, touched=now)
             self._partials[key] = part

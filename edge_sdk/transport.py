@@ -30,12 +30,18 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from .protocol import (
+    DEFAULT_CHUNK_DEADLINE,
+    DEFAULT_CHUNK_MEMORY,
+    DEFAULT_CHUNK_PENDING_PER_SENDER,
+    DEFAULT_CHUNK_TIMEOUT,
     DEFAULT_MAX_MESSAGE,
+    SIGNATURE_TRAILER,
     Kind,
     Message,
     ProtocolError,
@@ -46,6 +52,7 @@ from .protocol import (
     encode_message,
     split_payload,
 )
+from .rejections import RejectionLog
 
 __all__ = [
     "BrokerConfig",
@@ -67,6 +74,8 @@ _PROTOCOLS = ("3.1.1", "5")
 #: Bytes an MQTT PUBLISH packet adds to its payload, besides the topic name:
 #: fixed header (up to 5), topic length (2), packet id (2), MQTT 5 properties (1), margin.
 _PUBLISH_OVERHEAD = 16
+#: Seconds between two expiry passes over partial chunked transfers, while idle.
+_EXPIRY_PERIOD_S = 1.0
 
 
 # -- configuration ------------------------------------------------------------
@@ -102,6 +111,21 @@ class BrokerConfig:
         (MQTT 5; for 3.1.1 the broker's configuration decides).
     reconnect_min_s, reconnect_max_s : float
         Exponential reconnect back-off: first and longest wait.
+    chunk_timeout_s : float
+        A partial chunked transfer that gets no chunk for this long is dropped
+        (checked about once a second, even without traffic).
+    chunk_deadline_s : float
+        A chunked transfer not complete this long after its first chunk is
+        dropped, even while chunks keep coming.
+    chunk_pending_per_sender : int
+        Most chunked transfers in progress per sender; more are refused
+        (reason ``pending``) without touching the other senders' budget.
+    chunk_memory_bytes : int
+        Most bytes all partial transfers may declare together (reason
+        ``oversized`` above it).
+    chunk_sender_bytes : int, optional
+        Most bytes the partial transfers of one sender may declare together
+        (default: ``max_message``).
     """
 
     url: str = "mqtt://127.0.0.1:1883"
@@ -118,6 +142,11 @@ class BrokerConfig:
     session_expiry_s: int = 3600
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
+    chunk_timeout_s: float = DEFAULT_CHUNK_TIMEOUT
+    chunk_deadline_s: float = DEFAULT_CHUNK_DEADLINE
+    chunk_pending_per_sender: int = DEFAULT_CHUNK_PENDING_PER_SENDER
+    chunk_memory_bytes: int = DEFAULT_CHUNK_MEMORY
+    chunk_sender_bytes: int | None = None
 
     def __post_init__(self) -> None:
         self._split()  # validates the URL
@@ -145,6 +174,16 @@ class BrokerConfig:
                 "reconnect_min_s must be positive and at most reconnect_max_s, got "
                 f"{self.reconnect_min_s!r} and {self.reconnect_max_s!r}"
             )
+        for name in ("chunk_timeout_s", "chunk_deadline_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
+        for name in ("chunk_pending_per_sender", "chunk_memory_bytes", "chunk_sender_bytes"):
+            v = getattr(self, name)
+            if v is None and name == "chunk_sender_bytes":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
     def _split(self) -> tuple[str, str, int]:
         try:
@@ -308,13 +347,47 @@ def _chunk_label(k: Any) -> str:
 class _Inbox:
     """The receive path shared by both transports: validate, reassemble, route."""
 
-    def __init__(self, topics: Topics, meter: _Meter, max_message: int) -> None:
+    #: Checks that every incoming envelope is signed by the server (a device's inbox), or None.
+    verifier: Any = None
+
+    def __init__(
+        self,
+        topics: Topics,
+        meter: _Meter,
+        max_message: int,
+        *,
+        chunk_timeout_s: float = DEFAULT_CHUNK_TIMEOUT,
+        chunk_deadline_s: float = DEFAULT_CHUNK_DEADLINE,
+        chunk_pending_per_sender: int = DEFAULT_CHUNK_PENDING_PER_SENDER,
+        chunk_memory_bytes: int = DEFAULT_CHUNK_MEMORY,
+        chunk_sender_bytes: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.topics = topics
         self.meter = meter
         self.max_message = int(max_message)
-        self._reassembler = Reassembler(max_size=self.max_message)
+        self._reassembler = Reassembler(
+            max_total_bytes=chunk_memory_bytes,
+            timeout_s=chunk_timeout_s,
+            clock=clock,
+            max_size=self.max_message,
+            deadline_s=chunk_deadline_s,
+            max_pending_per_sender=chunk_pending_per_sender,
+            max_sender_bytes=chunk_sender_bytes,
+        )
         self._lock = threading.Lock()
         self._subs: dict[str, tuple[int, list[Handler]]] = {}
+        self._log = RejectionLog(log)
+
+    def expire(self) -> int:
+        """Drop stalled or overdue partial transfers now; returns how many (thread-safe)."""
+        with self._lock:  # the reassembler is not thread-safe
+            return self._reassembler.expire()
+
+    def chunk_stats(self) -> dict[str, Any]:
+        """The reassembler's counters (thread-safe)."""
+        with self._lock:
+            return self._reassembler.stats()
 
     def add(self, topic_filter: str, handler: Handler, qos: int) -> None:
         with self._lock:
@@ -331,10 +404,23 @@ class _Inbox:
 
     def _reject(self, topic: str, err: ProtocolError) -> None:
         self.meter.bump(self.meter.rejected, err.reason)
-        log.warning("rejected message on %s (%s): %s", topic, err.reason, err)
+        self._log(err.reason, topic, str(err))
 
-    def process(self, topic: str, payload: bytes) -> list[_Delivery]:
-        """Validate one incoming payload; return the handler calls it earns (none when rejected)."""
+    def process(self, topic: str, payload: bytes, retained: bool = False) -> list[_Delivery]:
+        """Validate one incoming payload; return the handler calls it earns (none when rejected).
+
+        ``retained``: the broker delivered it from its retained store (on
+        subscribing). FedSketch retains nothing but, at most, the server's
+        own status: a retained message anywhere else (a device's hello, a
+        command) is somebody's attempt to be replayed to every later server or
+        device, and is refused (reason ``retained``).
+        """
+        if retained:
+            parsed = self.topics.parse(topic)
+            if parsed is None or parsed[0] != "server":
+                self._reject(topic, ProtocolError("retained", "retained message ignored (FedSketch retains "
+                                                              "nothing on this topic)"))
+                return []
         check = {
             "max_size": self.max_message,
             "expected_sender": self.topics.required_sender(topic),
@@ -342,6 +428,8 @@ class _Inbox:
         }
         try:
             msg = decode_message(payload, **check)
+            if self.verifier is not None:
+                self.verifier.check(payload)
             if msg.kind == Kind.CHUNK:
                 label = _chunk_label(msg.meta.get("k"))
                 with self._lock:  # the reassembler is not thread-safe
@@ -350,6 +438,8 @@ class _Inbox:
                 if whole is None:
                     return []
                 inner = decode_message(whole, **check)
+                if self.verifier is not None:
+                    self.verifier.check(whole)
                 if inner.kind == Kind.CHUNK:
                     raise ProtocolError("kind", "a chunked payload holds another CHUNK message")
                 if inner.sender != msg.sender:
@@ -406,8 +496,10 @@ class Transport(Protocol):
 class _TransportBase:
     """Shared state and the send-side encoding and chunking."""
 
+    _signer: Any = None
+
     def __init__(self, client_id: str, federation: str, root: str, max_payload: int,
-                 max_message: int) -> None:
+                 max_message: int, **chunk_limits: Any) -> None:
         try:
             self.client_id = check_id(client_id, "client_id")
         except ProtocolError as e:
@@ -417,18 +509,34 @@ class _TransportBase:
         self.max_payload = int(max_payload)
         self.max_message = int(max_message)
         self._meter = _Meter()
-        self._inbox = _Inbox(self.topics, self._meter, self.max_message)
+        self._inbox = _Inbox(self.topics, self._meter, self.max_message, **chunk_limits)
+
+    def sign_with(self, signer: Any) -> None:
+        """Sign every envelope this transport sends (the server's, :class:`edge_sdk.signing.Signer`)."""
+        self._signer = signer
+
+    def verify_with(self, verifier: Any) -> None:
+        """Refuse every incoming envelope not signed by the server (a device's,
+        :class:`edge_sdk.signing.Verifier`): reasons ``unsigned``, ``signature``, ``stale``, ``replay``."""
+        self._inbox.verifier = verifier
 
     def _frames(self, topic: str, msg: Message, retain: bool) -> list[bytes]:
         _check_topic(topic)
         payload = encode_message(msg)
+        signer = self._signer
+        if signer is not None:
+            payload = signer.sign(payload)
         if len(payload) > self.max_message:
             raise ValueError(
                 f"{msg.kind.name} message of {len(payload)} bytes exceeds max_message={self.max_message}"
             )
         budget = self.max_payload - len(topic.encode("utf-8")) - _PUBLISH_OVERHEAD
+        if signer is not None:
+            budget -= SIGNATURE_TRAILER
         frames = split_payload(payload, max_payload=budget, federation=msg.federation, sender=msg.sender,
                                round=msg.round)
+        if signer is not None and len(frames) > 1:  # each chunk signed too: a forged chunk spoils nothing
+            frames = [signer.sign(f) for f in frames]
         if retain and len(frames) > 1:
             raise ValueError(f"cannot retain a {len(payload)}-byte message: it needs {len(frames)} chunks")
         self._meter.add(self._meter.sent, msg.kind.name, messages=1, nbytes=sum(map(len, frames)),
@@ -442,11 +550,15 @@ class _TransportBase:
         -------
         dict
             ``{"sent": {kind: {"messages", "bytes", "chunks"}}, "received":
-            {...}, "rejected": {reason: count}, "errors": {what: count}}``.
-            Bytes are MQTT payload bytes; chunked messages count under the
-            kind they carry.
+            {...}, "rejected": {reason: count}, "errors": {what: count},
+            "chunks": {...}}``. Bytes are MQTT payload bytes; chunked
+            messages count under the kind they carry. ``chunks`` holds the
+            reassembler's state and counters: ``pending`` transfers, their
+            declared ``pending_bytes``, the ``held_bytes`` received so far,
+            transfers ``expired`` (idle) and ``expired_deadline``, and
+            ``refused`` chunks per reason.
         """
-        return self._meter.snapshot()
+        return {**self._meter.snapshot(), "chunks": self._inbox.chunk_stats()}
 
     @property
     def rejected(self) -> dict[str, int]:
@@ -498,7 +610,11 @@ class MqttTransport(_TransportBase):
         import paho.mqtt.client as mqtt
         from paho.mqtt.enums import CallbackAPIVersion
 
-        super().__init__(client_id, federation, root, config.max_payload, config.max_message)
+        super().__init__(client_id, federation, root, config.max_payload, config.max_message,
+                         chunk_timeout_s=config.chunk_timeout_s, chunk_deadline_s=config.chunk_deadline_s,
+                         chunk_pending_per_sender=config.chunk_pending_per_sender,
+                         chunk_memory_bytes=config.chunk_memory_bytes,
+                         chunk_sender_bytes=config.chunk_sender_bytes)
         self.config = config
         v5 = config.protocol == "5"
         kwargs: dict[str, Any] = {"client_id": self.client_id,
@@ -572,7 +688,7 @@ class MqttTransport(_TransportBase):
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
         try:
-            deliveries = self._inbox.process(message.topic, message.payload)
+            deliveries = self._inbox.process(message.topic, message.payload, bool(getattr(message, "retain", False)))
         except Exception:  # never raise into paho's thread
             self._meter.bump(self._meter.errors, "receive")
             log.exception("failed to process a message on %s", getattr(message, "topic", "?"))
@@ -603,10 +719,22 @@ class MqttTransport(_TransportBase):
 
     # -- dispatcher thread --
     def _dispatch(self) -> None:
+        # Also the timer that frees stalled partial transfers when no chunk comes.
+        next_expiry = time.monotonic() + _EXPIRY_PERIOD_S
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=max(0.0, next_expiry - time.monotonic()))
+            except queue.Empty:
+                item = []
             if item is None:
                 return
+            if time.monotonic() >= next_expiry:
+                try:
+                    self._inbox.expire()
+                except Exception:  # keep the dispatcher alive
+                    self._meter.bump(self._meter.errors, "expire")
+                    log.exception("expiring partial transfers failed")
+                next_expiry = time.monotonic() + _EXPIRY_PERIOD_S
             self._inbox.deliver(item)
 
     # -- public API --
@@ -855,7 +983,7 @@ class MemoryBroker:
             retained = [(t, p) for t, p in self._retained.items() if topic_matches(topic_filter, t)]
         if transport is not None:
             for topic, payload in retained:
-                transport._receive(topic, payload)
+                transport._receive(topic, payload, retained=True)
 
     def _unsubscribe(self, client_id: str, topic_filter: str) -> None:
         with self._lock:
@@ -885,6 +1013,10 @@ class MemoryTransport(_TransportBase):
         As in :class:`BrokerConfig`.
     clean_session : bool
         Start with a fresh session instead of resuming the stored one.
+    chunk_limits : mapping, optional
+        The reassembler's limits, named as :class:`BrokerConfig`'s ``chunk_*``
+        fields, and ``clock`` (a monotonic time source, for tests). Stalled
+        transfers are dropped when a chunk arrives or on :meth:`expire_chunks`.
     """
 
     def __init__(
@@ -900,8 +1032,9 @@ class MemoryTransport(_TransportBase):
         will_payload: Message | bytes | None = None,
         will_retain: bool = False,
         clean_session: bool = False,
+        chunk_limits: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(client_id, federation, root, max_payload, max_message)
+        super().__init__(client_id, federation, root, max_payload, max_message, **dict(chunk_limits or {}))
         if (will_topic is None) != (will_payload is None):
             raise ValueError("will_topic and will_payload go together")
         self.broker = broker
@@ -960,12 +1093,16 @@ class MemoryTransport(_TransportBase):
         """Put arbitrary bytes on the broker, bypassing the encoder (tests of rejections)."""
         self.broker.publish(topic, payload, retain=retain)
 
-    def _receive(self, topic: str, payload: bytes) -> None:
+    def _receive(self, topic: str, payload: bytes, retained: bool = False) -> None:
         if self.is_connected:
-            self._inbox.deliver(self._inbox.process(topic, payload))
+            self._inbox.deliver(self._inbox.process(topic, payload, retained))
 
     def _drop(self) -> None:
         self._connected.clear()
+
+    def expire_chunks(self) -> int:
+        """Drop stalled or overdue partial transfers now (MqttTransport does it on a timer)."""
+        return self._inbox.expire()
 
     def kill(self) -> None:
         """Lose the connection without a clean disconnect: the broker publishes the will."""

@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ca-certs")
     p.add_argument("--protocol", default="3.1.1", choices=["3.1.1", "5"])
     p.add_argument("--max-payload", type=int, default=1_000_000)
+    p.add_argument("--signing-key", default=None, metavar="PEM",
+                   help="sign everything sent to devices with this Ed25519 private key (fedsketch keygen, "
+                        "deploy/make_passwords.sh); devices given its public half (--server-key) obey nothing else")
     p.add_argument("-v", "--verbose", action="count", default=0)
     return p
 
@@ -114,6 +117,13 @@ def _with_broker(args: argparse.Namespace, config: Any, bcfg: Any, run: Any, *er
     from edge_sdk.transport import MqttTransport
 
     transport = MqttTransport(bcfg, args.username or "server", federation=config.federation, root=config.root)
+    if args.signing_key:
+        from edge_sdk.signing import load_signer
+
+        transport.sign_with(load_signer(args.signing_key))
+    else:
+        log.warning("no --signing-key: devices cannot tell this server's commands from forged ones; "
+                    "only the broker's ACL protects them")
     try:
         transport.connect()
         return run(transport)
@@ -229,6 +239,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             pretrain_config(strategy.pretrain, config.encoder)  # refuse a bad setting before connecting
         bcfg = _broker_config(args, broker)
+        if args.signing_key:
+            from edge_sdk.signing import load_signer
+
+            load_signer(args.signing_key)  # a missing or wrong key file is refused before connecting
     except (ValueError, TypeError, OSError) as e:
         print(f"fedsketch-server: error: {e}", file=sys.stderr)
         return 2

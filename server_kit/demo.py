@@ -80,13 +80,19 @@ def run_demo(args: argparse.Namespace) -> dict:
         print(f"broker: {type(broker).__name__} at {url}")
         log_dir = report / "client-logs"
         log_dir.mkdir(exist_ok=True)
-        procs = _spawn_clients(url, federation, paths, args.seed, log_dir)
+        # the server signs what it sends; each device obeys only that key (enrolment, in small)
+        from edge_sdk.signing import load_signer, write_keypair
+
+        write_keypair(tmpdir / "server.key", tmpdir / "server.pub")
+        procs = _spawn_clients(url, federation, paths, args.seed, log_dir,
+                               ["--server-key", str(tmpdir / "server.pub")])
         stack.callback(_reap, procs)
         print(f"started {len(procs)} client processes (logs in {log_dir})")
 
         strategy = SketchClustered(settings=settings, fraction=1.0, seed=args.seed,
                                    min_cluster_size=args.min_cluster_size)
         transport = MqttTransport(BrokerConfig.from_url(url), "server", federation=federation)
+        transport.sign_with(load_signer(tmpdir / "server.key"))
         transport.connect()
         stack.callback(transport.close)
         config = ServerConfig(federation=federation, rounds=args.rounds, min_clients=args.clients,

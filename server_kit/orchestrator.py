@@ -40,6 +40,7 @@ checkpoint folder (JSON + safetensors), and :meth:`Orchestrator.run` with
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -63,6 +64,8 @@ from edge_sdk.protocol import (
     parse_tensors,
     tensors_body,
 )
+from edge_sdk.rejections import RejectionLog
+from edge_sdk.schema import check_meta
 from edge_sdk.sketch import Sketch
 from edge_sdk.worker import Update
 
@@ -150,8 +153,12 @@ class Orchestrator:
         self._metrics: dict[str, dict[str, Any]] = {}
         self._round = 0
         self._tasked: set[str] = set()
+        #: The model keys each tasked client was sent this round: its update must name one of them.
+        self._allowed: dict[str, frozenset[str]] = {}
         self._phase = "register"
-        self.rejected: dict[str, int] = {}
+        self._rejections = RejectionLog(log)
+        #: Refused messages per reason (logged once per sender and reason per interval).
+        self.rejected: dict[str, int] = self._rejections.counts
         self.history: list[dict[str, Any]] = []
         self.timings: dict[str, float] = {}
         #: Bytes of models (and encoders) the clients downloaded, per kind (see the module docstring).
@@ -184,15 +191,14 @@ class Orchestrator:
             raise ValueError(f"encoder {name!r} is not in the model manifest or has no latent size")
         return spec.latent_dim
 
-    def _reject(self, reason: str, detail: str) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
-        log.warning("rejected (%s): %s", reason, detail)
+    def _reject(self, reason: str, detail: str, sender: str = "?") -> None:
+        self._rejections(reason, sender, detail)
 
     def _enqueue(self, topic: str, msg: Message) -> None:
         try:
             self._inbox.put_nowait((topic, msg))
         except queue.Full:
-            self._reject("inbox-full", f"dropping {msg.kind.name} from {msg.sender}")
+            self._reject("inbox-full", f"dropping {msg.kind.name}", msg.sender)
 
     def _subscribe(self) -> None:
         for leaf in ("hello", "sketch", "update", "status", "metrics"):
@@ -222,20 +228,30 @@ class Orchestrator:
                 topic, msg = self._inbox.get(timeout=min(left, 0.2))
             except queue.Empty:
                 continue
-            try:
-                self._handle(topic, msg)
-            except (ProtocolError, ValueError, KeyError, TypeError) as e:
-                self._reject(getattr(e, "reason", "invalid"), f"{msg.kind.name} from {msg.sender}: {e}")
+            self._handle_safely(topic, msg)
+
+    def _handle_safely(self, topic: str, msg: Message) -> None:
+        """Handle one message; whatever it raises is a counted rejection, never the end of the server."""
+        try:
+            self._handle(topic, msg)
+        except ProtocolError as e:
+            self._reject(e.reason, f"{msg.kind.name}: {e}", msg.sender)
+        except (ValueError, KeyError, TypeError) as e:
+            self._reject("invalid", f"{msg.kind.name}: {e}", msg.sender)
+        except Exception as e:  # a handler bug a message could trigger: count it, keep serving
+            log.debug("handler error on %s from %s", msg.kind.name, msg.sender, exc_info=True)
+            self._reject("handler-error", f"{msg.kind.name}: {type(e).__name__}: {e}", msg.sender)
 
     # -- message handling -----------------------------------------------
     def _handle(self, topic: str, msg: Message) -> None:
         cid = msg.sender
+        msg = dataclasses.replace(msg, meta=check_meta(msg))  # every field a handler reads, checked
         if msg.kind == Kind.HELLO:
             self._on_hello(cid, msg)
             return
         state = self.clients.get(cid)
         if state is None:
-            self._reject("unknown-client", f"{msg.kind.name} from unregistered client {cid!r}")
+            self._reject("unknown-client", f"{msg.kind.name} from an unregistered client", cid)
             return
         state.last_seen = time.monotonic()
         if msg.kind == Kind.STATUS:
@@ -250,21 +266,21 @@ class Orchestrator:
         elif msg.kind == Kind.UPDATE:
             self._on_update(cid, msg)
         elif msg.kind == Kind.METRICS:
-            if int(msg.meta.get("round", -1)) == self._round:
+            if msg.meta["round"] == self._round:
                 self._metrics[cid] = dict(msg.meta)
         else:
-            self._reject("kind", f"unexpected {msg.kind.name} from {cid}")
+            self._reject("kind", f"unexpected {msg.kind.name}", cid)
 
     def _on_hello(self, cid: str, msg: Message) -> None:
-        m = msg.meta
-        n = m.get("n_samples")
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"hello from {cid!r} has an invalid n_samples {n!r}")
-        caps = m.get("capabilities", [])
-        if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
-            raise ValueError(f"hello from {cid!r} has invalid capabilities")
-        info = ClientInfo(cid, n, int(m.get("classes_present", 0)), tuple(caps))
+        m = msg.meta  # checked by the schema: n_samples in [1, 2**31), classes_present in [0, 65535]
+        n = m["n_samples"]
         known = cid in self.clients
+        if known and n != self.clients[cid].info.n_samples:
+            # the sample count weighs this device's updates: it is fixed at registration
+            log.warning("client %s says hello with %d samples, registered with %d: keeping %d",
+                        cid, n, self.clients[cid].info.n_samples, self.clients[cid].info.n_samples)
+            n = self.clients[cid].info.n_samples
+        info = ClientInfo(cid, n, m["classes_present"], tuple(m["capabilities"]))
         self.clients[cid] = _ClientState(info)
         if not known:
             log.info("client %s registered (%d samples, %d classes)", cid, n, info.classes_present)
@@ -323,32 +339,31 @@ class Orchestrator:
 
     def _on_update(self, cid: str, msg: Message) -> None:
         m = msg.meta
-        rnd = int(m.get("round", -1))
+        rnd = m["round"]
         if rnd != self._round or cid not in self._tasked:
-            self._reject("stale-update", f"update from {cid} for round {rnd} (current {self._round}, tasked: {cid in self._tasked})")
+            self._reject("stale-update", f"update for round {rnd} (current {self._round}, "
+                                         f"tasked: {cid in self._tasked})", cid)
             return
-        n = m.get("n_samples")
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"update from {cid!r} has an invalid n_samples {n!r}")
-        key = str(m.get("model_key", ""))
-        if key not in self.strategy.models:
-            raise ValueError(f"update from {cid!r} names unknown model {key!r}")
+        key = m["model_key"]
+        if key not in self._allowed.get(cid, ()):
+            self._reject("wrong-model", f"update for model {key!r} in round {rnd}; this client was sent "
+                                        f"{sorted(self._allowed.get(cid, ()))}", cid)
+            return
+        # weighed by the count the device registered, never by a new claim
+        n = min(m["n_samples"], self.clients[cid].info.n_samples)
         weights = parse_tensors(msg.body, spec=self._spec)
-        metrics = {k: float(v) for k, v in dict(m.get("metrics", {})).items() if isinstance(v, (int, float))}
-        self._updates[cid] = Update(cid, rnd, key, weights, n, float(m.get("loss", float("nan"))), metrics)
+        self._updates[cid] = Update(cid, rnd, key, weights, n, m.get("loss", float("nan")), m["metrics"])
 
     def _on_ae_update(self, cid: str, msg: Message) -> None:
         m = msg.meta
-        rnd = int(m.get("round", -1))
-        if rnd != self._round or cid not in self._tasked or m.get("model_key") != "ae":
-            self._reject("stale-update", f"AE update from {cid} for round {rnd}, model {m.get('model_key')!r} "
-                                         f"(current {self._round}, tasked: {cid in self._tasked})")
+        rnd = m["round"]
+        if rnd != self._round or cid not in self._tasked or m["model_key"] != "ae":
+            self._reject("stale-update", f"AE update for round {rnd}, model {m['model_key']!r} "
+                                         f"(current {self._round}, tasked: {cid in self._tasked})", cid)
             return
-        n = m.get("n_samples")
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"AE update from {cid!r} has an invalid n_samples {n!r}")
+        n = min(m["n_samples"], self.clients[cid].info.n_samples)
         weights = parse_tensors(msg.body, spec=self._ae_spec)
-        self._ae_updates[cid] = (weights, n, float(m.get("loss", float("nan"))))
+        self._ae_updates[cid] = (weights, n, m.get("loss", float("nan")))
 
     # -- phases -------------------------------------------------------------
     def online(self) -> list[str]:
@@ -507,6 +522,7 @@ class Orchestrator:
         self._updates = {}
         tasks = self.strategy.configure_round(rnd, self.online())
         self._tasked = {t.cid for t in tasks}
+        self._allowed = {t.cid: frozenset(t.models) for t in tasks}
         # what each client is offered (IFCA: all K), as the devices download it
         delivered = self._deliver_models({t.cid: list(t.models) for t in tasks})
         for t in tasks:
@@ -524,13 +540,14 @@ class Orchestrator:
         missing = sorted(self._tasked - set(self._updates))
         if missing:
             log.warning("round %d closed without %d client(s): %s", rnd, len(missing), ", ".join(missing))
-        summary = self.strategy.aggregate_round(rnd, updates) if updates else {"updates": 0}
+        summary = self.strategy.aggregate(rnd, updates) if updates else {"updates": 0}
         before = [u.metrics["acc_before"] for u in updates if "acc_before" in u.metrics]
         rec = {
             "round": rnd, "tasked": len(tasks), "updates": len(updates), "missing": missing,
             "acc_before": float(np.mean(before)) if before else None,
             "loss": float(np.mean([u.loss for u in updates])) if updates else None,
             "model_bytes_delivered": delivered,
+            "clipped": int(summary.get("clipped", 0)), "refused_norm": int(summary.get("refused_norm", 0)),
             "summary": summary, "seconds": time.monotonic() - t0,
         }
         self.history.append(rec)

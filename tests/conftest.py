@@ -84,3 +84,17 @@ def digits_by_class_sets():
         return x, y, parts
 
     return split
+
+
+@pytest.fixture(scope="session")
+def shipped_acl():
+    """``acl(federation)``: deploy/acl (written for the federation "default") for another federation."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "deploy" / "acl").read_text()
+    assert "fedsketch/default/" in text
+
+    def acl(federation: str) -> str:
+        return text.replace("fedsketch/default/", f"fedsketch/{federation}/")
+
+    return acl

@@ -94,7 +94,8 @@ def test_message_kind_is_coerced_and_validated():
         (raw(version=0), "version", "unsupported protocol version 0"),
         (raw(kind=0), "kind", "unknown message kind 0"),
         (raw(kind=200), "kind", "unknown message kind 200"),
-        (raw(flags=1), "flags", "unknown flags 0x01"),
+        (raw(flags=2), "flags", "unknown flags 0x02"),
+        (raw(flags=1), "truncated", "shorter than its declared sizes"),  # signed, without its trailer
         (raw(body=b"abc", body_len=10), "truncated", "shorter than its declared sizes"),
         (raw(meta=b"{}", meta_len=9), "truncated", "shorter than its declared sizes"),
         (raw(body=b"abc", body_len=2), "trailing", "longer than its declared sizes"),

@@ -224,13 +224,18 @@ def test_memory_retained_persistent_session_and_will():
     server.connect()
     model = Message(Kind.MODEL, FED, "server", 1, {"key": "k0"}, tensors_body({"w": np.ones(3, np.float32)}))
     server.publish(server.topics.model("k0"), model, retain=True)
+    up = Message(Kind.STATUS, FED, "server", 0, {"state": "online"})
+    server.publish(server.topics.server_status(), up, retain=True)
     offline = Message(Kind.STATUS, FED, "c1", 0, {"state": "offline"})
     c1 = MemoryTransport(broker, "c1", federation=FED, will_topic=server.topics.status("c1"), will_payload=offline)
-    models, cmds = Collector(), Collector()
+    models, cmds, server_status = Collector(), Collector(), Collector()
     c1.subscribe(c1.topics.model("+"), models)
     c1.subscribe(c1.topics.cmd("c1"), cmds)
+    c1.subscribe(c1.topics.server_status(), server_status)
     c1.connect()
-    assert models.messages == [model]  # retained, delivered on subscribe
+    assert server_status.messages == [up]  # retained, delivered on subscribe
+    # FedSketch retains nothing else: a retained model (or hello, or command) is somebody's replay
+    assert models.messages == [] and c1.rejected == {"retained": 1}
     c1.close()
     server.publish(server.topics.cmd("c1"), Message(Kind.CMD, FED, "server", 0, {"op": "sketch"}))
     assert cmds.messages == []

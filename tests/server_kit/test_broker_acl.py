@@ -48,8 +48,8 @@ class Collector:
 
 
 @pytest.fixture(scope="module")
-def broker():
-    with MosquittoBroker(acl=(DEPLOY / "acl").read_text(), passwords=PASSWORDS) as b:
+def broker(shipped_acl):
+    with MosquittoBroker(acl=shipped_acl(FED), passwords=PASSWORDS) as b:
         yield b
 
 
@@ -144,7 +144,7 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def production_broker(tmp_path_factory):
+def production_broker(tmp_path_factory, shipped_acl):
     """deploy/mosquitto.conf with its paths and ports pointed at a temporary folder."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
@@ -163,7 +163,7 @@ def production_broker(tmp_path_factory):
         (r"^listener 8883$", f"listener {tls} 127.0.0.1"),
         (r"/etc/mosquitto/certs/", f"{d}/"),
         (r"/etc/mosquitto/fedsketch\.passwd", f"{d}/passwd"),
-        (r"/etc/mosquitto/fedsketch\.acl", str(DEPLOY / "acl")),
+        (r"/etc/mosquitto/fedsketch\.acl", str(d / "acl")),
         (r"^persistence_location .*$", f"persistence_location {d}/"),
         (r"^log_dest syslog$", f"log_dest file {d}/mosquitto.log"),
     ]:
@@ -171,6 +171,7 @@ def production_broker(tmp_path_factory):
         assert n >= 1, f"deploy/mosquitto.conf no longer has {pattern!r}"
     if os.geteuid() == 0:
         conf += "user root\n"
+    (d / "acl").write_text(shipped_acl(FED))
     (d / "mosquitto.conf").write_text(conf)
     (d / "passwd").write_text("".join(f"{u}:{p}\n" for u, p in PASSWORDS.items()))
     subprocess.run(["mosquitto_passwd", "-U", str(d / "passwd")], check=True, capture_output=True, timeout=30)

@@ -117,12 +117,12 @@ def test_memory_broker_run_matches_in_process_and_rejects_hostile_messages(data,
 
 
 @pytest.mark.broker
-def test_real_broker_run_matches_in_process(data, reference, caplog):
+def test_real_broker_run_matches_in_process(data, reference, caplog, shipped_acl):
     """Mosquitto with the shipped ACL and per-client passwords when installed, else amqtt."""
     clients = make_clients(data)
     mosquitto = find_mosquitto() is not None
     passwords = {c.cid: f"pw-{c.cid}" for c in clients} | {"server": "pw-server"} if mosquitto else None
-    broker = (MosquittoBroker(acl=(ROOT / "deploy" / "acl").read_text(), passwords=passwords) if mosquitto
+    broker = (MosquittoBroker(acl=shipped_acl(FED), passwords=passwords) if mosquitto
               else EmbeddedBroker())
     protocol = "5" if mosquitto else "3.1.1"
 

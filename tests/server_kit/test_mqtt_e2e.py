@@ -97,10 +97,10 @@ def test_federation_over_embedded_amqtt_broker(digits):
 
 
 @needs_mosquitto
-def test_federation_over_mosquitto_with_acl(digits):
+def test_federation_over_mosquitto_with_acl(digits, shipped_acl):
     """Per-client passwords, the shipped ACL, MQTT 5."""
     passwords = {c.cid: f"pw-{c.cid}" for c in digits} | {"server": "pw-server"}
-    acl = (ROOT / "deploy" / "acl").read_text()
+    acl = shipped_acl(FED)
     with MosquittoBroker(acl=acl, passwords=passwords) as broker:
         result = run_federation(broker.url, digits, passwords=passwords, protocol="5")
     check_result(result, digits)

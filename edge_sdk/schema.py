@@ -1,0 +1,252 @@
+"""The schema of every meta field FedSketch's main job sends, checked in one place on both sides.
+
+An envelope's JSON meta is decoded by :func:`edge_sdk.protocol.decode_message`
+with global limits (finite numbers, integers within +-2**53, at most
+:data:`~edge_sdk.protocol.MAX_META_DEPTH` levels of nesting). This module
+then checks each field a handler will read, by message kind (and by ``op``
+for commands): its type, its range (rounds, counts, sizes, classes), string
+lengths and list sizes. :func:`check_meta` returns a *clean* meta holding
+only the declared fields, with their defaults filled in, so that a handler
+never meets a surprise: ``int(m["round"])`` cannot raise, ``n_samples``
+cannot be ``10**12``, ``lr`` cannot be infinite.
+
+Unknown fields are dropped, not refused, so that a newer peer can add
+information an older one ignores. A message whose fields break the schema
+raises :class:`~edge_sdk.protocol.ProtocolError` with reason ``meta-field``
+and a message naming the field, the rule and the value.
+
+FedCRef's messages (``meta["type"]``) keep their own checks in their
+handlers (:mod:`edge_sdk.fedcref_mqtt`, :mod:`server_kit.fedcref_mqtt`); the
+global limits of the decoder apply to them too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .protocol import Kind, Message, ProtocolError, check_id
+
+__all__ = ["COMMANDS", "MAX_COUNT", "MAX_ROUND", "Field", "check_meta"]
+
+#: Largest sample or test count a device may claim.
+MAX_COUNT = 2**31 - 1
+#: Largest round number (the envelope's u32 field).
+MAX_ROUND = 2**32 - 1
+_REASON = "meta-field"
+
+
+@dataclass(frozen=True)
+class Field:
+    """One meta field: its type, range and default.
+
+    Parameters
+    ----------
+    kind : {"int", "float", "bool", "str", "id", "ids", "strs", "numbers", "object"}
+        ``id``: a topic-safe id (:func:`~edge_sdk.protocol.check_id`);
+        ``ids`` / ``strs``: lists of those / of strings; ``numbers``: an object
+        of finite numbers; ``object``: a JSON object (its nesting bounded by
+        the decoder).
+    lo, hi : float, optional
+        Inclusive range of a number.
+    max_len : int
+        Longest string, or most items of a list or object.
+    required : bool
+        Whether the field must be present.
+    default : any
+        Value filled in when the field is absent (``None``: left out).
+    choices : tuple, optional
+        The allowed values.
+    """
+
+    kind: str
+    lo: float | None = None
+    hi: float | None = None
+    max_len: int = 128
+    required: bool = False
+    default: Any = None
+    choices: tuple[Any, ...] | None = None
+
+
+def _fail(name: str, rule: str, value: Any) -> ProtocolError:
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return ProtocolError(_REASON, f"meta field {name!r} must be {rule}, got {text}")
+
+
+def _number(name: str, f: Field, v: Any, integer: bool) -> int | float:
+    what = "an integer" if integer else "a finite number"
+    rng = f" in [{f.lo:g}, {f.hi:g}]" if f.lo is not None and f.hi is not None else ""
+    ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
+    if isinstance(v, bool) or not ok_type or (not integer and not math.isfinite(v)):
+        raise _fail(name, what + rng, v)
+    if (f.lo is not None and v < f.lo) or (f.hi is not None and v > f.hi):
+        raise _fail(name, what + rng, v)
+    return int(v) if integer else float(v)
+
+
+def _string(name: str, f: Field, v: Any) -> str:
+    if not isinstance(v, str) or len(v) > f.max_len:
+        raise _fail(name, f"a string of at most {f.max_len} characters", v)
+    return v
+
+
+def _ident(name: str, v: Any) -> str:
+    try:
+        return check_id(v, f"meta field {name!r}", reason=_REASON)
+    except ProtocolError:
+        raise _fail(name, "a topic-safe id (1-64 bytes, no '/', '+', '#' or spaces)", v) from None
+
+
+def _value(name: str, f: Field, v: Any) -> Any:
+    k = f.kind
+    if k == "int":
+        out: Any = _number(name, f, v, True)
+    elif k == "float":
+        out = _number(name, f, v, False)
+    elif k == "bool":
+        if not isinstance(v, bool):
+            raise _fail(name, "true or false", v)
+        out = v
+    elif k == "str":
+        out = _string(name, f, v)
+    elif k == "id":
+        out = _ident(name, v)
+    elif k in ("ids", "strs"):
+        if not isinstance(v, list) or len(v) > f.max_len:
+            raise _fail(name, f"a list of at most {f.max_len} items", v)
+        out = [_ident(name, x) if k == "ids" else _string(name, Field("str", max_len=128), x) for x in v]
+    elif k == "numbers":
+        if not isinstance(v, dict) or len(v) > f.max_len:
+            raise _fail(name, f"an object of at most {f.max_len} numbers", v)
+        out = {_string(name, Field("str", max_len=64), key): _number(f"{name}.{key}", Field("float"), x, False)
+               for key, x in v.items()}
+    elif k == "object":
+        if not isinstance(v, dict) or len(v) > f.max_len or any(len(key) > 64 for key in v):
+            raise _fail(name, f"an object of at most {f.max_len} entries with keys of at most 64 characters", v)
+        out = dict(v)  # values: any JSON, nesting bounded by the decoder
+    else:  # pragma: no cover - a schema bug, not a peer's
+        raise AssertionError(f"unknown field kind {k!r}")
+    if f.choices is not None and out not in f.choices:
+        raise _fail(name, f"one of {list(f.choices)}", v)
+    return out
+
+
+def _check(fields: Mapping[str, Field], meta: Mapping[str, Any]) -> dict[str, Any]:
+    clean: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name in meta:
+            clean[name] = _value(name, f, meta[name])
+        elif f.required:
+            raise ProtocolError(_REASON, f"meta field {name!r} is missing")
+        elif f.default is not None:
+            clean[name] = f.default
+    return clean
+
+
+_ROUND = Field("int", 0, MAX_ROUND, required=True)
+_COUNT = Field("int", 1, MAX_COUNT, required=True)
+_EPOCHS = Field("int", 1, 10_000, default=1)
+_LR = Field("float", 1e-12, 100.0, default=1e-3)
+_BATCH = Field("int", 1, 1_000_000, default=32)
+_MODEL_KEY = Field("id", required=True)
+
+#: Fields of each command, by its ``op`` (server -> device).
+COMMANDS: dict[str, dict[str, Field]] = {
+    "hello": {},
+    "stop": {},
+    "assign": {"model_key": _MODEL_KEY},
+    "sketch": {
+        "encoder": Field("str", max_len=128, default="digits_encoder"),
+        "num_classes": Field("int", 1, 0xFFFF, required=True),
+        "flip_prob": Field("float", 0.0, 0.5, default=0.1),
+        "summary": Field("str", max_len=64, default="sketch"),
+        "params": Field("object", max_len=32, default={}),
+    },
+    "train": {
+        "round": _ROUND,
+        "models": Field("ids", max_len=256, required=True),
+        "evaluate_first": Field("bool", default=True),
+        "epochs": _EPOCHS,
+        "lr": _LR,
+        "batch_size": _BATCH,
+        "optimizer": Field("str", choices=("adam", "sgd"), default="adam"),
+    },
+    "train_ae": {
+        "round": _ROUND,
+        "architecture": Field("str", max_len=128, required=True),
+        "epochs": _EPOCHS,
+        "lr": _LR,
+        "batch_size": _BATCH,
+    },
+    "evaluate": {"round": _ROUND, "model_key": _MODEL_KEY},
+}
+
+_SCHEMAS: dict[Kind, dict[str, Field]] = {
+    Kind.HELLO: {
+        "n_samples": _COUNT,
+        "n_test": Field("int", 0, MAX_COUNT, default=0),
+        "classes_present": Field("int", 0, 0xFFFF, default=0),
+        "capabilities": Field("strs", max_len=32, default=[]),
+        "architecture": Field("str", max_len=128),
+    },
+    Kind.STATUS: {"state": Field("str", choices=("online", "offline"), default="online")},
+    Kind.SKETCH: {},
+    Kind.FEATURES: {"summary": Field("str", max_len=64, required=True)},
+    Kind.UPDATE: {
+        "round": _ROUND,
+        "model_key": _MODEL_KEY,
+        "n_samples": _COUNT,
+        "loss": Field("float"),
+        "metrics": Field("numbers", max_len=32, default={}),
+    },
+    Kind.METRICS: {
+        "round": _ROUND,
+        "model_key": _MODEL_KEY,
+        "accuracy": Field("float", 0.0, 1.0),
+        "loss": Field("float"),
+        "n_test": Field("int", 0, MAX_COUNT),
+    },
+    Kind.MODEL: {
+        "key": _MODEL_KEY,
+        "name": Field("str", max_len=128),
+        "sha256": Field("str", max_len=64),
+        "entry": Field("object", max_len=64),
+    },
+}
+
+
+def check_meta(msg: Message) -> dict[str, Any]:
+    """The clean meta of ``msg``: its declared fields, checked, with defaults.
+
+    Parameters
+    ----------
+    msg : Message
+        A decoded envelope of the main job.
+
+    Returns
+    -------
+    dict
+        Only the fields of the message's schema (for a command, of its
+        ``op``, which is kept); a FedCRef message (``meta["type"]``) and a
+        CHUNK are returned unchanged (their handlers check them).
+
+    Raises
+    ------
+    ProtocolError
+        Reason ``meta-field``: a missing required field, a wrong type, a
+        number out of range or not finite, a string or list too long, an
+        unknown command.
+    """
+    meta = msg.meta
+    if "type" in meta or msg.kind == Kind.CHUNK:
+        return dict(meta)
+    if msg.kind == Kind.CMD:
+        op = meta.get("op")
+        if not isinstance(op, str) or op not in COMMANDS:
+            raise _fail("op", f"one of {sorted(COMMANDS)}", op)
+        return {"op": op, **_check(COMMANDS[op], meta)}
+    return _check(_SCHEMAS[msg.kind], meta)
