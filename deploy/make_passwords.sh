@@ -1,8 +1,16 @@
 #!/bin/sh
-# Create a Mosquitto password file for N FedSketch clients (c01..cN) and the server.
+# Create a Mosquitto password file for N FedSketch clients (c01..cN) and the server,
+# and the server's Ed25519 signing key pair.
 #
 #   usage: deploy/make_passwords.sh N [PASSWORD_FILE] [PREFIX]
 #   e.g.:  sudo deploy/make_passwords.sh 20 /etc/mosquitto/fedsketch.passwd
+#
+# Signing key: unless they exist already, fedsketch-server.key (private, mode
+# 600: for fedsketch-server --signing-key) and fedsketch-server.pub (for every
+# device: fedsketch-client --server-key) are written to $KEY_DIR (default: the
+# current folder). A device given the .pub obeys only what the server signed.
+# Keep the .key on the server alone; an existing pair is never replaced (every
+# device would need the new .pub).
 #
 # Each user gets a random password, printed ONCE on standard output as
 # "user password" lines: copy each client's password to its Pi (for example
@@ -53,6 +61,17 @@ done
 sed 's/ /:/' "$tmp" >"$file"
 mosquitto_passwd -U "$file"
 chmod 600 "$file"
+
+key_dir=${KEY_DIR:-.}
+if [ ! -e "$key_dir/fedsketch-server.key" ]; then
+    command -v openssl >/dev/null 2>&1 || { echo "openssl not found: sudo apt install openssl" >&2; exit 1; }
+    openssl genpkey -algorithm ed25519 -out "$key_dir/fedsketch-server.key"
+    chmod 600 "$key_dir/fedsketch-server.key"
+    openssl pkey -in "$key_dir/fedsketch-server.key" -pubout -out "$key_dir/fedsketch-server.pub"
+    chmod 644 "$key_dir/fedsketch-server.pub"
+    echo "wrote the server's signing key $key_dir/fedsketch-server.key and its public half" \
+         "$key_dir/fedsketch-server.pub (copy it to every device)" >&2
+fi
 
 cat "$tmp"
 echo "wrote $((n + 1)) users to $file (hashed); the passwords above are not stored anywhere else" >&2

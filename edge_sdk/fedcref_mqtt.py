@@ -186,6 +186,9 @@ class FedCRefEdge:
                 self._refuse(f"unknown {msg.kind.name} {what!r} ignored")
         except (ProtocolError, ValueError, KeyError, TypeError, RuntimeError) as e:
             self._refuse(f"{msg.kind.name} {what!r} failed: {e}")
+        except Exception as e:  # no message may end the device
+            log.debug("handler error", exc_info=True)
+            self._refuse(f"{msg.kind.name} {what[:32]!r} failed: {type(e).__name__}: {e}")
         return True
 
     def run(self, *, max_idle_s: Optional[float] = None, close: bool = True) -> None:

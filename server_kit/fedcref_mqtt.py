@@ -245,6 +245,10 @@ class FedCRefCoordinator:
             except (ProtocolError, ValueError, KeyError, TypeError) as e:
                 self._reject(getattr(e, "reason", "invalid"),
                              f"{msg.kind.name} {msg.meta.get('type')!r} from {msg.sender}: {e}")
+            except Exception as e:  # no message may end the coordinator
+                log.debug("handler error", exc_info=True)
+                self._reject("handler-error", f"{msg.kind.name} {str(msg.meta.get('type'))[:32]!r} from "
+                                              f"{msg.sender}: {type(e).__name__}: {e}")
         return True
 
     def _wait(self, phase: str, clients: list[str], timeout: float) -> None:

@@ -155,6 +155,8 @@ class Orchestrator:
         self._tasked: set[str] = set()
         #: The model keys each tasked client was sent this round: its update must name one of them.
         self._allowed: dict[str, frozenset[str]] = {}
+        #: Tasked clients whose update this round was refused: they answered, the round does not wait for them.
+        self._refused: set[str] = set()
         self._phase = "register"
         self._rejections = RejectionLog(log)
         #: Refused messages per reason (logged once per sender and reason per interval).
@@ -346,12 +348,17 @@ class Orchestrator:
             return
         key = m["model_key"]
         if key not in self._allowed.get(cid, ()):
+            self._refused.add(cid)
             self._reject("wrong-model", f"update for model {key!r} in round {rnd}; this client was sent "
                                         f"{sorted(self._allowed.get(cid, ()))}", cid)
             return
         # weighed by the count the device registered, never by a new claim
         n = min(m["n_samples"], self.clients[cid].info.n_samples)
-        weights = parse_tensors(msg.body, spec=self._spec)
+        try:
+            weights = parse_tensors(msg.body, spec=self._spec)
+        except ProtocolError:
+            self._refused.add(cid)  # it answered, badly: the round does not wait for it
+            raise
         self._updates[cid] = Update(cid, rnd, key, weights, n, m.get("loss", float("nan")), m["metrics"])
 
     def _on_ae_update(self, cid: str, msg: Message) -> None:
@@ -520,6 +527,7 @@ class Orchestrator:
         t0 = time.monotonic()
         self._round = rnd
         self._updates = {}
+        self._refused = set()
         tasks = self.strategy.configure_round(rnd, self.online())
         self._tasked = {t.cid for t in tasks}
         self._allowed = {t.cid: frozenset(t.models) for t in tasks}
@@ -532,7 +540,8 @@ class Orchestrator:
 
         def done() -> bool:
             # quorum reached, or nobody left worth waiting for (the rest went offline)
-            waiting = [c for c in self._tasked if c not in self._updates and self.clients[c].online]
+            waiting = [c for c in self._tasked if c not in self._updates and c not in self._refused
+                       and self.clients[c].online]
             return len(self._updates) >= need or not waiting
 
         self._pump(done, self.config.round_timeout_s)
