@@ -206,3 +206,20 @@ def test_production_config_over_tls(login, production_broker):
     assert seen.topics() == [T.hello("c1")]
     with pytest.raises(ConnectionError, match="refused c2: Not authorized"):
         login("c2", "wrong", url=production_broker["tls"], ca_certs=production_broker["ca"])
+
+
+def test_production_config_refuses_retained_messages(login, production_broker):
+    """retain_available false: a device that tries to retain a message is disconnected, nothing is stored."""
+    seen = Collector()
+    login("server", url=production_broker["plain"], subscribe=[(T.all_clients("hello"), seen)])
+    c1 = login("c1", url=production_broker["tls"], ca_certs=production_broker["ca"])
+    time.sleep(0.1)
+    c1.publish(T.hello("c1"), msg(Kind.HELLO, "c1", n_samples=10), retain=True)
+    deadline = time.monotonic() + 5
+    while not c1.stats()["errors"].get("connection-lost") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert c1.stats()["errors"]["connection-lost"] >= 1
+    assert not seen.wait(1, timeout=0.5)
+    late = Collector()  # a server started later finds nothing retained
+    login("server", url=production_broker["plain"], subscribe=[(T.all_clients("hello"), late)])
+    assert not late.wait(1, timeout=0.5)
