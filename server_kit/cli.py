@@ -59,6 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "ladd, ocfl, cfl, briggs, kmeans-weights, flis-hc, flis-dc, or fedcref (unlabelled "
                         "clients: fedsketch-client --fedcref; --set theta=0.2 --set community_rounds=15 ...)")
     p.add_argument("--k", type=int, default=None, help="number of clusters for ifca, ladd and kmeans-weights")
+    p.add_argument("--aggregator", choices=["fedavg", "trimmed-mean", "median"], default=None,
+                   help="how each model's updates are combined: weighted FedAvg (default), or the unweighted "
+                        "coordinate-wise trimmed mean or median (robust to a few hostile devices; they hold a "
+                        "cluster's updates in memory)")
+    p.add_argument("--norm-bound", type=float, default=None, metavar="X",
+                   help="clip every update whose change exceeds X times the round's median update norm, refuse "
+                        "non-finite ones (default 2; 0 = off)")
+    p.add_argument("--trim-fraction", type=float, default=None, metavar="B",
+                   help="fraction cut at each end of every coordinate by --aggregator trimmed-mean, in (0, 0.5) "
+                        "(default 0.1)")
     p.add_argument("--set", dest="params", action="append", default=[], metavar="KEY=VALUE",
                    help="a strategy parameter, the value in TOML syntax (repeatable): --set algorithm=hdbscan "
                         "--set eps1=0.4")
@@ -203,6 +213,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         conf.pop("report_dir", None)
         config = ServerConfig(**conf)
         name = args.strategy or strat.pop("name", "fedsketch")
+        robust = {"aggregator": args.aggregator, "norm_bound": args.norm_bound,
+                  "trim_fraction": args.trim_fraction}
+        if name == "fedcref" and any(v is not None for v in robust.values()):
+            raise ValueError("--aggregator, --norm-bound and --trim-fraction apply to the model-averaging "
+                             "strategies, not fedcref")
         if name == "fedcref":
             return _run_fedcref(args, config, broker, {**strat, **parse_params(args.params)}, report_dir)
         settings = TrainSettings(
@@ -215,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             strat["min_cluster_size"] = args.min_cluster_size
         if args.k is not None:
             strat["k"] = args.k
+        strat.update({key: v for key, v in robust.items() if v is not None})
         strat.update(parse_params(args.params))
         for opt, key in ((args.ae_rounds, "rounds"), (args.ae_epochs, "epochs")):
             if opt is not None:

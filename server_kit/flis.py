@@ -53,7 +53,6 @@ import numpy as np
 
 from edge_sdk.worker import Task, Update
 
-from .aggregate import StreamingFedAvg
 from .strategy import ClientInfo, ClusteredFedAvg, Strategy, Weights, _copy
 from .update_clustered import UpdateClustered, _finite, check_int, check_number
 
@@ -614,7 +613,7 @@ class FLISDC(_AuxInference, Strategy):
         template = self.models[self.cluster_keys()[0]]
         models, members = {}, []
         for k, rows in enumerate(sets):
-            agg = StreamingFedAvg(template)
+            agg = self.new_aggregator(template)
             added = 0
             for j in rows:
                 u = reduced[j][0]

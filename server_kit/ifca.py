@@ -22,7 +22,6 @@ import numpy as np
 from edge_sdk.trainer import state_spec
 from edge_sdk.worker import Task, Update
 
-from .aggregate import StreamingFedAvg
 from .strategy import ClientInfo, ClusteredFedAvg, Strategy, Weights, _add_all
 
 __all__ = ["IFCA", "perturbed_copy"]
@@ -124,7 +123,7 @@ class IFCA(Strategy):
         summary: dict[str, Any] = {}
         accepted = 0
         for key in self.keys:
-            agg = StreamingFedAvg(self.models[key])
+            agg = self.new_aggregator(self.models[key])
             n = _add_all(agg, updates, key)
             if n:
                 self.models[key] = agg.result()

@@ -236,7 +236,7 @@ class Simulator:
             updates = [self.workers[t.cid].fit(t) for t in tasks]
             for u in updates:
                 ledger.add("UPDATE", "up", self._update_bytes(u))
-            summary = s.aggregate_round(rnd, updates)
+            summary = s.aggregate(rnd, updates)
             acc, per = mean_accuracy(self.workers, s, [t.cid for t in tasks])
             record = RoundRecord(rnd, acc, per, len(tasks), summary, time.perf_counter() - tr, ledger.total())
             result.rounds.append(record)

@@ -36,6 +36,15 @@ from edge_sdk.sketch import Sketch, stack_sketches
 from edge_sdk.worker import Task, TrainSettings, Update
 
 from .aggregate import StreamingFedAvg
+from .robust import (
+    DEFAULT_NORM_BOUND,
+    DEFAULT_TRIM_FRACTION,
+    CoordinateAggregator,
+    RobustConfig,
+    cap_samples,
+    make_aggregator,
+    screen_updates,
+)
 
 __all__ = [
     "ClientInfo",
@@ -118,9 +127,26 @@ class Strategy(ABC):
     """Base of every method. Subclasses fill the hooks; drivers call them in order:
 
     ``setup`` once; ``on_sketches`` once if ``needs_sketches``; then per round
-    ``configure_round`` -> (clients train) -> ``aggregate_round``;
+    ``configure_round`` -> (clients train) -> ``aggregate`` (which screens the
+    updates, then calls the subclass's ``aggregate_round``);
     ``model_for`` to evaluate a client; ``assign_late`` for a client that
     joins after clustering.
+
+    Parameters
+    ----------
+    settings : TrainSettings, optional
+        Local training settings sent with every task.
+    fraction : float
+        Fraction of the clients (of each cluster) sampled per round, in (0, 1].
+    seed : int
+        Seed of sampling and of any random initialisation.
+    aggregator : {"fedavg", "trimmed-mean", "median"}
+        How each model's updates are combined (:mod:`server_kit.robust`).
+    norm_bound : float or None
+        Clip updates above this multiple of the round's median update norm;
+        0 or None: off. Default :data:`server_kit.robust.DEFAULT_NORM_BOUND`.
+    trim_fraction : float
+        ``beta`` of the trimmed mean, in (0, 0.5).
     """
 
     name: str = "base"
@@ -133,9 +159,12 @@ class Strategy(ABC):
     #: Keyword arguments of the client-side summary function.
     summary_params: Mapping[str, Any] = {}
 
-    def __init__(self, *, settings: TrainSettings | None = None, fraction: float = 1.0, seed: int = 0) -> None:
+    def __init__(self, *, settings: TrainSettings | None = None, fraction: float = 1.0, seed: int = 0,
+                 aggregator: str = "fedavg", norm_bound: float | None = DEFAULT_NORM_BOUND,
+                 trim_fraction: float = DEFAULT_TRIM_FRACTION) -> None:
         if not 0.0 < float(fraction) <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+        self.robust = RobustConfig(aggregator=aggregator, norm_bound=norm_bound, trim_fraction=trim_fraction)
         self.settings = settings or TrainSettings()
         self.fraction = float(fraction)
         self.seed = int(seed)
@@ -161,7 +190,44 @@ class Strategy(ABC):
 
     @abstractmethod
     def aggregate_round(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
-        """Combine the round's updates; returns a summary for the logs."""
+        """Combine the round's updates; returns a summary for the logs.
+
+        Subclasses combine each model's updates with :meth:`new_aggregator`
+        (the run's FedAvg, trimmed mean or median). Drivers call
+        :meth:`aggregate`, which screens the updates first.
+        """
+
+    def aggregate(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+        """Screen the round's updates, then :meth:`aggregate_round` the rest; what drivers call.
+
+        Screening, against the models the updates started from
+        (``self.models[u.model_key]``, before aggregation): sample counts
+        above the client's registered count are capped at it; with norm
+        bounding on, updates whose delta norm is not finite are refused and
+        those above ``norm_bound`` times the median of all the round's update
+        norms are clipped onto that bound (:func:`server_kit.robust.screen_updates`).
+
+        Returns
+        -------
+        dict
+            The summary of :meth:`aggregate_round` plus ``clipped``,
+            ``refused_norm``, ``capped_samples``, ``norm_median``,
+            ``norm_max_ratio`` (largest finite norm over the median),
+            ``norm_bound`` (absolute, None when off) and ``aggregator``.
+        """
+        registered = {cid: c.n_samples for cid, c in self.clients.items()}
+        capped_updates, capped = cap_samples(updates, registered)
+        screened, report = screen_updates(capped_updates, self.models, self.robust.norm_bound, rnd=rnd)
+        summary = dict(self.aggregate_round(rnd, screened))
+        summary.update(report.as_dict())
+        summary["capped_samples"] = capped
+        summary["aggregator"] = self.robust.aggregator
+        return summary
+
+    def new_aggregator(self, template: Weights, *, include: Sequence[str] | None = None
+                       ) -> StreamingFedAvg | CoordinateAggregator:
+        """An empty aggregator of the run's rule for ``template`` (see :func:`server_kit.robust.make_aggregator`)."""
+        return make_aggregator(template, self.robust, include=include)
 
     def model_key_for(self, cid: str) -> str:
         """The model a client is evaluated with."""
@@ -223,14 +289,15 @@ class FedAvg(Strategy):
         return [Task(cid, rnd, {self.default_key: model}, self.settings) for cid in chosen]
 
     def aggregate_round(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
-        agg = StreamingFedAvg(self.models[self.default_key])
+        agg = self.new_aggregator(self.models[self.default_key])
         accepted = _add_all(agg, updates, self.default_key)
         if accepted:
             self.models[self.default_key] = agg.result()
         return {"updates": accepted, "rejected": len(updates) - accepted}
 
 
-def _add_all(agg: StreamingFedAvg, updates: Sequence[Update], key: str, only: Sequence[str] | None = None) -> int:
+def _add_all(agg: StreamingFedAvg | CoordinateAggregator, updates: Sequence[Update], key: str,
+             only: Sequence[str] | None = None) -> int:
     """Add the updates for model ``key`` (restricted to parameter names ``only``); returns how many."""
     n = 0
     for u in updates:
@@ -301,7 +368,7 @@ class ClusteredFedAvg(Strategy):
         summary: dict[str, Any] = {}
         accepted = 0
         for key in sorted(self.models):
-            agg = StreamingFedAvg(self.models[key])
+            agg = self.new_aggregator(self.models[key])
             n = _add_all(agg, updates, key)
             accepted += n
             if n:
@@ -310,7 +377,7 @@ class ClusteredFedAvg(Strategy):
         shared = [n for n in next(iter(self.models.values())) if self._is_shared(n)]
         if shared and len(self.models) > 1:
             template = {n: next(iter(self.models.values()))[n] for n in shared}
-            agg = StreamingFedAvg(template)
+            agg = self.new_aggregator(template)
             n_shared = sum(_add_all(agg, updates, key, shared) for key in sorted(self.models))
             if n_shared:
                 avg = agg.result()

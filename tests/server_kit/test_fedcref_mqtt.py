@@ -103,7 +103,7 @@ def test_memory_broker_run_matches_in_process_and_rejects_hostile_messages(data,
     assert not any(th.is_alive() for th in threads)  # every edge got "stop"
     check_same_as_in_process(got, clients, reference)
     assert got.transport["rejected"] == {"magic": 1}
-    assert "rejected message on fedsketch/fedcref/clients/c0/update (magic)" in caplog.text
+    assert "rejected (magic) from fedsketch/fedcref/clients/c0/update" in caplog.text
     assert got.rejected == {"stale": 1}
     assert "rejected (stale): refined from c0 for iteration 1 (current 2)" in caplog.text
     assert edges[0].transport.rejected == {"magic": 1}
@@ -152,7 +152,7 @@ def test_real_broker_run_matches_in_process(data, reference, caplog, shipped_acl
             th.join(timeout=15)
     check_same_as_in_process(got, clients, reference)
     assert got.transport["rejected"] == {"magic": 1}
-    assert "rejected message on fedsketch/fedcref/clients/c0/update (magic)" in caplog.text
+    assert "rejected (magic) from fedsketch/fedcref/clients/c0/update" in caplog.text
 
 
 def test_a_client_that_vanishes_is_logged_and_left_behind(data, caplog):
