@@ -65,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "cluster's updates in memory)")
     p.add_argument("--norm-bound", type=float, default=None, metavar="X",
                    help="clip every update whose change exceeds X times the round's median update norm, refuse "
-                        "non-finite ones (default 2; 0 = off)")
+                        "non-finite ones (default 2; 0 = off, with --refuse-above)")
+    p.add_argument("--refuse-above", type=float, default=None, metavar="R",
+                   help="with --norm-bound on, refuse every update whose change exceeds R times the round's "
+                        "median update norm (default 20; 0 = clip it instead)")
     p.add_argument("--trim-fraction", type=float, default=None, metavar="B",
                    help="fraction cut at each end of every coordinate by --aggregator trimmed-mean, in (0, 0.5) "
                         "(default 0.1)")
@@ -214,10 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = ServerConfig(**conf)
         name = args.strategy or strat.pop("name", "fedsketch")
         robust = {"aggregator": args.aggregator, "norm_bound": args.norm_bound,
-                  "trim_fraction": args.trim_fraction}
+                  "trim_fraction": args.trim_fraction, "refuse_above": args.refuse_above}
         if name == "fedcref" and any(v is not None for v in robust.values()):
-            raise ValueError("--aggregator, --norm-bound and --trim-fraction apply to the model-averaging "
-                             "strategies, not fedcref")
+            raise ValueError("--aggregator, --norm-bound, --refuse-above and --trim-fraction apply to the "
+                             "model-averaging strategies, not fedcref")
         if name == "fedcref":
             return _run_fedcref(args, config, broker, {**strat, **parse_params(args.params)}, report_dir)
         settings = TrainSettings(

@@ -38,6 +38,7 @@ from edge_sdk.worker import Task, TrainSettings, Update
 from .aggregate import StreamingFedAvg
 from .robust import (
     DEFAULT_NORM_BOUND,
+    DEFAULT_REFUSE_ABOVE,
     DEFAULT_TRIM_FRACTION,
     CoordinateAggregator,
     RobustConfig,
@@ -147,6 +148,10 @@ class Strategy(ABC):
         0 or None: off. Default :data:`server_kit.robust.DEFAULT_NORM_BOUND`.
     trim_fraction : float
         ``beta`` of the trimmed mean, in (0, 0.5).
+    refuse_above : float or None
+        With ``norm_bound`` on, refuse updates above this multiple of the
+        round's median update norm (0 or None: only non-finite ones).
+        Default :data:`server_kit.robust.DEFAULT_REFUSE_ABOVE`.
     """
 
     name: str = "base"
@@ -161,10 +166,12 @@ class Strategy(ABC):
 
     def __init__(self, *, settings: TrainSettings | None = None, fraction: float = 1.0, seed: int = 0,
                  aggregator: str = "fedavg", norm_bound: float | None = DEFAULT_NORM_BOUND,
-                 trim_fraction: float = DEFAULT_TRIM_FRACTION) -> None:
+                 trim_fraction: float = DEFAULT_TRIM_FRACTION,
+                 refuse_above: float | None = DEFAULT_REFUSE_ABOVE) -> None:
         if not 0.0 < float(fraction) <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
-        self.robust = RobustConfig(aggregator=aggregator, norm_bound=norm_bound, trim_fraction=trim_fraction)
+        self.robust = RobustConfig(aggregator=aggregator, norm_bound=norm_bound, trim_fraction=trim_fraction,
+                                   refuse_above=refuse_above)
         self.settings = settings or TrainSettings()
         self.fraction = float(fraction)
         self.seed = int(seed)
@@ -203,9 +210,10 @@ class Strategy(ABC):
         Screening, against the models the updates started from
         (``self.models[u.model_key]``, before aggregation): sample counts
         above the client's registered count are capped at it; with norm
-        bounding on, updates whose delta norm is not finite are refused and
-        those above ``norm_bound`` times the median of all the round's update
-        norms are clipped onto that bound (:func:`server_kit.robust.screen_updates`).
+        bounding on, updates whose delta norm is not finite or above
+        ``refuse_above`` times the median of all the round's update norms are
+        refused, and those above ``norm_bound`` times it are clipped onto that
+        bound (:func:`server_kit.robust.screen_updates`).
 
         Returns
         -------
@@ -213,11 +221,13 @@ class Strategy(ABC):
             The summary of :meth:`aggregate_round` plus ``clipped``,
             ``refused_norm``, ``capped_samples``, ``norm_median``,
             ``norm_max_ratio`` (largest finite norm over the median),
-            ``norm_bound`` (absolute, None when off) and ``aggregator``.
+            ``norm_bound`` and ``refuse_bound`` (absolute, None when off) and
+            ``aggregator``.
         """
         registered = {cid: c.n_samples for cid, c in self.clients.items()}
         capped_updates, capped = cap_samples(updates, registered)
-        screened, report = screen_updates(capped_updates, self.models, self.robust.norm_bound, rnd=rnd)
+        screened, report = screen_updates(capped_updates, self.models, self.robust.norm_bound,
+                                          refuse_above=self.robust.refuse_above, rnd=rnd)
         summary = dict(self.aggregate_round(rnd, screened))
         summary.update(report.as_dict())
         summary["capped_samples"] = capped

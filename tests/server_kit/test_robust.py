@@ -125,6 +125,12 @@ def test_config_validation_messages():
     for bad in (0, 0.5, -0.1, None):
         with pytest.raises(ValueError, match=r"trim_fraction must be a number in \(0, 0.5\), got"):
             RobustConfig(trim_fraction=bad)
+    assert RobustConfig(refuse_above=0).refuse_above is None and RobustConfig(norm_bound=500).refuse_above == 20
+    for bad in (0.5, float("nan"), "x"):
+        with pytest.raises(ValueError, match=r"refuse_above must be a finite number >= 1 \(a multiple of the "
+                                             r"round's median update norm\), or 0 or None to refuse only "
+                                             r"non-finite updates, got"):
+            RobustConfig(refuse_above=bad)
     with pytest.raises(dataclasses.FrozenInstanceError):
         RobustConfig().aggregator = "median"  # type: ignore[misc]
     with pytest.raises(ValueError, match="aggregator must be one of"):
@@ -144,12 +150,18 @@ def test_screen_clips_and_refuses_against_the_median_of_all_norms():
            _u("g", w([0, 0], [0, 0, 0]), "zz")]  # unknown key: passed on for the strategy to refuse
     kept, rep = screen_updates(ups, refs, 2.0)
     assert rep.norm_median == 3.0 and rep.norm_bound == 6.0 and rep.clipped == 1 and rep.refused_norm == 1
+    assert rep.refuse_bound is None
     assert rep.norm_max_ratio == 330.0
     assert [u.cid for u in kept] == ["a", "b", "c", "d", "e", "g"]
     e = kept[4]
     np.testing.assert_allclose(e.weights["conv.w"], [16, 10])
     assert kept[0] is ups[0]
-    off, rep_off = screen_updates(ups, refs, None)
+    refused, rep_r = screen_updates(ups, refs, 2.0, refuse_above=100)  # 990 > 300: refused, not clipped
+    assert [u.cid for u in refused] == ["a", "b", "c", "d", "g"] and rep_r.refuse_bound == 300.0
+    assert rep_r.refused_norm == 2 and rep_r.clipped == 0
+    low, rep_low = screen_updates(ups, refs, 2.0, refuse_above=1)  # never below norm_bound: 6, so e only
+    assert rep_low.refuse_bound == 6.0 and rep_low.refused_norm == 2 and rep_low.clipped == 0 and len(low) == 5
+    off, rep_off = screen_updates(ups, refs, None, refuse_above=100)
     assert off == ups and rep_off.clipped == 0 and rep_off.refused_norm == 0 and rep_off.norm_median == 3.0
 
 
@@ -163,7 +175,7 @@ def test_cap_samples_at_the_registered_count():
 
 
 def test_strategy_aggregate_screens_then_aggregates_and_reports():
-    s = FedAvg(norm_bound=2.0)
+    s = FedAvg(norm_bound=2.0, refuse_above=0)
     s.setup([ClientInfo(c, 10) for c in "abcd"], w([0, 0], [0, 0, 0]))
     ups = [_u("a", w([1, 0], [0, 0, 0])), _u("b", w([1, 0], [0, 0, 0])), _u("c", w([1, 0], [0, 0, 0])),
            _u("d", w([1000, 0], [0, 0, 0], 4), n=10**9)]
@@ -173,6 +185,11 @@ def test_strategy_aggregate_screens_then_aggregates_and_reports():
     assert s.models["global"]["bn.num_batches_tracked"] == 4
     assert summary["updates"] == 4 and summary["clipped"] == 1 and summary["capped_samples"] == 1
     assert summary["refused_norm"] == 0 and summary["norm_median"] == 1.0 and summary["aggregator"] == "fedavg"
+    d = FedAvg()  # the defaults: 999 times the median is refused
+    d.setup([ClientInfo(c, 10) for c in "abcd"], w([0, 0], [0, 0, 0]))
+    summary = d.aggregate(1, ups)
+    np.testing.assert_allclose(d.models["global"]["conv.w"], [1, 0])
+    assert summary["updates"] == 3 and summary["refused_norm"] == 1 and summary["clipped"] == 0
 
 
 @pytest.mark.parametrize("aggregator, expected", [("median", [1, 0]), ("trimmed-mean", [1, 0]),
@@ -224,8 +241,9 @@ def built(monkeypatch):
 def test_command_line_and_run_config_set_the_defences(built, tmp_path):
     from server_kit.cli import main
 
-    assert main(["--strategy", "ifca", "--aggregator", "median", "--norm-bound", "0", "--trim-fraction", "0.2"]) == 3
-    assert built["strategy"].robust == RobustConfig("median", None, 0.2)
+    assert main(["--strategy", "ifca", "--aggregator", "median", "--norm-bound", "0", "--trim-fraction", "0.2",
+                 "--refuse-above", "0"]) == 3
+    assert built["strategy"].robust == RobustConfig("median", None, 0.2, None)
     assert main(["--strategy", "fedsketch"]) == 3
     assert built["strategy"].robust == RobustConfig()
     toml = tmp_path / "run.toml"
@@ -239,8 +257,10 @@ def test_command_line_and_run_config_set_the_defences(built, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--norm-bound", "0.5"], "norm_bound must be a finite number >= 1"),
     (["--trim-fraction", "0.5"], r"trim_fraction must be a number in (0, 0.5), got 0.5"),
-    (["--strategy", "fedcref", "--aggregator", "median"], "--aggregator, --norm-bound and --trim-fraction apply "
-                                                          "to the model-averaging strategies, not fedcref"),
+    (["--refuse-above", "0.5"], "refuse_above must be a finite number >= 1"),
+    (["--strategy", "fedcref", "--aggregator", "median"], "--aggregator, --norm-bound, --refuse-above and "
+                                                          "--trim-fraction apply to the model-averaging "
+                                                          "strategies, not fedcref"),
 ])
 def test_command_line_refuses_bad_defences(built, argv, message, capsys):
     from server_kit.cli import main
@@ -330,7 +350,8 @@ def victims_accuracy(federation, rounds, attack=None, **robust):
     res = sim.run(rounds, stop=score)
     members = [c for c, k in res.assignment.items() if k == res.assignment[hostile.cid]]
     assert sorted(members) == sorted(c.cid for c in clients if c.group == hostile.group)  # 4 victims, 1 hostile
-    return float(np.mean(accs[-3:])), sum(r.summary["clipped"] for r in res.rounds)
+    return (float(np.mean(accs[-3:])), sum(r.summary["clipped"] for r in res.rounds),
+            sum(r.summary["refused_norm"] for r in res.rounds))
 
 
 @pytest.fixture(scope="module")
@@ -340,15 +361,23 @@ def clean(federation):
 
 @pytest.mark.slow
 def test_clean_run_clips_nothing(clean):
-    acc, clipped = clean
-    assert clipped == 0 and acc > 0.85
+    acc, clipped, refused = clean
+    assert clipped == 0 and refused == 0 and acc > 0.85
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("attack", ATTACKS)
 def test_one_hostile_device_is_contained_by_the_default_defences(federation, clean, attack):
-    undefended, _ = victims_accuracy(federation, 3, attack, norm_bound=0)
+    undefended, _, _ = victims_accuracy(federation, 3, attack, norm_bound=0)
     assert undefended < 0.3, undefended  # the attack works without a defence
-    defended, clipped = victims_accuracy(federation, 10, attack)
-    assert clipped == 10  # the hostile update, every round, and no other
+    defended, clipped, refused = victims_accuracy(federation, 10, attack)
+    assert (clipped, refused) == (0, 10)  # the hostile update, every round, and no other
+    assert defended >= clean[0] - 0.02, (defended, clean[0])
+
+
+@pytest.mark.slow
+def test_clipping_alone_contains_a_scaled_update(federation, clean):
+    """x1000 of an honest change, clipped to twice the median norm instead of refused: a long honest step."""
+    defended, clipped, refused = victims_accuracy(federation, 10, "scale", refuse_above=0)
+    assert (clipped, refused) == (10, 0)
     assert defended >= clean[0] - 0.02, (defended, clean[0])
