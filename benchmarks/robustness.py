@@ -61,7 +61,6 @@ on 2 cores) or ``--data ../shared/data/mnist``. The last line is JSON:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import math
@@ -78,7 +77,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from edge_sdk.worker import LocalWorker, Task, Update  # noqa: E402
+from server_kit.attacks import HostileWorker, SurvivingWorker, other_key  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "mnist"
 ATTACKS = ("scale", "huge", "random", "cross")
@@ -97,46 +96,6 @@ LAST = 3  # rounds averaged for the victims' accuracy
 
 
 # --------------------------------------------------------------------------- devices
-
-
-def other_key(key: str) -> str:
-    """The cluster a cross-cluster attacker targets: c1 from c0, else c0."""
-    return "c1" if key == "c0" else "c0"
-
-
-class SurvivingWorker(LocalWorker):
-    """An honest device that sends the model back unchanged when training from a wrecked model diverges."""
-
-    def fit(self, task: Task) -> Update:
-        try:
-            return super().fit(task)
-        except RuntimeError:  # "training diverged": only in the undefended runs
-            key = next(iter(task.models))
-            return Update(self.cid, task.round, key, dict(task.models[key]), len(self.y), float("nan"))
-
-
-class HostileWorker(SurvivingWorker):
-    """The hostile device: its ``attack`` (see the module docstring) replaces every update."""
-
-    attack = "scale"
-
-    def fit(self, task: Task) -> Update:
-        if self.attack in ("scale", "cross"):
-            u = super().fit(task)
-            ref = task.models[u.model_key]
-            weights = {k: (ref[k] + 1000 * (v - ref[k])).astype(v.dtype) if v.dtype.kind == "f" else v
-                       for k, v in u.weights.items()}
-            key = other_key(u.model_key) if self.attack == "cross" else u.model_key
-            return dataclasses.replace(u, weights=weights, model_key=key)
-        key = next(iter(task.models))
-        ref = task.models[key]
-        if self.attack == "huge":
-            return Update(self.cid, task.round, key, {k: np.full_like(v, 1e30) if v.dtype.kind == "f" else v
-                                                      for k, v in ref.items()}, len(self.y), 0.1)
-        rng = np.random.default_rng(task.round)
-        return Update(self.cid, task.round, key, {k: rng.standard_normal(v.shape).astype(v.dtype)
-                                                  if v.dtype.kind == "f" else v for k, v in ref.items()},
-                      10**12, 0.1)
 
 
 # --------------------------------------------------------------------------- setup

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from edge_sdk.worker import LocalWorker, Task, TrainSettings, Update
+from edge_sdk.worker import TrainSettings, Update
+from server_kit.attacks import HostileWorker, SurvivingWorker
 from server_kit.robust import (
     DEFAULT_NORM_BOUND,
     CoordinateAggregator,
@@ -271,44 +272,7 @@ def test_command_line_refuses_bad_defences(built, argv, message, capsys):
 
 # --------------------------------------------------------------------------- attacks in a federation
 
-ATTACKS = ("scale", "huge", "random")
-
-
-class HostileWorker(LocalWorker):
-    """One admitted device whose updates attack its cluster.
-
-    ``scale``: its honest update's delta times 1000; ``huge``: every weight
-    1e30; ``random``: standard normal weights claiming 10**12 samples.
-    """
-
-    attack = "scale"
-
-    def fit(self, task: Task) -> Update:
-        if self.attack == "scale":
-            u = super().fit(task)
-            ref = task.models[u.model_key]
-            return dataclasses.replace(u, weights={k: (ref[k] + 1000 * (v - ref[k])).astype(v.dtype)
-                                                   if v.dtype.kind == "f" else v for k, v in u.weights.items()})
-        key = next(iter(task.models))
-        ref = task.models[key]
-        if self.attack == "huge":
-            return Update(self.cid, task.round, key, {k: np.full_like(v, 1e30) if v.dtype.kind == "f" else v
-                                                      for k, v in ref.items()}, len(self.y), 0.1)
-        rng = np.random.default_rng(task.round)
-        return Update(self.cid, task.round, key, {k: rng.standard_normal(v.shape).astype(v.dtype)
-                                                  if v.dtype.kind == "f" else v for k, v in ref.items()},
-                      10**12, 0.1)
-
-
-class SurvivingWorker(LocalWorker):
-    """An honest device that sends the model back unchanged when training from a wrecked model diverges."""
-
-    def fit(self, task: Task) -> Update:
-        try:
-            return super().fit(task)
-        except RuntimeError:  # "training diverged": the undefended runs
-            key = next(iter(task.models))
-            return Update(self.cid, task.round, key, dict(task.models[key]), len(self.y), float("nan"))
+ATTACKS = ("scale", "huge", "random")  # cross: the orchestrator refuses it (test_hostile_devices.py)
 
 
 @pytest.fixture(scope="module")
