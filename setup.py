@@ -128,6 +128,7 @@ setup(
         "console_scripts": [
             "fedsketch=edge_sdk.cli:main",
             "fedsketch-client=edge_sdk.client:main",
+            "fedsketch-data=server_kit.data.split:main",
             "fedsketch-server=server_kit.cli:main",
         ]
     },

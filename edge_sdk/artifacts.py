@@ -145,3 +145,35 @@ def artifact_path(
                 f"{spec.sha256}; rebuild it with: {spec.recipe or 'its recipe'}"
             )
     return path, spec
+
+
+def _size(shape: tuple[int, ...] | None) -> int:
+    n = 1
+    for d in shape or ():
+        n *= int(d)
+    return n
+
+
+def models_for_shape(sample_shape: tuple[int, ...], directory: str | os.PathLike[str] | None = None
+                     ) -> tuple[str | None, str | None]:
+    """The shipped encoder and classifier architecture that take samples of ``sample_shape``.
+
+    Samples match an artifact when they hold as many values as its input
+    (8x8, (1, 8, 8) and 64 all fit the digits models; 28x28 fits the
+    Fashion-MNIST encoder and LeNet-5). Returns ``(encoder name, architecture)``,
+    either None when nothing shipped fits.
+    """
+    n = _size(tuple(sample_shape))
+    manifest = load_manifest(directory)
+    encoders = sorted(k for k, s in manifest.items() if s.role == "encoder" and _size(s.input_shape) == n)
+    classifiers = sorted(str((s.extra or {}).get("architecture")) for s in manifest.values()
+                         if s.role == "classifier" and _size(s.input_shape) == n and (s.extra or {}).get("architecture"))
+    return (encoders[0] if encoders else None), (classifiers[0] if classifiers else None)
+
+
+def input_size(name: str, directory: str | os.PathLike[str] | None = None) -> int | None:
+    """How many values one sample of shipped encoder or architecture ``name`` holds (None: not shipped)."""
+    for key, spec in load_manifest(directory).items():
+        if key == name or (spec.extra or {}).get("architecture") == name:
+            return _size(spec.input_shape)
+    return None

@@ -57,6 +57,13 @@ class EdgeClient:
     max_models : int
         Most models kept at once (the oldest round is forgotten first), so
         that no stream of models can fill the device's memory.
+    stay : bool
+        Keep waiting for the next run when the server finishes (default:
+        exit 0 when it says it has finished).
+    progress_interval_s : float
+        While training, a status saying which round it trains is sent this
+        often, so that the server keeps the round open for a device that is
+        slow but working.
     """
 
     def __init__(
@@ -69,6 +76,8 @@ class EdgeClient:
         seed: int | None = None,
         model_timeout_s: float = 60.0,
         max_models: int = 8,
+        stay: bool = False,
+        progress_interval_s: float = 10.0,
     ) -> None:
         self.transport = transport
         self.worker = worker
@@ -92,6 +101,13 @@ class EdgeClient:
         self.rejected_encoders: list[str] = []
         self._stop = threading.Event()
         self.handled: dict[str, int] = {}
+        self.stay = bool(stay)
+        self.progress_interval_s = float(progress_interval_s)
+        #: What :func:`main` exits with: 0, or 4 when the server refused this device.
+        self.exit_code = 0
+        #: Why the server refused this device (None while admitted or not yet answered).
+        self.refused_reason: str | None = None
+        self._connections = 0
         self._rejections = RejectionLog(log)
         #: Refused commands and models per reason (logged once per reason per interval).
         self.rejected: dict[str, int] = self._rejections.counts
@@ -229,16 +245,41 @@ class EdgeClient:
         self._send(self.topics.sketch(self.cid), Kind.SKETCH, rnd, body=sketch_body(sk))
         log.info("sent sketch (%d bits, %d bytes)", sk.n_bits, sk.nbytes)
 
+    def _use_architecture(self, m: Mapping[str, Any]) -> None:
+        arch = m.get("architecture")
+        if arch and arch != self.worker.architecture:
+            log.info("architecture %s (from the server)", arch)
+            self.worker.architecture = arch
+
+    def _report_progress(self, r: int, done: threading.Event) -> None:
+        """Say "training round r" now and every ``progress_interval_s`` until ``done``."""
+        while True:
+            try:
+                self._send(self.topics.status(self.cid), Kind.STATUS, r, {"state": "online", "working": r})
+            except (ConnectionError, ValueError) as e:  # offline for a while: the next one will do
+                log.debug("progress report for round %d not sent: %s", r, e)
+            if done.wait(self.progress_interval_s):
+                return
+
     def _do_train(self, m: Mapping[str, Any], rnd: int) -> None:
         r = m["round"]
         keys = m["models"]
-        models = {k: self._wait_model(k, r) for k in keys}
-        task = Task(self.cid, r, models, TrainSettings.from_dict(m), m["evaluate_first"])
-        upd = self.worker.fit(task)
+        self._use_architecture(m)
+        done = threading.Event()
+        beat = threading.Thread(target=self._report_progress, args=(r, done), daemon=True,
+                                name=f"{self.cid}-progress")
+        beat.start()
+        try:
+            models = {k: self._wait_model(k, r) for k in keys}
+            task = Task(self.cid, r, models, TrainSettings.from_dict(m), m["evaluate_first"])
+            upd = self.worker.fit(task)
+        finally:
+            done.set()
         meta = {"round": r, "model_key": upd.model_key, "n_samples": upd.n_samples, "loss": upd.loss,
                 "metrics": dict(upd.metrics)}
         self._send(self.topics.update(self.cid), Kind.UPDATE, r, meta, tensors_body(upd.weights))
-        log.info("round %d: trained %s, loss %.4f", r, upd.model_key, upd.loss)
+        log.info("round %d: trained %s on %d samples, loss %.4f; update sent", r, upd.model_key, upd.n_samples,
+                 upd.loss)
 
     def _do_train_ae(self, m: Mapping[str, Any], rnd: int) -> None:
         from .trainer import train_autoencoder_local
@@ -254,7 +295,9 @@ class EdgeClient:
 
     def _do_evaluate(self, m: Mapping[str, Any], rnd: int) -> None:
         r, key = m["round"], m["model_key"]
+        self._use_architecture(m)
         res = self.worker.evaluate(self._wait_model(key, r))
+        log.info("evaluated %s: accuracy %.4f on %d samples", key, res["accuracy"], res["n_test"])
         self._send(self.topics.metrics(self.cid), Kind.METRICS, r, {"round": r, "model_key": key, **res})
 
     def handle(self, msg: Message) -> bool:
@@ -267,12 +310,28 @@ class EdgeClient:
         op = m["op"]
         self.handled[op] = self.handled.get(op, 0) + 1
         if op == "stop":
+            if self.stay:
+                log.info("the server has finished (%s); staying for the next run", m["reason"])
+                return True
+            log.info("the server has finished (%s)", m["reason"])
+            return False
+        if op == "refused":
+            self.refused_reason = m["reason"]
+            self.exit_code = 4
+            log.error("the server refused this device: %s", m["reason"])
             return False
         try:
             if op == "hello":
                 self.hello()
             elif op == "sketch":
                 self._do_sketch(m, msg.round)
+            elif op == "welcome":
+                self._use_architecture(m)
+                if m.get("num_classes"):
+                    self.worker.num_classes = m["num_classes"]
+                log.info("admitted: architecture %s, encoder %s, %s classes%s", self.worker.architecture,
+                         m.get("encoder"), self.worker.num_classes,
+                         "" if m["train"] else f"; not training ({m.get('reason', 'the server says so')})")
             elif op == "assign":
                 self.model_key = m["model_key"]
                 log.info("assigned to model %s", self.model_key)
@@ -292,13 +351,26 @@ class EdgeClient:
             self._rejections("handler-error", msg.sender, f"command {op}: {type(e).__name__}: {e}")
         return True
 
+    def _on_connected(self) -> None:
+        """Every (re)connection: announce this device again (network thread: enqueue only)."""
+        self._connections += 1
+        if self._connections > 1:
+            log.info("reconnected: announcing this device again")
+            try:
+                self._cmds.put_nowait(Message(Kind.CMD, self.federation, "server", 0, {"op": "hello"}))
+            except queue.Full:
+                pass
+
     def start(self) -> None:
-        """Connect, subscribe, register."""
+        """Connect, subscribe, register (and register again after every reconnection)."""
         self.transport.subscribe(self.topics.cmd(self.cid), self._on_cmd)
         self.transport.subscribe(self.topics.broadcast(), self._on_cmd)
         self.transport.subscribe(self.topics.model("+"), self._on_model)
+        if hasattr(self.transport, "on_connected"):
+            self.transport.on_connected(self._on_connected)
         self.transport.connect()
         self.hello()
+        log.info("connected as %s; hello sent (%d samples)", self.cid, len(self.worker.y))
 
     def run(self, *, max_idle_s: float | None = None) -> None:
         """Process commands until ``stop`` (or ``max_idle_s`` without any command)."""
@@ -314,7 +386,6 @@ class EdgeClient:
                 continue
             idle_since = time.monotonic()
             if not self.handle(msg):
-                log.info("server said stop")
                 break
         self.transport.close()
 
@@ -323,14 +394,19 @@ class EdgeClient:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedsketch-client", description="A FedSketch edge client over MQTT.")
+    p = argparse.ArgumentParser(
+        prog="fedsketch-client", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="A FedSketch edge client over MQTT. It learns the model, encoder, classes and training "
+                    "settings from the server; exits 0 when the server finishes, 4 when it refuses this device, "
+                    "3 when the broker cannot be reached, 2 for bad arguments or data.")
     p.add_argument("--broker", default="mqtt://127.0.0.1:1883", help="mqtt://host:port or mqtts://host:port")
-    p.add_argument("--federation", default="default")
+    p.add_argument("--federation", default="default", help="the federation's id (the server's --federation)")
     p.add_argument("--root", default="fedsketch", help="topic root")
-    p.add_argument("--client-id", required=True)
+    p.add_argument("--client-id", required=True, help="this device's id (its broker user name)")
     p.add_argument("--data", required=True, help=".npz with x, y (and x_test, y_test); read without pickle")
-    p.add_argument("--architecture", default="digits_cnn_1x8x8_10")
-    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--architecture", default=None,
+                   help="classifier architecture; default: the one the server says (recommended)")
+    p.add_argument("--num-classes", type=int, default=None, help="default: the number the server says")
     p.add_argument("--seed", type=int, default=None, help="sketch and training seed (default: OS)")
     p.add_argument("--username")
     p.add_argument("--password-file", help="file holding the broker password")
@@ -341,6 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-payload", type=int, default=1_000_000, help="chunk messages above this many bytes")
     p.add_argument("--threads", type=int, default=1, help="torch threads for local training")
     p.add_argument("--max-idle", type=float, default=None, help="leave after this many idle seconds")
+    p.add_argument("--stay", action="store_true",
+                   help="when the server finishes, keep waiting for its next run instead of exiting 0")
     p.add_argument("--server-key", default=None, metavar="PEM",
                    help="the server's Ed25519 public key (given at enrolment): obey only messages it signed")
     p.add_argument("--fedcref", action="store_true",
@@ -351,14 +429,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "for example --set n_clusters=3 --set epochs=10")
     p.add_argument("--labels-out", default=None,
                    help="with --fedcref: write the final local cluster of each sample here (.npz, 'labels')")
-    p.add_argument("-v", "--verbose", action="count", default=0)
+    p.add_argument("-v", "--verbose", action="count", default=0, help="-v: debug logs")
+    p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
-                        format=f"%(asctime)s {args.client_id} %(levelname)s %(name)s: %(message)s")
+    level = logging.WARNING if args.quiet else logging.INFO - 10 * min(args.verbose, 1)
+    logging.basicConfig(level=level, format=f"%(asctime)s {args.client_id} %(levelname)s %(name)s: %(message)s")
+    # paho's own lines ("Client is not connected" while it reconnects) repeat what the transport says
+    logging.getLogger("edge_sdk.transport.paho").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL)
     if args.fedcref:
         return _run_fedcref(args)
     if args.params or args.labels_out:
@@ -371,20 +452,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             y_test = f["y_test"] if "y_test" in f.files else None
         cfg = _broker_config(args)
         worker = LocalWorker(args.client_id, x, y, x_test, y_test, architecture=args.architecture,
-                             num_classes=args.num_classes, seed=args.seed)
+                             num_classes=args.num_classes or 10, seed=args.seed)
         transport = _transport(args, cfg)
     except (OSError, KeyError, ValueError) as e:
         print(f"fedsketch-client: error: {e}", file=sys.stderr)
         return 2
-    if args.threads:
-        try:
-            import torch
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:
+        from .cpu import torch_threads
 
-            torch.set_num_threads(args.threads)
-        except ImportError:
-            pass
-    client = EdgeClient(transport, worker, federation=args.federation, root=args.root, seed=args.seed)
-    return _serve(args, lambda: client.run(max_idle_s=args.max_idle))
+        threads = torch_threads(args.threads or None)  # 1 on a CPU without LSE atomics (Pi 4)
+        if threads:
+            torch.set_num_threads(threads)
+    client = EdgeClient(transport, worker, federation=args.federation, root=args.root, seed=args.seed,
+                        stay=args.stay)
+    rc = _serve(args, lambda: client.run(max_idle_s=args.max_idle))
+    return client.exit_code if rc == 0 else rc
 
 
 def _broker_config(args: argparse.Namespace) -> Any:

@@ -44,9 +44,10 @@ class Field:
 
     Parameters
     ----------
-    kind : {"int", "float", "bool", "str", "id", "ids", "strs", "numbers", "object"}
+    kind : {"int", "float", "bool", "str", "id", "ids", "strs", "ints", "numbers", "object"}
         ``id``: a topic-safe id (:func:`~edge_sdk.protocol.check_id`);
-        ``ids`` / ``strs``: lists of those / of strings; ``numbers``: an object
+        ``ids`` / ``strs`` / ``ints``: lists of those / of strings / of
+        integers within ``lo``, ``hi``; ``numbers``: an object
         of finite numbers; ``object``: a JSON object (its nesting bounded by
         the decoder).
     lo, hi : float, optional
@@ -115,6 +116,10 @@ def _value(name: str, f: Field, v: Any) -> Any:
         out = _string(name, f, v)
     elif k == "id":
         out = _ident(name, v)
+    elif k == "ints":
+        if not isinstance(v, list) or len(v) > f.max_len:
+            raise _fail(name, f"a list of at most {f.max_len} integers", v)
+        out = [_number(name, Field("int", f.lo, f.hi), x, True) for x in v]
     elif k in ("ids", "strs"):
         if not isinstance(v, list) or len(v) > f.max_len:
             raise _fail(name, f"a list of at most {f.max_len} items", v)
@@ -153,12 +158,23 @@ _EPOCHS = Field("int", 1, 10_000, default=1)
 _LR = Field("float", 1e-12, 100.0, default=1e-3)
 _BATCH = Field("int", 1, 1_000_000, default=32)
 _MODEL_KEY = Field("id", required=True)
+_ARCH = Field("str", max_len=128)
 
 #: Fields of each command, by its ``op`` (server -> device).
 COMMANDS: dict[str, dict[str, Field]] = {
     "hello": {},
-    "stop": {},
+    "stop": {"reason": Field("str", max_len=300, default="finished")},
     "assign": {"model_key": _MODEL_KEY},
+    # admitted: what the device learns from the server instead of flags
+    "welcome": {
+        "architecture": _ARCH,
+        "encoder": Field("str", max_len=128),
+        "num_classes": Field("int", 1, 0xFFFF),
+        "train": Field("bool", default=True),
+        "reason": Field("str", max_len=300),
+    },
+    # not admitted: the device says why and exits non-zero
+    "refused": {"reason": Field("str", max_len=300, required=True)},
     "sketch": {
         "encoder": Field("str", max_len=128, default="digits_encoder"),
         "num_classes": Field("int", 1, 0xFFFF, required=True),
@@ -168,6 +184,7 @@ COMMANDS: dict[str, dict[str, Field]] = {
     },
     "train": {
         "round": _ROUND,
+        "architecture": _ARCH,
         "models": Field("ids", max_len=256, required=True),
         "evaluate_first": Field("bool", default=True),
         "epochs": _EPOCHS,
@@ -182,7 +199,7 @@ COMMANDS: dict[str, dict[str, Field]] = {
         "lr": _LR,
         "batch_size": _BATCH,
     },
-    "evaluate": {"round": _ROUND, "model_key": _MODEL_KEY},
+    "evaluate": {"round": _ROUND, "model_key": _MODEL_KEY, "architecture": _ARCH},
 }
 
 _SCHEMAS: dict[Kind, dict[str, Field]] = {
@@ -191,9 +208,15 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "n_test": Field("int", 0, MAX_COUNT, default=0),
         "classes_present": Field("int", 0, 0xFFFF, default=0),
         "capabilities": Field("strs", max_len=32, default=[]),
-        "architecture": Field("str", max_len=128),
+        "architecture": _ARCH,
+        "label_max": Field("int", 0, 0xFFFF),
+        "input_shape": Field("ints", 1, 0xFFFF, max_len=4),
+        "version": Field("str", max_len=32),
     },
-    Kind.STATUS: {"state": Field("str", choices=("online", "offline"), default="online")},
+    Kind.STATUS: {
+        "state": Field("str", choices=("online", "offline"), default="online"),
+        "working": Field("int", 0, MAX_ROUND),  # the round it is training, while it trains
+    },
     Kind.SKETCH: {},
     Kind.FEATURES: {"summary": Field("str", max_len=64, required=True)},
     Kind.UPDATE: {

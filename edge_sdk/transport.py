@@ -511,6 +511,24 @@ class _TransportBase:
         self._meter = _Meter()
         self._inbox = _Inbox(self.topics, self._meter, self.max_message, **chunk_limits)
 
+    _connect_listeners: tuple[Callable[[], None], ...] = ()
+
+    def on_connected(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after every (re)connection, once the subscriptions are renewed.
+
+        It runs in the network thread: it must not block (enqueue work, or
+        publish without waiting). A device re-announces itself with it.
+        """
+        self._connect_listeners = (*self._connect_listeners, listener)
+
+    def _notify_connected(self) -> None:
+        for listener in self._connect_listeners:
+            try:
+                listener()
+            except Exception:  # a listener's bug must not break the connection
+                self._meter.bump(self._meter.errors, "listener")
+                log.exception("connect listener %r failed", listener)
+
     def sign_with(self, signer: Any) -> None:
         """Sign every envelope this transport sends (the server's, :class:`edge_sdk.signing.Signer`)."""
         self._signer = signer
@@ -674,6 +692,7 @@ class MqttTransport(_TransportBase):
             client.subscribe(filters)
         log.info("connected to %s as %s (session present: %s, %d subscriptions)", self.config.url,
                  self.client_id, bool(getattr(flags, "session_present", False)), len(filters))
+        self._notify_connected()
 
     def _on_connect_fail(self, client: Any, userdata: Any) -> None:
         log.debug("connection attempt to %s failed; retrying with back-off", self.config.url)
@@ -1066,6 +1085,7 @@ class MemoryTransport(_TransportBase):
         self.broker._connect(self, self.clean_session)
         for topic_filter, _ in self._inbox.filters():
             self.broker._subscribe(self.client_id, topic_filter)
+        self._notify_connected()
 
     def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None:
         """Route messages on ``topic_filter`` to ``handler(topic, message)``."""

@@ -100,8 +100,9 @@ class LocalWorker:
         its image shape) and integer labels.
     x_test, y_test : ndarray, optional
         Local test samples for evaluation (default: the training data).
-    architecture : str
-        Key of the classifier in :data:`edge_sdk.nets.ARCHITECTURES`.
+    architecture : str, optional
+        Key of the classifier in :data:`edge_sdk.nets.ARCHITECTURES`; None
+        until the server says which (its ``welcome`` and ``train`` commands).
     num_classes : int
         Number of classes of the federation.
     seed : int, optional
@@ -121,7 +122,7 @@ class LocalWorker:
         x_test: np.ndarray | None = None,
         y_test: np.ndarray | None = None,
         *,
-        architecture: str,
+        architecture: str | None = None,
         num_classes: int = 10,
         seed: int | None = None,
         selection: str = "onnx",
@@ -143,17 +144,24 @@ class LocalWorker:
         self._calls = 0
 
     def hello(self) -> dict[str, Any]:
-        """Registration facts: sample count, how many classes are present, capabilities."""
+        """Registration facts: sample count, classes, sample shape, capabilities (torch or not), version."""
         from .trainer import torch_available
 
+        from . import __version__
+
         caps = ["sketch", "evaluate-onnx"] + (["train-torch", "evaluate-torch"] if torch_available() else [])
-        return {
+        hello = {
             "n_samples": int(len(self.y)),
             "n_test": int(len(self.y_test)),
             "classes_present": int(len(np.unique(self.y))),
+            "label_max": int(max(self.y.max(), self.y_test.max())),
+            "input_shape": [int(d) for d in self.x.shape[1:]],
             "capabilities": caps,
-            "architecture": self.architecture,
+            "version": __version__,
         }
+        if self.architecture:
+            hello["architecture"] = self.architecture
+        return hello
 
     def sketch(self, sketcher: Sketcher) -> Sketch:
         """The client's sketch of its training data."""

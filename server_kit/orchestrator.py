@@ -89,16 +89,26 @@ class ServerConfig:
     rounds: int = 10
     min_clients: int = 2
     register_timeout_s: float = 60.0
+    #: At the registration deadline, the run starts if this share of ``min_clients`` was admitted.
+    register_quorum: float = 0.5
     sketch_quorum: float = 1.0
     sketch_timeout_s: float = 60.0
     round_quorum: float = 1.0
     round_timeout_s: float = 120.0
+    #: Deadline of the first round, which includes every device's start-up (default: 3 x round_timeout_s).
+    first_round_timeout_s: float | None = None
+    #: A round stays open this long past a device's last "still training" report (a device reports every 10 s).
+    progress_grace_s: float = 30.0
+    #: Longest any round may stay open, progress or not (default: 10 x round_timeout_s).
+    max_round_s: float | None = None
     eval_timeout_s: float = 60.0
     num_classes: int = 10
     flip_prob: float = 0.1
-    encoder: str = "digits_encoder"
+    #: None: the shipped encoder that takes the fleet's samples.
+    encoder: str | None = None
     latent_dim: int | None = None
-    architecture: str = "digits_cnn_1x8x8_10"
+    #: None: the shipped classifier that takes the fleet's samples.
+    architecture: str | None = None
     seed: int = 0
     checkpoint_dir: str | None = None
     stop_clients: bool = True
@@ -109,13 +119,17 @@ class ServerConfig:
             raise ValueError(f"rounds must be a positive integer, got {self.rounds}")
         if self.min_clients < 1:
             raise ValueError(f"min_clients must be a positive integer, got {self.min_clients}")
-        for name in ("sketch_quorum", "round_quorum"):
+        for name in ("sketch_quorum", "round_quorum", "register_quorum"):
             v = getattr(self, name)
             if not 0.0 < v <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {v}")
-        for name in ("register_timeout_s", "sketch_timeout_s", "round_timeout_s", "eval_timeout_s"):
+        for name in ("register_timeout_s", "sketch_timeout_s", "round_timeout_s", "eval_timeout_s",
+                     "progress_grace_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("first_round_timeout_s", "max_round_s"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive or None, got {getattr(self, name)}")
         if not 0.0 <= self.flip_prob <= 0.5:
             raise ValueError(f"flip_prob must be in [0, 0.5], got {self.flip_prob}")
         if self.model_delivery not in MODEL_DELIVERY:
@@ -127,6 +141,10 @@ class _ClientState:
     info: ClientInfo
     online: bool = True
     last_seen: float = field(default_factory=time.monotonic)
+    #: Whether it can train (torch): a device that cannot is never tasked to.
+    trains: bool = True
+    #: The round it last said it is training, and when.
+    working: tuple[int, float] | None = None
 
 
 class Orchestrator:
@@ -165,23 +183,119 @@ class Orchestrator:
         self.timings: dict[str, float] = {}
         #: Bytes of models (and encoders) the clients downloaded, per kind (see the module docstring).
         self.delivered: dict[str, int] = {}
-        if template is None:
-            from edge_sdk.trainer import initial_weights
-
-            template = initial_weights(config.architecture, config.seed)
-        self.template = {k: np.asarray(v) for k, v in template.items()}
-        self._spec = {k: (tuple(v.shape), str(v.dtype)) for k, v in self.template.items()}
-        self._latent = (config.latent_dim or self._encoder_latent(config.encoder)
-                        if strategy.summary_kind == "sketch" else None)
         self._lock = threading.Lock()
         self._feature_shape: tuple[int, int] | None = None
-        #: The encoder the clients sketch with (the federated one after pre-training).
+        #: The encoder the clients sketch with (the federated one after pre-training); None until chosen.
         self.encoder_name = config.encoder
+        #: The classifier architecture of the run; None until chosen (or when a template was given).
+        self.architecture = config.architecture
+        self.template: dict[str, np.ndarray] | None = None
+        self._spec: dict[str, tuple[tuple[int, ...], str]] = {}
+        self._latent: int | None = None
+        self._input_size: int | None = None
+        #: Hellos of devices not yet admitted nor refused (while the models are not chosen).
+        self._pending: dict[str, dict[str, Any]] = {}
+        #: Devices refused at registration, with the reason they were told.
+        self.refused: dict[str, str] = {}
+        #: Admitted devices left out of training, with the reason.
+        self.not_training: dict[str, str] = {}
+        self._last_tasked: dict[str, int] = {}
+        self._went_offline: dict[str, int] = {}
+        self._slowest_update_s = 0.0
+        self._round_started = time.monotonic()
+        if template is not None:
+            self.template = {k: np.asarray(v) for k, v in template.items()}
+        if (self.template is not None or self.architecture) and (self.encoder_name or not self._needs_encoder()):
+            self._use_models(self.encoder_name, self.architecture, "as given")
         self._encoder_msg: tuple[dict[str, Any], bytes] | None = None
         self._encoder_tmp: tempfile.TemporaryDirectory[str] | None = None
         self._ae_spec: dict[str, tuple[tuple[int, ...], str]] = {}
         self._ae_updates: dict[str, tuple[dict[str, np.ndarray], int, float]] = {}
         self.pretrain_history: list[dict[str, Any]] = []
+
+    # -- models and admission -------------------------------------------
+    def _needs_encoder(self) -> bool:
+        return (self.strategy.needs_sketches and self.strategy.summary_kind == "sketch"
+                and getattr(self.strategy, "pretrain", None) is None)
+
+    @property
+    def models_chosen(self) -> bool:
+        return self.template is not None
+
+    def _use_models(self, encoder: str | None, architecture: str | None, how: str) -> None:
+        """Fix the run's encoder and architecture: template, tensor spec, latent size, input size."""
+        from edge_sdk.artifacts import input_size
+
+        self.encoder_name, self.architecture = encoder, architecture
+        if self.template is None:
+            from edge_sdk.trainer import initial_weights
+
+            self.template = {k: np.asarray(v) for k, v in initial_weights(architecture, self.config.seed).items()}
+        self._spec = {k: (tuple(v.shape), str(v.dtype)) for k, v in self.template.items()}
+        if self._needs_encoder():
+            self._latent = self.config.latent_dim or self._encoder_latent(encoder)
+        self._input_size = ((input_size(architecture) if architecture else None)
+                            or (input_size(encoder) if encoder else None))
+        if hasattr(self.strategy, "architecture") and self.strategy.architecture is None:
+            self.strategy.architecture = architecture  # IFCA builds its K models from it
+        if how != "as given":
+            log.info("models: encoder %s, architecture %s (%s)", encoder, architecture, how)
+
+    def _choose_models(self) -> None:
+        """After registration: the models of the run, then each waiting device admitted or refused."""
+        if not self.models_chosen:
+            from .admission import choose_models
+
+            enc, arch, how = choose_models(self._pending, self.encoder_name, self.architecture)
+            self._use_models(enc, arch, how)
+        for cid in sorted(self._pending):
+            self._admit(cid, self._pending.pop(cid))
+
+    def _admit(self, cid: str, hello: Mapping[str, Any]) -> bool:
+        """Admit a device (welcome: what to use) or refuse it (with the reason, which makes it exit)."""
+        from .admission import can_train, refusal
+
+        reason = refusal(hello, input_size=self._input_size, num_classes=self.config.num_classes)
+        if reason is not None:
+            self.refused[cid] = reason
+            self.clients.pop(cid, None)
+            log.warning("refused client %s: %s", cid, reason)
+            self._cmd(cid, "refused", reason=reason)
+            return False
+        self.refused.pop(cid, None)
+        known = self.clients.get(cid)
+        n = hello["n_samples"]
+        if known is not None and n != known.info.n_samples:
+            # the sample count weighs this device's updates: it is fixed at registration
+            log.warning("client %s says hello with %d samples, registered with %d: keeping %d",
+                        cid, n, known.info.n_samples, known.info.n_samples)
+            n = known.info.n_samples
+        trains = can_train(hello)
+        info = ClientInfo(cid, n, hello["classes_present"], tuple(hello["capabilities"]))
+        self.clients[cid] = _ClientState(info, trains=trains)
+        why = None if trains else "no torch on the device (pip install 'fedsketch[train]')"
+        if why:
+            self.not_training[cid] = why
+        else:
+            self.not_training.pop(cid, None)
+        welcome: dict[str, Any] = {"num_classes": self.config.num_classes, "train": trains}
+        if self.architecture:
+            welcome["architecture"] = self.architecture
+        if self.encoder_name:
+            welcome["encoder"] = self.encoder_name
+        if why:
+            welcome["reason"] = why
+        self._cmd(cid, "welcome", **welcome)
+        if known is None:
+            log.info("client %s admitted (%d samples, %d classes%s)", cid, n, info.classes_present,
+                     "" if trains else f"; sketches and evaluates, never trains: {why}")
+        elif not known.online:
+            log.info("client %s is back", cid)
+        return True
+
+    def trainable(self) -> list[str]:
+        """Online admitted clients that can train."""
+        return sorted(c for c, s in self.clients.items() if s.online and s.trains)
 
     # -- plumbing ---------------------------------------------------------
     @staticmethod
@@ -257,10 +371,13 @@ class Orchestrator:
             return
         state.last_seen = time.monotonic()
         if msg.kind == Kind.STATUS:
-            online = msg.meta.get("state") != "offline"
+            online = msg.meta["state"] != "offline"
             if state.online and not online:
                 log.info("client %s is offline", cid)
+                self._went_offline[cid] = self._round
             state.online = online
+            if "working" in msg.meta:
+                state.working = (msg.meta["working"], time.monotonic())
         elif msg.kind in (Kind.SKETCH, Kind.FEATURES):
             self._on_sketch(cid, msg)
         elif msg.kind == Kind.UPDATE and self._phase == "pretrain":
@@ -274,18 +391,17 @@ class Orchestrator:
             self._reject("kind", f"unexpected {msg.kind.name}", cid)
 
     def _on_hello(self, cid: str, msg: Message) -> None:
+        """A device (re)announces itself: admit or refuse it now, or once the models are chosen."""
         m = msg.meta  # checked by the schema: n_samples in [1, 2**31), classes_present in [0, 65535]
-        n = m["n_samples"]
-        known = cid in self.clients
-        if known and n != self.clients[cid].info.n_samples:
-            # the sample count weighs this device's updates: it is fixed at registration
-            log.warning("client %s says hello with %d samples, registered with %d: keeping %d",
-                        cid, n, self.clients[cid].info.n_samples, self.clients[cid].info.n_samples)
-            n = self.clients[cid].info.n_samples
-        info = ClientInfo(cid, n, m["classes_present"], tuple(m["capabilities"]))
-        self.clients[cid] = _ClientState(info)
-        if not known:
-            log.info("client %s registered (%d samples, %d classes)", cid, n, info.classes_present)
+        if not self.models_chosen:
+            if cid not in self._pending:
+                log.info("client %s registered (%d samples, %s)", cid, m["n_samples"],
+                         "x".join(map(str, m.get("input_shape", []))) or "shape not said")
+            self._pending[cid] = m
+            return
+        if not self._admit(cid, m):
+            return
+        info = self.clients[cid].info
         if self._phase == "train" and cid not in self.strategy.clusters():
             self._admit_late(cid, info)
         elif self._phase == "train":
@@ -342,6 +458,12 @@ class Orchestrator:
     def _on_update(self, cid: str, msg: Message) -> None:
         m = msg.meta
         rnd = m["round"]
+        if rnd < self._round and self._last_tasked.get(cid) == rnd:
+            # the documented rule: an update for a closed round is refused (its model has moved on), logged
+            self._reject("late-update", f"update for round {rnd} arrived after the round closed (now round "
+                                        f"{self._round}); refused, the device trains again from the new model",
+                         cid)
+            return
         if rnd != self._round or cid not in self._tasked:
             self._reject("stale-update", f"update for round {rnd} (current {self._round}, "
                                          f"tasked: {cid in self._tasked})", cid)
@@ -360,6 +482,7 @@ class Orchestrator:
             self._refused.add(cid)  # it answered, badly: the round does not wait for it
             raise
         self._updates[cid] = Update(cid, rnd, key, weights, n, m.get("loss", float("nan")), m["metrics"])
+        self._slowest_update_s = max(self._slowest_update_s, time.monotonic() - self._round_started)
 
     def _on_ae_update(self, cid: str, msg: Message) -> None:
         m = msg.meta
@@ -374,22 +497,39 @@ class Orchestrator:
 
     # -- phases -------------------------------------------------------------
     def online(self) -> list[str]:
+        """Online admitted clients."""
         return sorted(c for c, s in self.clients.items() if s.online)
 
     def _register(self) -> None:
         t0 = time.monotonic()
         self._broadcast("hello")
         need = self.config.min_clients
-        ok = self._pump(lambda: len(self.clients) >= need, self.config.register_timeout_s)
-        if not ok:
-            raise TimeoutError(
-                f"only {len(self.clients)} of the {need} clients needed registered within "
-                f"{self.config.register_timeout_s:g} s"
-            )
+        quorum = max(1, int(np.ceil(self.config.register_quorum * need)))
+
+        def count() -> int:
+            return len(self.clients) + len(self._pending)
+
+        ok = self._pump(lambda: count() >= need, self.config.register_timeout_s)
         # let stragglers of the same start register too (short grace)
         self._pump(lambda: False, 0.5)
+        if not ok:
+            if count() < quorum:
+                raise TimeoutError(
+                    f"only {count()} of the {need} clients needed registered within "
+                    f"{self.config.register_timeout_s:g} s (at least {quorum} to start: --register-quorum)")
+            log.warning("registration deadline: starting with %d of the %d clients asked for (quorum %d)",
+                        count(), need, quorum)
+        self._choose_models()
         self.timings["register_s"] = time.monotonic() - t0
-        log.info("registration closed: %d clients", len(self.clients))
+        if len(self.clients) < quorum:
+            raise RuntimeError(f"only {len(self.clients)} client(s) admitted, {quorum} needed; refused: "
+                               + "; ".join(f"{c}: {r}" for c, r in sorted(self.refused.items())))
+        if not self.trainable():
+            raise RuntimeError(f"none of the {len(self.clients)} admitted clients can train "
+                               f"({'; '.join(f'{c}: {r}' for c, r in sorted(self.not_training.items()))}): "
+                               "install torch on the devices (pip install 'fedsketch[train]')")
+        log.info("registration closed: %d clients admitted (%d train)%s", len(self.clients),
+                 len(self.trainable()), f", {len(self.refused)} refused" if self.refused else "")
 
     def _pretrain_ae(self) -> None:
         """Federated pre-training of the sketch autoencoder, then its encoder sent to every client."""
@@ -400,7 +540,7 @@ class Orchestrator:
         from .strategy import pretrain_config
 
         t0 = time.monotonic()
-        cfg = pretrain_config(self.strategy.pretrain or {}, self.config.encoder)
+        cfg = pretrain_config(self.strategy.pretrain or {}, self.encoder_name)
         arch = cfg["architecture"]
         self._phase = "pretrain"
         weights = initial_weights(arch, self.config.seed)
@@ -409,7 +549,7 @@ class Orchestrator:
             tr = time.monotonic()
             self._round = rnd
             self._ae_updates = {}
-            pool = self.online()
+            pool = self.trainable()
             m = max(1, int(np.ceil(cfg["fraction"] * len(pool))))
             chosen = pool if m >= len(pool) else sorted(
                 np.random.default_rng([self.config.seed, rnd, 7919]).choice(pool, size=m, replace=False).tolist())
@@ -528,32 +668,44 @@ class Orchestrator:
         self._round = rnd
         self._updates = {}
         self._refused = set()
-        tasks = self.strategy.configure_round(rnd, self.online())
+        self._round_started = t0
+        tasks = self.strategy.configure_round(rnd, self.trainable())
         self._tasked = {t.cid for t in tasks}
         self._allowed = {t.cid: frozenset(t.models) for t in tasks}
+        for t in tasks:
+            self._last_tasked[t.cid] = rnd
         # what each client is offered (IFCA: all K), as the devices download it
         delivered = self._deliver_models({t.cid: list(t.models) for t in tasks})
+        arch = {"architecture": self.architecture} if self.architecture else {}
         for t in tasks:
             self._cmd(t.cid, "train", round=rnd, models=sorted(t.models), evaluate_first=t.evaluate_first,
-                      **t.settings.to_dict())
+                      **arch, **t.settings.to_dict())
         need = max(1, int(np.ceil(self.config.round_quorum * len(tasks))))
+
+        def waiting() -> list[str]:
+            return [c for c in self._tasked if c not in self._updates and c not in self._refused
+                    and self.clients[c].online]
 
         def done() -> bool:
             # quorum reached, or nobody left worth waiting for (the rest went offline)
-            waiting = [c for c in self._tasked if c not in self._updates and c not in self._refused
-                       and self.clients[c].online]
-            return len(self._updates) >= need or not waiting
+            return len(self._updates) >= need or not waiting()
 
-        self._pump(done, self.config.round_timeout_s)
+        self._wait_round(rnd, done, waiting)
         updates = [self._updates[c] for c in sorted(self._updates)]
         missing = sorted(self._tasked - set(self._updates))
         if missing:
             log.warning("round %d closed without %d client(s): %s", rnd, len(missing), ", ".join(missing))
         summary = self.strategy.aggregate(rnd, updates) if updates else {"updates": 0}
         before = [u.metrics["acc_before"] for u in updates if "acc_before" in u.metrics]
+        before_per_model: dict[str, list[float]] = {}
+        for u in updates:
+            if "acc_before" in u.metrics:
+                before_per_model.setdefault(u.model_key, []).append(float(u.metrics["acc_before"]))
         rec = {
             "round": rnd, "tasked": len(tasks), "updates": len(updates), "missing": missing,
             "acc_before": float(np.mean(before)) if before else None,
+            # the same, per model the updates were for (what each cluster's model reached last round)
+            "acc_before_per_model": {k: float(np.mean(v)) for k, v in sorted(before_per_model.items())},
             "loss": float(np.mean([u.loss for u in updates])) if updates else None,
             "model_bytes_delivered": delivered,
             "clipped": int(summary.get("clipped", 0)), "refused_norm": int(summary.get("refused_norm", 0)),
@@ -566,13 +718,51 @@ class Orchestrator:
         log.info("round %d: %d/%d updates, loss %s", rnd, len(updates), len(tasks), rec["loss"])
         return rec
 
+    def round_deadline(self, rnd: int) -> float:
+        """Seconds round ``rnd`` waits before it looks at progress reports.
+
+        The first round includes every device's start-up (loading data, the
+        first torch import): ``first_round_timeout_s`` (default 3 x
+        ``round_timeout_s``). Later rounds wait ``round_timeout_s`` or twice
+        the slowest update seen so far, whichever is longer.
+        """
+        c = self.config
+        if rnd == 1 or not self._slowest_update_s:
+            return c.first_round_timeout_s or 3 * c.round_timeout_s
+        return max(c.round_timeout_s, 2 * self._slowest_update_s)
+
+    def _wait_round(self, rnd: int, done: Callable[[], bool], waiting: Callable[[], list[str]]) -> None:
+        """Pump until ``done()`` or the deadline; past it, wait on while devices report they still train.
+
+        A tasked device sends "training round r" every 10 s while it trains;
+        the round stays open while one of those not yet answered reported
+        within ``progress_grace_s``, up to ``max_round_s`` in all. So a round
+        never closes empty while its devices are working.
+        """
+        c = self.config
+        start = time.monotonic()
+        cap = c.max_round_s or 10 * c.round_timeout_s
+        if self._pump(done, self.round_deadline(rnd)):
+            return
+        while time.monotonic() - start < cap:
+            now = time.monotonic()
+            working = [cid for cid in waiting() if (w := self.clients[cid].working) is not None
+                       and w[0] == rnd and now - w[1] <= c.progress_grace_s]
+            if not working:
+                return
+            log.info("round %d: past its deadline, %d device(s) still training (%s): waiting on",
+                     rnd, len(working), ", ".join(working[:5]) + (" ..." if len(working) > 5 else ""))
+            if self._pump(done, min(c.progress_grace_s, cap - (now - start))):
+                return
+
     def _final_eval(self) -> dict[str, Any]:
         self._round = self.config.rounds + 1
         self._metrics = {}
         cids = self.online()
         self._deliver_models({c: [self.strategy.model_key_for(c)] for c in cids})
+        arch = {"architecture": self.architecture} if self.architecture else {}
         for cid in cids:
-            self._cmd(cid, "evaluate", round=self._round, model_key=self.strategy.model_key_for(cid))
+            self._cmd(cid, "evaluate", round=self._round, model_key=self.strategy.model_key_for(cid), **arch)
         self._pump(lambda: all(c in self._metrics or not self.clients[c].online for c in cids),
                    self.config.eval_timeout_s)
         per_client = {c: float(m["accuracy"]) for c, m in self._metrics.items() if "accuracy" in m}
@@ -583,6 +773,8 @@ class Orchestrator:
             "accuracy": float(np.mean(list(per_client.values()))) if per_client else None,
             "per_client": per_client,
             "per_model": {k: float(np.mean(v)) for k, v in per_model.items()},
+            # the model each client evaluated (clients per cluster in the reports)
+            "model_per_client": {c: self.strategy.model_key_for(c) for c in per_client},
         }
 
     # -- checkpoints ------------------------------------------------------
@@ -604,7 +796,7 @@ class Orchestrator:
             "sketches": {c: [s.bits.hex(), s.num_classes, s.latent_dim] for c, s in self.sketches.items()
                          if isinstance(s, Sketch)},
             "config": asdict(self.config),
-            "encoder": self.encoder_name, "latent_dim": self._latent,
+            "encoder": self.encoder_name, "architecture": self.architecture, "latent_dim": self._latent,
             "pretrain_history": self.pretrain_history,
         }
         tmp = path / "state.json.tmp"
@@ -622,18 +814,22 @@ class Orchestrator:
         tensors = load_file(str(path / "models.safetensors"))
         infos = {c: ClientInfo(**{k: (tuple(v) if k == "capabilities" else v) for k, v in i.items()})
                  for c, i in state["clients"].items()}
+        arch = state.get("architecture") or self.architecture
+        if not self.models_chosen or arch != self.architecture:
+            self._use_models(state.get("encoder") or self.encoder_name, arch, "from the checkpoint")
         self.strategy.setup(list(infos.values()), self.template)
         self.strategy.load_state(state["strategy"], tensors)
-        self.clients = {c: _ClientState(info, online=False) for c, info in infos.items()}
+        self.clients = {c: _ClientState(info, online=False, trains="train-torch" in info.capabilities)
+                        for c, info in infos.items()}
         self.sketches = {c: Sketch(bytes.fromhex(hx), n, lat)
                          for c, (hx, n, lat) in state.get("sketches", {}).items()}
         self.history = list(state.get("history", []))
         self.timings = dict(state.get("timings", {}))
         self.pretrain_history = list(state.get("pretrain_history", []))
-        self.encoder_name = str(state.get("encoder", self.config.encoder))
+        self.encoder_name = state.get("encoder") or self.encoder_name
         if state.get("latent_dim") is not None:
             self._latent = int(state["latent_dim"])
-        if self.encoder_name != self.config.encoder:  # the federated encoder, for late clients
+        if (path / "encoder" / "manifest.json").is_file():  # the federated encoder, for late clients
             from edge_sdk.artifacts import load_manifest
 
             enc_dir = path / "encoder"
@@ -673,7 +869,7 @@ class Orchestrator:
         final = self._final_eval()
         self.timings["training_s"] = time.monotonic() - t_train
         if self.config.stop_clients:
-            self._broadcast("stop")
+            self._broadcast("stop", reason="finished")
         self.timings["total_s"] = time.monotonic() - t0
         return {
             "strategy": self.strategy.name,
@@ -686,4 +882,9 @@ class Orchestrator:
             "delivered": dict(self.delivered),
             "pretrain": list(self.pretrain_history),
             "encoder": self.encoder_name,
+            "architecture": self.architecture,
+            "refused": dict(self.refused),
+            "not_training": dict(self.not_training),
+            "dropped": {c: f"offline since round {self._went_offline.get(c, 0)}"
+                        for c, st in sorted(self.clients.items()) if not st.online},
         }

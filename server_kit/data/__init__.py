@@ -1,8 +1,73 @@
-"""Data loading for the server kit (readers and, later, partitioners).
+"""Data for the server kit: dataset loaders and seeded federated partitioners.
 
-Only numpy is needed here; nothing in this package imports torch.
+Loaders (:mod:`server_kit.data.idx`): :func:`load_mnist`,
+:func:`load_fashion_mnist` and :func:`load_idx_dataset` read the original IDX
+files and check their published sha256; :func:`load_digits_images` is
+scikit-learn's 8x8 digits (imported when called). Partitioners
+(:mod:`server_kit.data.partition`) return :class:`ClientData` records with
+each client's true group; :func:`save_client` / :func:`load_client` write and
+read a client's ``.npz``. ``fedsketch-data split`` (:mod:`server_kit.data.split`)
+does both from the command line.
+
+Only numpy is imported here; nothing in this package imports torch.
 """
 
-from server_kit.data.idx import IDX_DTYPES, load_idx_dataset, read_idx
+from server_kit.data.idx import (
+    DATASETS,
+    IDX_DTYPES,
+    IDX_FILES,
+    KNOWN_SHA256,
+    load_fashion_mnist,
+    load_idx_dataset,
+    load_mnist,
+    parse_idx,
+    read_idx,
+)
+from server_kit.data.partition import (
+    OCFL_CLASS_SETS,
+    OCFL_IMBALANCED_SHARES,
+    OCFL_OVERLAPPING_CLASS_SETS,
+    OCFL_SPLITS,
+    ClientData,
+    class_set_groups,
+    dirichlet_indices,
+    group_assignment,
+    group_sizes_from_shares,
+    label_flip_groups,
+    load_client,
+    load_digits_images,
+    pathological_partition,
+    rotation_groups,
+    rotation_partition,
+    save_client,
+    summarize,
+)
 
-__all__ = ["IDX_DTYPES", "load_idx_dataset", "read_idx"]
+__all__ = [
+    "ClientData",
+    "DATASETS",
+    "IDX_DTYPES",
+    "IDX_FILES",
+    "KNOWN_SHA256",
+    "OCFL_CLASS_SETS",
+    "OCFL_IMBALANCED_SHARES",
+    "OCFL_OVERLAPPING_CLASS_SETS",
+    "OCFL_SPLITS",
+    "class_set_groups",
+    "dirichlet_indices",
+    "group_assignment",
+    "group_sizes_from_shares",
+    "label_flip_groups",
+    "load_client",
+    "load_digits_images",
+    "load_fashion_mnist",
+    "load_idx_dataset",
+    "load_mnist",
+    "parse_idx",
+    "pathological_partition",
+    "read_idx",
+    "rotation_groups",
+    "rotation_partition",
+    "save_client",
+    "summarize",
+]

@@ -101,20 +101,23 @@ def test_schema_fills_defaults_and_drops_unknown_fields():
                                                              "surprise": [1, 2]}))
     assert clean == {"op": "train", "round": 3, "models": ["c1"], "evaluate_first": True, "epochs": 1,
                      "lr": 1e-3, "batch_size": 32, "optimizer": "adam"}
-    hello = check_meta(Message(Kind.HELLO, FED, "c1", 0, {"n_samples": 7}))
-    assert hello == {"n_samples": 7, "n_test": 0, "classes_present": 0, "capabilities": []}
+    hello = check_meta(Message(Kind.HELLO, FED, "c1", 0, {"n_samples": 7, "input_shape": [8, 8]}))
+    assert hello == {"n_samples": 7, "n_test": 0, "classes_present": 0, "capabilities": [], "input_shape": [8, 8]}
 
 
 def test_every_command_the_server_sends_passes_the_schema():
     """The orchestrator's own commands, as it writes them (a drift here would refuse honest traffic)."""
     samples = {
-        "hello": {}, "stop": {}, "assign": {"model_key": "c0"},
+        "hello": {}, "stop": {"reason": "finished"}, "assign": {"model_key": "c0"},
+        "welcome": {"architecture": "lenet5_1x28x28_10", "encoder": "fmnist_fc_encoder", "num_classes": 10,
+                    "train": True},
+        "refused": {"reason": "its samples hold 64 values; this federation's models take 784 (28x28)"},
         "sketch": {"encoder": "digits_encoder", "num_classes": 10, "flip_prob": 0.1, "summary": "sketch",
                    "params": {}},
-        "train": {"round": 1, "models": ["c0", "c1"], "evaluate_first": True, "epochs": 3, "lr": 0.01,
-                  "batch_size": 16, "optimizer": "adam"},
+        "train": {"round": 1, "architecture": "digits_cnn_1x8x8_10", "models": ["c0", "c1"],
+                  "evaluate_first": True, "epochs": 3, "lr": 0.01, "batch_size": 16, "optimizer": "adam"},
         "train_ae": {"round": 2, "architecture": "digits_ae", "epochs": 2, "lr": 1e-3, "batch_size": 32},
-        "evaluate": {"round": 11, "model_key": "c1"},
+        "evaluate": {"round": 11, "model_key": "c1", "architecture": "digits_cnn_1x8x8_10"},
     }
     assert set(samples) == set(COMMANDS)
     for op, fields in samples.items():
@@ -202,7 +205,7 @@ def test_device_survives_any_command(device, meta, rnd, caplog):
         return  # refused by the decoder: counted by the transport
     with caplog.at_level(logging.ERROR, logger="edge_sdk"):
         keep_going = device.handle(msg)  # must not raise, whatever the meta holds
-    assert keep_going is (check_meta_ok(msg) != "stop")
+    assert keep_going is (check_meta_ok(msg) not in ("stop", "refused"))
     assert "Traceback" not in caplog.text
 
 
