@@ -14,7 +14,7 @@ EXTRAS      ?= server,broker,dev
 STAMP       := $(VENV)/.fedsketch-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv demo test test-numpy lint bench clean distclean
+.PHONY: all venv demo test test-numpy lint bench dist clean distclean
 
 all: test
 
@@ -43,6 +43,15 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bits.py
 	$(PY) benchmarks/edge_overhead.py
+
+# dist/: the sdist (what a Raspberry Pi installs: it compiles the Cython kernel there) and a wheel
+# for this machine's platform, built from that sdist, offline (no build isolation).
+dist: $(STAMP)
+	rm -rf dist/fedsketch-*
+	@mkdir -p build
+	$(PY) setup.py -q egg_info --egg-base build sdist -d dist
+	$(PIP) wheel --quiet --no-deps --no-build-isolation -w dist dist/fedsketch-*.tar.gz
+	@ls -l dist/fedsketch-*
 
 clean:
 	rm -rf build *.egg-info edge_sdk/_bits*.so ext/*.c .pytest_cache reports

@@ -58,6 +58,43 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shape_str(shape: Sequence[int]) -> str:
+    return "x".join(map(str, shape))
+
+
+def _sample_shapes(spec: Any) -> list[tuple[int, ...]]:
+    """Per-sample shapes an artifact takes: its input shape, and its image shape when that flattens to it."""
+    import numpy as np
+
+    shapes = [tuple(spec.input_shape)]
+    if spec.image_shape and int(np.prod(spec.image_shape)) == int(np.prod(spec.input_shape)):
+        shapes.append(tuple(spec.image_shape))
+    return shapes
+
+
+def pick_encoder(sample_shape: Sequence[int], models_dir: str | None = None) -> str:
+    """The shipped encoder (manifest role ``encoder``) whose input fits one sample of ``sample_shape``.
+
+    ``(8, 8)`` or ``(64,)`` -> ``digits_encoder``, ``(28, 28)`` or ``(784,)`` ->
+    ``fmnist_fc_encoder``, ``(3, 32, 32)`` -> ``conv_ae_encoder``. Raises
+    ValueError, naming every shipped encoder and its input shapes, when none fits.
+    """
+    from .artifacts import load_manifest
+
+    shape = tuple(int(d) for d in sample_shape)
+    encoders = {n: s for n, s in sorted(load_manifest(models_dir).items()) if s.role == "encoder"}
+    fits = [n for n, s in encoders.items() if shape in _sample_shapes(s)]
+    if not fits:
+        listed = ", ".join(
+            f"{n} ({' or '.join(_shape_str(sh) for sh in _sample_shapes(s))})" for n, s in encoders.items()
+        )
+        raise ValueError(
+            f"no shipped encoder takes samples of shape {_shape_str(shape) or '()'}; the shipped encoders "
+            f"and their input shapes: {listed}; give --encoder with an .onnx model for other data"
+        )
+    return fits[0]
+
+
 def _cmd_sketch(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -71,7 +108,12 @@ def _cmd_sketch(args: argparse.Namespace) -> int:
         x, y = f[args.x_key], f[args.y_key]
     if np.issubdtype(x.dtype, np.integer) and args.scale:
         x = x.astype(np.float32) / float(args.scale)
-    enc = OnnxEncoder(args.encoder, batch_size=args.batch_size)
+    encoder = args.encoder
+    if encoder is None:
+        encoder = pick_encoder(x.shape[1:])
+        print(f"fedsketch sketch: encoder {encoder} (fits samples of shape {_shape_str(x.shape[1:])}; "
+              "--encoder to choose)", file=sys.stderr)
+    enc = OnnxEncoder(encoder, batch_size=args.batch_size)
     sk = Sketcher(enc, args.classes, args.flip_prob, seed=args.seed).sketch(x, y)
     print(
         json.dumps(
@@ -135,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sketch", help="sketch a local .npz dataset with arrays x and y")
     s.add_argument("data", help="an .npz file (loaded without pickle)")
-    s.add_argument("--encoder", default="fmnist_fc_encoder", help="artifact name or .onnx path")
+    s.add_argument("--encoder", default=None,
+                   help="artifact name or .onnx path; default: the shipped encoder that fits the data's shape "
+                        "(8x8 or 64: digits_encoder, 28x28 or 784: fmnist_fc_encoder, 3x32x32: conv_ae_encoder)")
     s.add_argument("--classes", type=int, default=10, help="number of classes of the federation")
     s.add_argument("--flip-prob", type=float, default=0.1, help="bit flip probability P in [0, 0.5]")
     s.add_argument("--seed", type=int, default=None, help="seed (default: from the OS)")

@@ -269,7 +269,16 @@ def _cross_entropy(logits: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 @contextlib.contextmanager
 def _torch_threads(torch: Any, threads: int | None) -> Iterator[None]:
-    """Use ``threads`` intra-op threads inside the block (unchanged when None)."""
+    """Use ``threads`` intra-op threads inside the block (unchanged when None).
+
+    On a CPU without LSE atomics (Raspberry Pi 4) always one thread: torch's
+    aarch64 build dies with SIGILL on more (see :mod:`edge_sdk.cpu`).
+    """
+    from .cpu import torch_threads
+
+    if threads is not None:
+        _check_positive_int(threads, "threads")
+    threads = torch_threads(threads)
     if threads is None:
         yield
         return

@@ -145,9 +145,8 @@ class LocalWorker:
 
     def hello(self) -> dict[str, Any]:
         """Registration facts: sample count, classes, sample shape, capabilities (torch or not), version."""
-        from .trainer import torch_available
-
         from . import __version__
+        from .trainer import torch_available
 
         caps = ["sketch", "evaluate-onnx"] + (["train-torch", "evaluate-torch"] if torch_available() else [])
         hello = {

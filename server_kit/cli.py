@@ -2,29 +2,49 @@
 
 Settings come from command-line options or a TOML file (``--config run.toml``)
 whose keys are those of :class:`server_kit.orchestrator.ServerConfig` plus a
-``[strategy]`` table; unknown keys are refused.
+``[strategy]`` table; unknown keys are refused, and so are unknown strategy,
+architecture and encoder names, before connecting.
 
     fedsketch-server --broker mqtt://127.0.0.1:1883 --federation lab --strategy fedsketch \\
         --min-clients 20 --rounds 10 --checkpoint-dir ckpt/ --report-dir reports/lab
     fedsketch-server ... --resume          # continue a killed server from its last round
+
+With ``--report-dir`` a run writes its report there (:mod:`server_kit.report`):
+``results.json``, ``accuracy.png``, ``threshold_search.png`` (sketch
+strategies), ``bytes.png`` and ``report.html``; with ``--truth`` (client id ->
+true group, as ``fedsketch-data split`` writes it) the clustering is scored.
+
+Exit status: 0 done, 2 a bad setting (nothing was connected), 3 the broker
+could not be reached or the run could not finish.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import inspect
 import json
 import logging
+import socket
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_parser", "load_config", "main", "parse_params"]
+__all__ = ["build_parser", "known_architectures", "known_encoders", "known_strategies", "load_config", "main",
+           "parse_params"]
 
 from edge_sdk.cli import parse_params
 
 log = logging.getLogger(__name__)
+
+#: The logger paho writes to through ``enable_logger`` (see :class:`edge_sdk.transport.MqttTransport`).
+PAHO_LOGGER = "edge_sdk.transport.paho"
+
+#: Seconds the broker's address gets to accept a TCP connection before the server connects for real.
+PROBE_TIMEOUT_S = 5.0
 
 
 def load_config(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -49,72 +69,211 @@ def load_config(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return raw, strategy
 
 
+# -- the names a user can pick ----------------------------------------------------
+
+
+def known_strategies() -> list[str]:
+    """Every ``--strategy`` name: those of :func:`server_kit.strategy.strategy_names` and ``fedcref``."""
+    from .strategy import strategy_names
+
+    return sorted({*strategy_names(), "fedcref"})
+
+
+@functools.lru_cache(maxsize=1)
+def _classifiers() -> tuple[str, ...]:
+    from edge_sdk.nets import ARCHITECTURES, build_model
+
+    names = []
+    for name in ARCHITECTURES:
+        model = build_model(name)
+        if hasattr(model, "num_classes") and hasattr(model, "input_shape"):
+            names.append(name)
+    return tuple(sorted(names))
+
+
+def known_architectures() -> list[str]:
+    """Every ``--architecture``: the classifiers of :data:`edge_sdk.nets.ARCHITECTURES` the clients train.
+
+    An architecture is a classifier when its model declares ``num_classes``
+    and ``input_shape`` (what :mod:`edge_sdk.trainer` trains); the
+    autoencoders are left out.
+    """
+    return list(_classifiers())
+
+
+def known_encoders() -> list[str]:
+    """Every ``--encoder``: the shipped artifacts of role ``encoder`` (:func:`edge_sdk.artifacts.load_manifest`)."""
+    from edge_sdk.artifacts import load_manifest
+
+    return sorted(name for name, spec in load_manifest().items() if spec.role == "encoder")
+
+
+def _check_name(what: str, name: Any, known: Sequence[str]) -> None:
+    if name not in known:
+        raise ValueError(f"unknown {what} {name!r}; known: {list(known)}")
+
+
+# -- the command line -------------------------------------------------------------
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Wraps help at spaces only: names such as ``fedsketch-fedae`` stay whole."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
+
+
+def _defaults() -> dict[str, Any]:
+    """Every option's default as --help shows it (those of ServerConfig, TrainSettings and the strategies)."""
+    from edge_sdk.worker import TrainSettings
+
+    from .orchestrator import ServerConfig
+    from .robust import DEFAULT_NORM_BOUND, DEFAULT_REFUSE_ABOVE, DEFAULT_TRIM_FRACTION
+    from .strategy import PRETRAIN_DEFAULTS, SketchClustered, Strategy
+
+    d: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ServerConfig)}
+    d.update({f"train_{f.name}": f.default for f in dataclasses.fields(TrainSettings)})
+    d.update({f"ae_{k}": v for k, v in PRETRAIN_DEFAULTS.items()})
+    d["fraction"] = inspect.signature(Strategy.__init__).parameters["fraction"].default
+    d["min_cluster_size"] = inspect.signature(SketchClustered.__init__).parameters["min_cluster_size"].default
+    d.update(norm_bound=DEFAULT_NORM_BOUND, refuse_above=DEFAULT_REFUSE_ABOVE, trim_fraction=DEFAULT_TRIM_FRACTION)
+    return d
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedsketch-server", description=__doc__.splitlines()[0])
-    p.add_argument("--config", help="TOML run config (options given here override it)")
-    p.add_argument("--broker", default=None, help="mqtt://host:port or mqtts://host:port")
-    p.add_argument("--federation", default=None)
-    p.add_argument("--strategy", default=None,
-                   help="fedsketch (ours), fedsketch-fedae (ours with federated AE pre-training), fedavg, ifca, "
-                        "ladd, ocfl, cfl, briggs, kmeans-weights, flis-hc, flis-dc, or fedcref (unlabelled "
-                        "clients: fedsketch-client --fedcref; --set theta=0.2 --set community_rounds=15 ...)")
-    p.add_argument("--k", type=int, default=None, help="number of clusters for ifca, ladd and kmeans-weights")
+    """The ``fedsketch-server`` options; their help gives every default and the names to choose from."""
+    d = _defaults()
+
+    def dflt(key: str, none: str = "none") -> str:
+        v = d[key]
+        return f"(default: {none if v is None else v})"
+
+    def one_of(names: Sequence[str]) -> str:
+        return "one of: " + ", ".join(names)
+
+    p = argparse.ArgumentParser(prog="fedsketch-server", description=__doc__.splitlines()[0],
+                                formatter_class=_HelpFormatter)
+    p.add_argument("--config", metavar="TOML",
+                   help="TOML run config: ServerConfig keys plus a [strategy] table; options given here override "
+                        "it (default: none)")
+    p.add_argument("--broker", default=None, metavar="URL",
+                   help="mqtt://host:port or mqtts://host:port (default: mqtt://127.0.0.1:1883)")
+    p.add_argument("--federation", default=None, metavar="NAME",
+                   help=f"the federation's name, in every topic {dflt('federation')}")
+    p.add_argument("--strategy", default=None, metavar="NAME",
+                   help=f"{one_of(known_strategies())}. fedsketch is ours, fedsketch-fedae ours with federated AE "
+                        "pre-training; fedcref for unlabelled clients (fedsketch-client --fedcref; --set "
+                        "theta=0.2 --set community_rounds=15 ...) (default: fedsketch)")
+    p.add_argument("--k", type=int, default=None,
+                   help="number of clusters for ifca, ladd and kmeans-weights (default: 4 for ifca and ladd; "
+                        "kmeans-weights chooses it)")
     p.add_argument("--aggregator", choices=["fedavg", "trimmed-mean", "median"], default=None,
-                   help="how each model's updates are combined: weighted FedAvg (default), or the unweighted "
+                   help="how each model's updates are combined: weighted FedAvg, or the unweighted "
                         "coordinate-wise trimmed mean or median (robust to a few hostile devices; they hold a "
-                        "cluster's updates in memory)")
+                        "cluster's updates in memory) (default: fedavg)")
     p.add_argument("--norm-bound", type=float, default=None, metavar="X",
                    help="clip every update whose change exceeds X times the round's median update norm, refuse "
-                        "non-finite ones (default 2; 0 = off, with --refuse-above)")
+                        f"non-finite ones; 0 = off, with --refuse-above {dflt('norm_bound')}")
     p.add_argument("--refuse-above", type=float, default=None, metavar="R",
                    help="with --norm-bound on, refuse every update whose change exceeds R times the round's "
-                        "median update norm (default 20; 0 = clip it instead)")
+                        f"median update norm; 0 = clip it instead {dflt('refuse_above')}")
     p.add_argument("--trim-fraction", type=float, default=None, metavar="B",
                    help="fraction cut at each end of every coordinate by --aggregator trimmed-mean, in (0, 0.5) "
-                        "(default 0.1)")
+                        f"{dflt('trim_fraction')}")
     p.add_argument("--set", dest="params", action="append", default=[], metavar="KEY=VALUE",
                    help="a strategy parameter, the value in TOML syntax (repeatable): --set algorithm=hdbscan "
-                        "--set eps1=0.4")
-    p.add_argument("--rounds", type=int)
-    p.add_argument("--min-clients", type=int)
-    p.add_argument("--flip-prob", type=float)
-    p.add_argument("--num-classes", type=int)
-    p.add_argument("--encoder")
-    p.add_argument("--architecture")
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--fraction", type=float, default=None, help="fraction of each cluster sampled per round")
-    p.add_argument("--min-cluster-size", type=int, default=None)
+                        "--set eps1=0.4 (default: the strategy's own)")
+    p.add_argument("--rounds", type=int, help=f"training rounds {dflt('rounds')}")
+    p.add_argument("--min-clients", type=int, help=f"clients registration waits for {dflt('min_clients')}")
+    p.add_argument("--flip-prob", type=float,
+                   help=f"probability the clients flip each sketch bit (privacy) {dflt('flip_prob')}")
+    p.add_argument("--num-classes", type=int, help=f"classes of the clients' labels {dflt('num_classes')}")
+    p.add_argument("--encoder", metavar="NAME",
+                   help=f"shipped encoder the clients sketch with; {one_of(known_encoders())} "
+                        f"{dflt('encoder', 'chosen from the fleet')}")
+    p.add_argument("--architecture", metavar="NAME",
+                   help=f"classifier the clients train; {one_of(known_architectures())} "
+                        f"{dflt('architecture', 'chosen from the fleet')}")
+    p.add_argument("--epochs", type=int, default=None, help=f"local epochs per round {dflt('train_epochs')}")
+    p.add_argument("--lr", type=float, default=None, help=f"local learning rate {dflt('train_lr')}")
+    p.add_argument("--batch-size", type=int, default=None, help=f"local batch size {dflt('train_batch_size')}")
+    p.add_argument("--fraction", type=float, default=None,
+                   help=f"fraction of each cluster sampled per round {dflt('fraction')}")
+    p.add_argument("--min-cluster-size", type=int, default=None,
+                   help=f"smallest cluster the sketch clustering accepts (fedsketch) {dflt('min_cluster_size')}")
     p.add_argument("--ae-rounds", type=int, default=None,
-                   help="federated AE pre-training rounds (fedsketch-fedae; default 3)")
+                   help=f"federated AE pre-training rounds (fedsketch-fedae) {dflt('ae_rounds')}")
     p.add_argument("--ae-epochs", type=int, default=None,
-                   help="local epochs per AE pre-training round (fedsketch-fedae; default 2)")
+                   help=f"local epochs per AE pre-training round (fedsketch-fedae) {dflt('ae_epochs')}")
     p.add_argument("--shared-base", action="store_true",
                    help="average the architecture's base layers (its convolutions) over all clients, "
-                        "the rest per cluster (the paper's LeNet-5 setting)")
-    p.add_argument("--round-timeout", type=float, dest="round_timeout_s")
-    p.add_argument("--sketch-timeout", type=float, dest="sketch_timeout_s")
-    p.add_argument("--register-timeout", type=float, dest="register_timeout_s")
-    p.add_argument("--round-quorum", type=float)
+                        "the rest per cluster (the paper's LeNet-5 setting) (default: off)")
+    p.add_argument("--round-timeout", type=float, dest="round_timeout_s", metavar="S",
+                   help=f"seconds a round waits for its updates {dflt('round_timeout_s')}")
+    p.add_argument("--sketch-timeout", type=float, dest="sketch_timeout_s", metavar="S",
+                   help=f"seconds the server waits for the sketches {dflt('sketch_timeout_s')}")
+    p.add_argument("--register-timeout", type=float, dest="register_timeout_s", metavar="S",
+                   help=f"seconds registration waits for --min-clients {dflt('register_timeout_s')}")
+    p.add_argument("--round-quorum", type=float, metavar="Q",
+                   help=f"fraction of a round's clients whose updates close it early {dflt('round_quorum')}")
     p.add_argument("--model-delivery", choices=["auto", "client", "cluster"], default=None,
                    help="models per client on its own topic (each device downloads only its models), once per "
-                        "cluster topic (every device downloads all), or auto (default: broadcast only when every "
-                        "client needs every model)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--checkpoint-dir")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint's last round")
-    p.add_argument("--report-dir", default=None, help="write results.json and plots here")
-    p.add_argument("--username")
-    p.add_argument("--password-file")
-    p.add_argument("--ca-certs")
-    p.add_argument("--protocol", default="3.1.1", choices=["3.1.1", "5"])
-    p.add_argument("--max-payload", type=int, default=1_000_000)
+                        "cluster topic (every device downloads all), or auto: broadcast only when every client "
+                        f"needs every model {dflt('model_delivery')}")
+    p.add_argument("--seed", type=int, help=f"seed of the initial models and of client sampling {dflt('seed')}")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="write the state after every round here (default: none, no checkpoints)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint's last round (default: off)")
+    p.add_argument("--report-dir", default=None, metavar="DIR",
+                   help="write results.json, accuracy.png, threshold_search.png (sketch strategies), bytes.png "
+                        "and report.html here (default: none)")
+    p.add_argument("--truth", default=None, metavar="JSON",
+                   help="a JSON object client id -> true group (fedsketch-data split writes one): the final "
+                        "clustering's ARI, AMI, completeness and homogeneity against it (default: none)")
+    p.add_argument("--target-accuracy", type=float, default=0.8, metavar="A",
+                   help="the report's rounds_to_target is the first round reaching it (default: %(default)s)")
+    p.add_argument("--username", help="MQTT user, also the server's client id (default: none; client id 'server')")
+    p.add_argument("--password-file", metavar="FILE", help="file holding the MQTT password (default: none)")
+    p.add_argument("--ca-certs", metavar="PEM",
+                   help="CA bundle for mqtts:// (default: none, the system's CAs)")
+    p.add_argument("--protocol", default="3.1.1", choices=["3.1.1", "5"],
+                   help="MQTT protocol version (default: %(default)s)")
+    p.add_argument("--max-payload", type=int, default=1_000_000, metavar="BYTES",
+                   help="largest MQTT payload sent; bigger messages go in chunks (default: %(default)s)")
     p.add_argument("--signing-key", default=None, metavar="PEM",
                    help="sign everything sent to devices with this Ed25519 private key (fedsketch keygen, "
-                        "deploy/make_passwords.sh); devices given its public half (--server-key) obey nothing else")
-    p.add_argument("-v", "--verbose", action="count", default=0)
+                        "deploy/make_passwords.sh); devices given its public half (--server-key) obey nothing "
+                        "else (default: none)")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging (default: info)")
     return p
+
+
+class _PahoNotConnected(logging.Filter):
+    """paho's "Client is not connected" ERROR, logged while it retries a connection: debug, not an error.
+
+    The server says itself when the broker cannot be reached; that line from
+    paho's loop would only mislead. It is kept, as DEBUG, with ``-v``.
+    """
+
+    def __init__(self, verbose: int) -> None:
+        super().__init__()
+        self.verbose = verbose
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.getMessage().startswith("Client is not connected"):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return self.verbose > 0
+
+
+def _configure_logging(verbose: int) -> None:
+    logging.basicConfig(level=logging.INFO - 10 * min(verbose, 1),
+                        format="%(asctime)s server %(levelname)s %(name)s: %(message)s")
+    paho = logging.getLogger(PAHO_LOGGER)
+    for f in [f for f in paho.filters if isinstance(f, _PahoNotConnected)]:
+        paho.removeFilter(f)
+    paho.addFilter(_PahoNotConnected(verbose))
 
 
 def _broker_config(args: argparse.Namespace, broker: str) -> Any:
@@ -125,10 +284,23 @@ def _broker_config(args: argparse.Namespace, broker: str) -> Any:
                                  protocol=args.protocol, max_payload=args.max_payload)
 
 
+def _unreachable(bcfg: Any) -> str | None:
+    """Why the broker's address accepts no TCP connection (None when it does)."""
+    try:
+        with socket.create_connection((bcfg.host, bcfg.port), timeout=PROBE_TIMEOUT_S):
+            return None
+    except OSError as e:
+        return str(e) or type(e).__name__
+
+
 def _with_broker(args: argparse.Namespace, config: Any, bcfg: Any, run: Any, *errors: type[BaseException]) -> Any:
     """Connect as the server, ``run(transport)``, close; None (said on stderr) if it could not finish."""
     from edge_sdk.transport import MqttTransport
 
+    why = _unreachable(bcfg)
+    if why is not None:
+        print(f"fedsketch-server: cannot reach the broker at {bcfg.url}: {why}", file=sys.stderr)
+        return None
     transport = MqttTransport(bcfg, args.username or "server", federation=config.federation, root=config.root)
     if args.signing_key:
         from edge_sdk.signing import load_signer
@@ -141,6 +313,7 @@ def _with_broker(args: argparse.Namespace, config: Any, bcfg: Any, run: Any, *er
         transport.connect()
         return run(transport)
     except (ConnectionError, TimeoutError, *errors) as e:
+        log.debug("the run could not finish", exc_info=True)
         print(f"fedsketch-server: {e}", file=sys.stderr)
         return None
     finally:
@@ -196,12 +369,13 @@ SERVER_KEYS = ("federation", "rounds", "min_clients", "flip_prob", "num_classes"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``fedsketch-server``; returns the exit status (see the module docstring)."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO - 10 * min(args.verbose, 1),
-                        format="%(asctime)s server %(levelname)s %(name)s: %(message)s")
+    _configure_logging(args.verbose)
     from edge_sdk.worker import TrainSettings
 
     from .orchestrator import Orchestrator, ServerConfig
+    from .report import clustering_against_truth, load_truth
     from .strategy import make_strategy
 
     try:
@@ -214,13 +388,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         report_dir = args.report_dir or conf.pop("report_dir", None)
         conf.pop("broker", None)
         conf.pop("report_dir", None)
-        config = ServerConfig(**conf)
         name = args.strategy or strat.pop("name", "fedsketch")
+        _check_name("strategy", name, known_strategies())
+        config = ServerConfig(**conf)
+        if config.architecture is not None:
+            _check_name("architecture", config.architecture, known_architectures())
+        if config.encoder is not None:
+            _check_name("encoder", config.encoder, known_encoders())
+        if not 0.0 < args.target_accuracy <= 1.0:
+            raise ValueError(f"--target-accuracy must be in (0, 1], got {args.target_accuracy:g}")
+        truth = load_truth(args.truth) if args.truth else None
         robust = {"aggregator": args.aggregator, "norm_bound": args.norm_bound,
                   "trim_fraction": args.trim_fraction, "refuse_above": args.refuse_above}
         if name == "fedcref" and any(v is not None for v in robust.values()):
             raise ValueError("--aggregator, --norm-bound, --refuse-above and --trim-fraction apply to the "
                              "model-averaging strategies, not fedcref")
+        if name == "fedcref" and truth is not None:
+            raise ValueError("--truth applies to the model-averaging strategies, not fedcref")
         if name == "fedcref":
             return _run_fedcref(args, config, broker, {**strat, **parse_params(args.params)}, report_dir)
         settings = TrainSettings(
@@ -265,19 +449,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, OSError) as e:
         print(f"fedsketch-server: error: {e}", file=sys.stderr)
         return 2
+    # RuntimeError: the run cannot go on (every device refused, say); said in one line, traced with -v
     result = _with_broker(args, config, bcfg, lambda t: Orchestrator(strategy, t, config).run(resume=args.resume),
-                          FileNotFoundError)
+                          FileNotFoundError, RuntimeError)
     if result is None:
         return 3
+    summary = {"strategy": result["strategy"], "final_accuracy": result["final"]["accuracy"],
+               "clusters": len(set(result["assignment"].values())), "rounds": len(result["history"])}
     if report_dir:
-        from .report import plot_bytes, write_json
+        from .report import build_results, write_report
 
-        out = Path(report_dir)
-        write_json(out / "results.json", result)
-        plot_bytes(out / "bytes.png", result["transport"])
-    print(json.dumps({"strategy": result["strategy"], "final_accuracy": result["final"]["accuracy"],
-                      "clusters": len(set(result["assignment"].values())), "rounds": len(result["history"])}))
+        results = build_results(result, target_accuracy=args.target_accuracy, truth=truth)
+        files = write_report(report_dir, results, strategy=strategy)
+        print(f"report: {files['report.html']}")
+        if truth is not None:
+            summary["ari"] = _round(results["clustering"]["ari"])
+    elif truth is not None:
+        summary["ari"] = _round(clustering_against_truth(result["assignment"], truth)["ari"])
+    print(json.dumps(summary))
     return 0
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(float(v), 4)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -55,7 +55,13 @@ def run_demo(args: argparse.Namespace) -> dict:
     from .broker import start_broker
     from .data.partition import load_digits_images, rotation_partition, save_client
     from .orchestrator import Orchestrator, ServerConfig
-    from .report import plot_accuracy, plot_bytes, write_json
+    from .report import (
+        accuracy_per_round,
+        plot_accuracy,
+        plot_bytes,
+        plot_threshold_search,
+        write_json,
+    )
     from .simulate import Simulator
     from .strategy import FedAvg, SketchClustered
 
@@ -109,7 +115,7 @@ def run_demo(args: argparse.Namespace) -> dict:
     cids = sorted(truth)
     ari = float(adjusted_rand_score([truth[c] for c in cids], [assignment.get(c, -1) for c in cids]))
     # accuracy after round r = what round r+1's clients measured before training; the last from the final evaluation
-    clustered = [h["acc_before"] for h in result["history"][1:]] + [result["final"]["accuracy"]]
+    clustered = accuracy_per_round(result)
 
     print("\nbaseline: plain FedAvg on the same clients (in-process simulator, same client code)")
     sim = Simulator(FedAvg(settings=settings, fraction=1.0, seed=args.seed), clients, architecture=ARCH,
@@ -140,10 +146,7 @@ def run_demo(args: argparse.Namespace) -> dict:
 
     plot_accuracy(report / "accuracy.png", {"clustered (ours, over MQTT)": clustered, "FedAvg": fedavg})
     plot_bytes(report / "bytes.png", stats)
-    if getattr(strategy, "model_", None) is not None:
-        from .clustering import plot_search
-
-        plot_search(strategy.model_, report / "threshold_search.png")
+    plot_threshold_search(strategy, report / "threshold_search.png")
     summary = {
         "ari": round(ari, 4),
         "clustered_acc": round(float(clustered[-1]), 4),

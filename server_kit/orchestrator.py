@@ -199,7 +199,8 @@ class Orchestrator:
         self.refused: dict[str, str] = {}
         #: Admitted devices left out of training, with the reason.
         self.not_training: dict[str, str] = {}
-        self._last_tasked: dict[str, int] = {}
+        #: The rounds each client was tasked in (a late update is told apart from a stray one).
+        self._tasked_rounds: dict[str, set[int]] = {}
         self._went_offline: dict[str, int] = {}
         self._slowest_update_s = 0.0
         self._round_started = time.monotonic()
@@ -458,7 +459,7 @@ class Orchestrator:
     def _on_update(self, cid: str, msg: Message) -> None:
         m = msg.meta
         rnd = m["round"]
-        if rnd < self._round and self._last_tasked.get(cid) == rnd:
+        if rnd < self._round and rnd in self._tasked_rounds.get(cid, ()):
             # the documented rule: an update for a closed round is refused (its model has moved on), logged
             self._reject("late-update", f"update for round {rnd} arrived after the round closed (now round "
                                         f"{self._round}); refused, the device trains again from the new model",
@@ -673,7 +674,7 @@ class Orchestrator:
         self._tasked = {t.cid for t in tasks}
         self._allowed = {t.cid: frozenset(t.models) for t in tasks}
         for t in tasks:
-            self._last_tasked[t.cid] = rnd
+            self._tasked_rounds.setdefault(t.cid, set()).add(rnd)
         # what each client is offered (IFCA: all K), as the devices download it
         delivered = self._deliver_models({t.cid: list(t.models) for t in tasks})
         arch = {"architecture": self.architecture} if self.architecture else {}
@@ -854,7 +855,12 @@ class Orchestrator:
                        self.config.register_timeout_s)
             self._pump(lambda: False, 0.5)
         else:
-            self._register()
+            try:
+                self._register()
+            except (RuntimeError, ValueError) as e:  # the devices are told, so they do not wait in vain
+                if self.config.stop_clients:
+                    self._broadcast("stop", reason=f"the server stopped: {e}"[:300])
+                raise
             self.strategy.setup([s.info for s in self.clients.values()], self.template)
             if getattr(self.strategy, "pretrain", None) is not None:
                 self._pretrain_ae()

@@ -66,3 +66,165 @@ def test_set_passes_parameters_to_the_strategy_which_refuses_unknown_ones(capsys
     assert "k must be a positive integer, got 0" in capsys.readouterr().err
     assert main(["--strategy", "fedavg", "--set", "nope=1"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+# -- issue 12: --help, names refused before connecting, an unreachable broker, the report ---------------------
+
+
+def _free_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_help_shows_every_default_and_the_names_to_choose_from(capsys, monkeypatch):
+    from server_kit.cli import build_parser, known_architectures, known_encoders, known_strategies
+    from server_kit.orchestrator import ServerConfig
+
+    monkeypatch.setenv("COLUMNS", "200")
+    for action in build_parser()._actions:
+        if action.dest != "help":
+            assert "(default: " in (action.help or ""), action.dest
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "fedcref" in known_strategies() and "fedsketch-fedae" in known_strategies()
+    assert known_architectures() == ["digits_cnn_1x8x8_10", "lenet5_1x28x28_10"]
+    assert "digits_encoder" in known_encoders() and "digits_ae" not in known_encoders()
+    assert f"one of: {', '.join(known_strategies())}." in out
+    assert f"one of: {', '.join(known_architectures())} (default: chosen from the fleet)" in out
+    assert f"one of: {', '.join(known_encoders())} (default: chosen from the fleet)" in out
+    cfg = ServerConfig()
+    for text in (f"training rounds (default: {cfg.rounds})", f"(default: {cfg.min_clients})",
+                 f"(default: {cfg.round_timeout_s})", "(default: fedsketch)", "(default: mqtt://127.0.0.1:1883)",
+                 "local epochs per round (default: 1)", "local learning rate (default: 0.001)",
+                 "(default: 32)", "(default: 0.8)", "(default: 3.1.1)", "(default: 1000000)"):
+        assert text in out, text
+
+
+@pytest.mark.parametrize(
+    ("argv", "what", "name"),
+    [
+        (["--architecture", "lenet5"], "architecture", "lenet5"),
+        (["--encoder", "digits_ae"], "encoder", "digits_ae"),
+        (["--strategy", "fedsketchy"], "strategy", "fedsketchy"),
+    ],
+)
+def test_unknown_names_are_refused_before_connecting(argv, what, name, capsys, monkeypatch):
+    import server_kit.cli as cli
+
+    def no_connection(*a, **k):
+        raise AssertionError("the server tried to connect")
+
+    monkeypatch.setattr(cli, "_with_broker", no_connection)
+    known = {"architecture": cli.known_architectures, "encoder": cli.known_encoders,
+             "strategy": cli.known_strategies}[what]()
+    assert main(["--broker", f"mqtt://127.0.0.1:{_free_port()}", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"fedsketch-server: error: unknown {what} {name!r}; known: {known}"]
+
+
+def test_unknown_architecture_in_the_config_file_is_refused_too(tmp_path, capsys):
+    from server_kit.cli import known_architectures
+
+    conf = tmp_path / "run.toml"
+    conf.write_text('architecture = "lenet5"\n')
+    assert main(["--config", str(conf), "--broker", f"mqtt://127.0.0.1:{_free_port()}"]) == 2
+    assert capsys.readouterr().err == (f"fedsketch-server: error: unknown architecture 'lenet5'; "
+                                       f"known: {known_architectures()}\n")
+
+
+def test_unreachable_broker_is_one_line_and_exit_3():
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    port = _free_port()
+    proc = subprocess.run([sys.executable, "-m", "server_kit.cli", "--broker", f"mqtt://127.0.0.1:{port}",
+                           "--rounds", "1"], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert re.fullmatch(rf"fedsketch-server: cannot reach the broker at mqtt://127\.0\.0\.1:{port}: .+", lines[0])
+    assert "Traceback" not in proc.stderr and "Client is not connected" not in proc.stderr
+
+
+def test_paho_not_connected_line_is_debug_only(caplog):
+    import logging
+
+    from server_kit.cli import PAHO_LOGGER, _configure_logging, _PahoNotConnected
+
+    paho = logging.getLogger(PAHO_LOGGER)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            _configure_logging(0)
+            paho.error("Client is not connected. Socket: None). Last known Connection State: MQTT_CS_CONNECTING")
+            paho.error("something else")
+            assert [r.getMessage() for r in caplog.records if r.name == PAHO_LOGGER] == ["something else"]
+            caplog.clear()
+            _configure_logging(1)  # -v: kept, as DEBUG
+            paho.error("Client is not connected. Socket: None).")
+            [rec] = [r for r in caplog.records if r.name == PAHO_LOGGER]
+            assert rec.levelno == logging.DEBUG
+            assert sum(isinstance(f, _PahoNotConnected) for f in paho.filters) == 1
+    finally:
+        for f in [f for f in paho.filters if isinstance(f, _PahoNotConnected)]:
+            paho.removeFilter(f)
+
+
+def _synthetic_result() -> dict:
+    """What Orchestrator.run returns for 2 rounds of 2 clusters (tests/server_kit/test_report.py has more)."""
+    return {
+        "strategy": "fedavg", "assignment": {"a": 0, "b": 0, "c": 1, "d": 1},
+        "history": [{"round": 1, "acc_before": 0.1, "acc_before_per_model": {"global": 0.1}},
+                    {"round": 2, "acc_before": 0.7, "acc_before_per_model": {"global": 0.7}}],
+        "final": {"accuracy": 0.85, "per_client": {}, "per_model": {"global": 0.85}},
+        "timings": {}, "rejected": {},
+        "transport": {"sent": {"CMD": {"messages": 4, "bytes": 400}}, "received": {"UPDATE": {"messages": 4,
+                                                                                             "bytes": 4000}}},
+        "delivered": {"MODEL": 3000}, "pretrain": [], "encoder": "digits_encoder",
+        "refused": {"e": "wrong sample shape"},
+    }
+
+
+def test_report_dir_run_prints_the_page_and_the_summary_with_ari(tmp_path, capsys, monkeypatch):
+    import json
+
+    import server_kit.cli as cli
+
+    monkeypatch.setattr(cli, "_with_broker", lambda *a, **k: _synthetic_result())
+    truth = tmp_path / "truth.json"
+    truth.write_text(json.dumps({"a": 0, "b": 0, "c": 1, "d": 2}))
+    report = tmp_path / "report"
+    assert main(["--strategy", "fedavg", "--report-dir", str(report), "--truth", str(truth),
+                 "--target-accuracy", "0.8"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2] == f"report: {report / 'report.html'}"
+    summary = json.loads(out[-1])
+    assert summary == {"strategy": "fedavg", "final_accuracy": 0.85, "clusters": 2, "rounds": 2,
+                       "ari": summary["ari"]}
+    assert 0.0 < summary["ari"] < 1.0
+    for name in ("results.json", "accuracy.png", "bytes.png", "report.html"):
+        assert (report / name).stat().st_size > 0, name
+    results = json.loads((report / "results.json").read_text())
+    assert results["accuracy_per_round"] == [0.7, 0.85] and results["rounds_to_target"] == 2
+    assert results["refused"] == {"e": "wrong sample shape"}
+    assert round(results["clustering"]["ari"], 4) == summary["ari"]
+    # without a report folder the summary still scores the clustering
+    assert main(["--strategy", "fedavg", "--truth", str(truth)]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["ari"] == summary["ari"]
+
+
+def test_bad_truth_file_is_refused_before_connecting(tmp_path, capsys):
+    assert main(["--truth", str(tmp_path / "none.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fedsketch-server: error: --truth {tmp_path / 'none.json'}: cannot read it: "), err
+    assert main(["--target-accuracy", "1.5"]) == 2
+    assert capsys.readouterr().err == "fedsketch-server: error: --target-accuracy must be in (0, 1], got 1.5\n"
