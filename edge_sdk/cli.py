@@ -79,12 +79,12 @@ def pick_encoder(sample_shape: Sequence[int], models_dir: str | None = None) -> 
     ``fmnist_fc_encoder``, ``(3, 32, 32)`` -> ``conv_ae_encoder``. Raises
     ValueError, naming every shipped encoder and its input shapes, when none fits.
     """
-    from .artifacts import load_manifest
+    from .artifacts import load_manifest, models_for_shape
 
     shape = tuple(int(d) for d in sample_shape)
-    encoders = {n: s for n, s in sorted(load_manifest(models_dir).items()) if s.role == "encoder"}
-    fits = [n for n, s in encoders.items() if shape in _sample_shapes(s)]
-    if not fits:
+    encoder = models_for_shape(shape, models_dir)[0]
+    if encoder is None:
+        encoders = {n: s for n, s in sorted(load_manifest(models_dir).items()) if s.role == "encoder"}
         listed = ", ".join(
             f"{n} ({' or '.join(_shape_str(sh) for sh in _sample_shapes(s))})" for n, s in encoders.items()
         )
@@ -92,7 +92,7 @@ def pick_encoder(sample_shape: Sequence[int], models_dir: str | None = None) -> 
             f"no shipped encoder takes samples of shape {_shape_str(shape) or '()'}; the shipped encoders "
             f"and their input shapes: {listed}; give --encoder with an .onnx model for other data"
         )
-    return fits[0]
+    return encoder
 
 
 def _cmd_sketch(args: argparse.Namespace) -> int:

@@ -214,6 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"seconds the server waits for the sketches {dflt('sketch_timeout_s')}")
     p.add_argument("--register-timeout", type=float, dest="register_timeout_s", metavar="S",
                    help=f"seconds registration waits for --min-clients {dflt('register_timeout_s')}")
+    p.add_argument("--register-quorum", type=float, metavar="Q",
+                   help="at the registration deadline, start if this fraction of --min-clients was admitted "
+                        f"{dflt('register_quorum')}")
+    p.add_argument("--first-round-timeout", type=float, dest="first_round_timeout_s", metavar="S",
+                   help="deadline of round 1, which includes every device's start-up (default: 3 x --round-timeout)")
+    p.add_argument("--progress-grace", type=float, dest="progress_grace_s", metavar="S",
+                   help="past its deadline, a round waits on while a device said this recently that it still "
+                        f"trains {dflt('progress_grace_s')}")
     p.add_argument("--round-quorum", type=float, metavar="Q",
                    help=f"fraction of a round's clients whose updates close it early {dflt('round_quorum')}")
     p.add_argument("--model-delivery", choices=["auto", "client", "cluster"], default=None,
@@ -364,8 +372,8 @@ def _run_fedcref(args: argparse.Namespace, config: Any, broker: str, params: dic
 
 
 SERVER_KEYS = ("federation", "rounds", "min_clients", "flip_prob", "num_classes", "encoder", "architecture",
-               "round_timeout_s", "sketch_timeout_s", "register_timeout_s", "round_quorum", "seed",
-               "checkpoint_dir", "model_delivery")
+               "round_timeout_s", "sketch_timeout_s", "register_timeout_s", "register_quorum", "round_quorum",
+               "first_round_timeout_s", "progress_grace_s", "seed", "checkpoint_dir", "model_delivery")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -432,6 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             if name == "fedavg":
                 raise ValueError("--shared-base applies to clustered strategies; fedavg has one model")
+            if config.architecture is None:
+                raise ValueError("--shared-base needs --architecture (its base layers are the architecture's)")
             if config.architecture not in BASE_LAYERS:
                 raise ValueError(f"--shared-base: architecture {config.architecture!r} declares no base layers")
             strat["shared_prefixes"] = BASE_LAYERS[config.architecture]
@@ -440,7 +450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(strategy, "pretrain", None) is not None:
             from .strategy import pretrain_config
 
-            pretrain_config(strategy.pretrain, config.encoder)  # refuse a bad setting before connecting
+            if config.encoder is not None or strategy.pretrain.get("architecture"):
+                pretrain_config(strategy.pretrain, config.encoder)  # refuse a bad setting before connecting
         bcfg = _broker_config(args, broker)
         if args.signing_key:
             from edge_sdk.signing import load_signer
@@ -454,7 +465,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                           FileNotFoundError, RuntimeError)
     if result is None:
         return 3
-    summary = {"strategy": result["strategy"], "final_accuracy": result["final"]["accuracy"],
+    from .metrics import final_accuracy
+    from .report import accuracy_per_round
+
+    # the same figures, under the same names, as results.json's (see its "definitions")
+    summary = {"strategy": result["strategy"], "final_accuracy": _round(final_accuracy(accuracy_per_round(result))),
+               "final_evaluation": _round(result["final"]["accuracy"]),
                "clusters": len(set(result["assignment"].values())), "rounds": len(result["history"])}
     if report_dir:
         from .report import build_results, write_report

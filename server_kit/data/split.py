@@ -90,10 +90,6 @@ _APPLIES_TO: dict[str, tuple[str, ...]] = {
     "samples_per_client": ("class-sets", "ocfl"),
 }
 
-#: Image side -> (sketch encoder, classifier architecture) of the shipped models.
-_MODELS = {(8, 8): ("digits_encoder", "digits_cnn_1x8x8_10"),
-           (28, 28): ("fmnist_fc_encoder", "lenet5_1x28x28_10")}
-
 
 class _Error(Exception):
     """A user error: reported as one ``fedsketch-data: error:`` line, exit code 2."""
@@ -417,21 +413,22 @@ def _summary(source: Source, clients: Sequence[ClientData], args: argparse.Names
 
 
 def _next_commands(n_clients: int, shape: tuple[int, ...], num_classes: int, out: Path) -> list[str]:
+    from edge_sdk.artifacts import models_for_shape
+
     broker = "mqtt://127.0.0.1:1883"
-    models = _MODELS.get(tuple(shape))
+    encoder, architecture = models_for_shape(tuple(shape))
     server = ["fedsketch-server", "--broker", broker, "--federation", "lab", "--strategy", "fedsketch",
-              "--min-clients", str(n_clients), "--num-classes", str(num_classes)]
-    client_arch: list[str] = []
+              "--min-clients", str(n_clients), "--num-classes", str(num_classes),
+              "--truth", str(out / "truth.json")]
     note = []
-    if models is not None:
-        server += ["--encoder", models[0], "--architecture", models[1]]
-        client_arch = ["--architecture", models[1]]
+    if encoder is None or architecture is None:
+        note = [f"(no shipped encoder or classifier takes {'x'.join(map(str, shape))} inputs: give the server "
+                "--encoder and --architecture, for models of your own)"]
     else:
-        note = [f"(no shipped encoder or classifier takes {'x'.join(map(str, shape))} inputs: add "
-                "--encoder to the server and --architecture to both, for models of your own)"]
+        note = [f"(the server picks {encoder} and {architecture} for these {'x'.join(map(str, shape))} samples "
+                "and tells the devices)"]
     client = ["fedsketch-client", "--broker", broker, "--federation", "lab",
-              "--client-id", '"$(basename "$f" .npz)"', "--data", '"$f"', "--num-classes",
-              str(num_classes), *client_arch]
+              "--client-id", '"$(basename "$f" .npz)"', "--data", '"$f"']
     glob = shlex.quote(str(out)) + "/*.npz"
     return [
         "next: with an MQTT broker on 127.0.0.1:1883 (e.g. `mosquitto -p 1883 &`), run the server, "

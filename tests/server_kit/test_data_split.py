@@ -108,7 +108,8 @@ def test_digits_into_8_clients_in_4_rotation_groups(tmp_path, capsys):
     assert "samples per client: 224-225 (train 179-180, test 45)" in stdout
     assert "group 1 (rotated 90 degrees): 2 clients: c01 c05" in stdout
     assert "fedsketch-server --broker mqtt://127.0.0.1:1883" in stdout and "--min-clients 8" in stdout
-    assert "--encoder digits_encoder --architecture digits_cnn_1x8x8_10" in stdout
+    assert "the server picks digits_encoder and digits_cnn_1x8x8_10 for these 8x8 samples" in stdout
+    assert "--encoder" not in stdout and "--architecture" not in stdout
     assert f'for f in {out}/*.npz; do fedsketch-client' in stdout
 
 
@@ -136,7 +137,7 @@ def test_npz_source_with_label_flip_groups(tmp_path, capsys):
                 seen += 1
     assert seen == 240  # --split train (the default) leaves x_test, y_test of the source out
     assert "label-flip" in stdout and "28x28 images" in stdout and "labels y -> (y - 3) mod 10" in stdout
-    assert "--encoder fmnist_fc_encoder --architecture lenet5_1x28x28_10" in stdout
+    assert "the server picks fmnist_fc_encoder and lenet5_1x28x28_10 for these 28x28 samples" in stdout
 
     code, stdout, _ = _run(["split", "--source", f"npz:{src}", "--split", "all", "--partition",
                             "label-flip", "--clients", 8, "--out", out, "--overwrite"], capsys)
