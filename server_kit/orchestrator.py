@@ -367,6 +367,8 @@ class Orchestrator:
             self._on_hello(cid, msg)
             return
         state = self.clients.get(cid)
+        if state is None and cid in self._pending:
+            return  # registered, admitted once the models are chosen: its status adds nothing yet
         if state is None:
             self._reject("unknown-client", f"{msg.kind.name} from an unregistered client", cid)
             return
