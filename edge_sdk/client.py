@@ -527,7 +527,9 @@ def _run_fedcref(args: argparse.Namespace) -> int:
         params = parse_params(args.params)
         if str(params.get("encoder", "")).lower() == "none":  # TOML has no null: K-means on the pixels
             params["encoder"] = None
-        params.setdefault("threads", args.threads or None)
+        from .cpu import torch_threads
+
+        params["threads"] = torch_threads(params.get("threads", args.threads or None))  # 1 on a Pi 4
         if args.seed is not None:
             params.setdefault("seed", args.seed)
         fc = FedCRefClient(args.client_id, x, **params)

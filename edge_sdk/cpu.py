@@ -4,7 +4,7 @@ torch's aarch64 wheels (PyPI's and download.pytorch.org's) contain ARMv8.1
 LSE atomics (``ldaddal``, ``casal``) in code that runs as soon as torch uses
 more than one thread; an ARMv8.0 core without them (Cortex-A72 of a
 Raspberry Pi 4, Cortex-A53 of a Pi 3 or Zero 2) dies with SIGILL there
-(pytorch/pytorch#132032, #174344). One thread works. The kernel lists LSE as
+(seen on an emulated Raspberry Pi 4, a Cortex-A72 under qemu). One thread works. The kernel lists LSE as
 ``atomics`` on the ``Features`` line of ``/proc/cpuinfo``.
 
 :func:`torch_threads` is what the trainer and the client call: the thread

@@ -425,7 +425,8 @@ class Orchestrator:
     def _ask_sketch(self, cid: str) -> None:
         if self._encoder_msg is not None and self._phase == "train":
             self._send_encoder([cid])  # a late client has not got the federated encoder yet
-        self._cmd(cid, "sketch", encoder=self.encoder_name, num_classes=self.config.num_classes,
+        encoder = {"encoder": self.encoder_name} if self.encoder_name else {}  # LADD's spectra need none
+        self._cmd(cid, "sketch", **encoder, num_classes=self.config.num_classes,
                   flip_prob=self.config.flip_prob, summary=self.strategy.summary_kind,
                   params=dict(self.strategy.summary_params))
 

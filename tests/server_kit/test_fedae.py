@@ -149,7 +149,7 @@ def test_simulator_runs_the_same_option(digits8):
         (["--strategy", "fedsketch", "--ae-rounds", "2"], "apply to --strategy fedsketch-fedae"),
         (["--strategy", "fedsketch-fedae", "--ae-rounds", "0"], "pretrain rounds must be a positive integer"),
         (["--strategy", "fedsketch-fedae", "--ae-epochs", "-1"], "pretrain epochs must be a positive integer"),
-        (["--strategy", "fedsketch-fedae", "--encoder", "nope"], "encoder 'nope' names none"),
+        (["--strategy", "fedsketch-fedae", "--encoder", "nope"], "unknown encoder 'nope'; known: ['conv_ae_encoder', "),
     ],
 )
 def test_cli_ae_options_are_validated(argv, message, capsys):
