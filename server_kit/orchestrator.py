@@ -173,7 +173,7 @@ class Orchestrator:
         self._tasked: set[str] = set()
         #: The model keys each tasked client was sent this round: its update must name one of them.
         self._allowed: dict[str, frozenset[str]] = {}
-        #: Tasked clients whose update this round was refused: they answered, the round does not wait for them.
+        #: Tasked clients that answered this round for a model they were not sent: not waited for any longer.
         self._refused: set[str] = set()
         self._phase = "register"
         self._rejections = RejectionLog(log)
@@ -480,11 +480,8 @@ class Orchestrator:
             return
         # weighed by the count the device registered, never by a new claim
         n = min(m["n_samples"], self.clients[cid].info.n_samples)
-        try:
-            weights = parse_tensors(msg.body, spec=self._spec)
-        except ProtocolError:
-            self._refused.add(cid)  # it answered, badly: the round does not wait for it
-            raise
+        # (bad tensors do not end the wait: they may be a forgery on a broker without the ACL, or damage)
+        weights = parse_tensors(msg.body, spec=self._spec)
         self._updates[cid] = Update(cid, rnd, key, weights, n, m.get("loss", float("nan")), m["metrics"])
         self._slowest_update_s = max(self._slowest_update_s, time.monotonic() - self._round_started)
 

@@ -437,7 +437,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, left: int = 
 
     head = "".join(cell("th", i, html.escape(h)) for i, h in enumerate(header))
     body = "".join("<tr>" + "".join(cell("td", i, _fmt(v)) for i, v in enumerate(r)) + "</tr>\n" for r in rows)
-    return f"<table>\n<tr>{head}</tr>\n{body}</table>\n"
+    head_row = f"<tr>{head}</tr>\n" if any(header) else ""  # a key-value table needs no header
+    return f"<table>\n{head_row}{body}</table>\n"
 
 
 def write_html(path: str | Path, results: Mapping[str, Any], files: Sequence[str | Path] = ()) -> Path:
