@@ -366,8 +366,7 @@ class EdgeClient:
         self.transport.subscribe(self.topics.cmd(self.cid), self._on_cmd)
         self.transport.subscribe(self.topics.broadcast(), self._on_cmd)
         self.transport.subscribe(self.topics.model("+"), self._on_model)
-        if hasattr(self.transport, "on_connected"):
-            self.transport.on_connected(self._on_connected)
+        self.transport.on_connected(self._on_connected)
         self.transport.connect()
         self.hello()
         log.info("connected as %s; hello sent (%d samples)", self.cid, len(self.worker.y))

@@ -347,9 +347,6 @@ def _chunk_label(k: Any) -> str:
 class _Inbox:
     """The receive path shared by both transports: validate, reassemble, route."""
 
-    #: Checks that every incoming envelope is signed by the server (a device's inbox), or None.
-    verifier: Any = None
-
     def __init__(
         self,
         topics: Topics,
@@ -378,6 +375,8 @@ class _Inbox:
         self._lock = threading.Lock()
         self._subs: dict[str, tuple[int, list[Handler]]] = {}
         self._log = RejectionLog(log)
+        #: Checks that every incoming envelope is signed by the server (a device's inbox), or None.
+        self.verifier: Any = None
 
     def expire(self) -> int:
         """Drop stalled or overdue partial transfers now; returns how many (thread-safe)."""
@@ -485,6 +484,8 @@ class Transport(Protocol):
 
     def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None: ...
 
+    def on_connected(self, listener: Callable[[], None]) -> None: ...
+
     def publish(self, topic: str, msg: Message, *, qos: int = 1, retain: bool = False,
                 wait: bool = False) -> int: ...
 
@@ -495,8 +496,6 @@ class Transport(Protocol):
 
 class _TransportBase:
     """Shared state and the send-side encoding and chunking."""
-
-    _signer: Any = None
 
     def __init__(self, client_id: str, federation: str, root: str, max_payload: int,
                  max_message: int, **chunk_limits: Any) -> None:
@@ -509,9 +508,9 @@ class _TransportBase:
         self.max_payload = int(max_payload)
         self.max_message = int(max_message)
         self._meter = _Meter()
+        self._signer: Any = None
+        self._connect_listeners: tuple[Callable[[], None], ...] = ()
         self._inbox = _Inbox(self.topics, self._meter, self.max_message, **chunk_limits)
-
-    _connect_listeners: tuple[Callable[[], None], ...] = ()
 
     def on_connected(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after every (re)connection, once the subscriptions are renewed.

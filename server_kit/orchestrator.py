@@ -478,8 +478,7 @@ class Orchestrator:
             self._reject("wrong-model", f"update for model {key!r} in round {rnd}; this client was sent "
                                         f"{sorted(self._allowed.get(cid, ()))}", cid)
             return
-        # weighed by the count the device registered, never by a new claim
-        n = min(m["n_samples"], self.clients[cid].info.n_samples)
+        n = m["n_samples"]  # Strategy.aggregate weighs it by the count the device registered, never more
         # (bad tensors do not end the wait: they may be a forgery on a broker without the ACL, or damage)
         weights = parse_tensors(msg.body, spec=self._spec)
         self._updates[cid] = Update(cid, rnd, key, weights, n, m.get("loss", float("nan")), m["metrics"])

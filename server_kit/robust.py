@@ -108,6 +108,17 @@ DEFAULT_TRIM_FRACTION: float = 0.1
 # --------------------------------------------------------------------------- config
 
 
+def _multiple(name: str, value: Any, off: str) -> float | None:
+    """A multiple of the round's median update norm: a finite number >= 1, or 0/None (off, stored as None)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(float(value)) or not (float(value) == 0 or float(value) >= 1):
+        raise ValueError(f"{name} must be a finite number >= 1 (a multiple of the round's median update norm), "
+                         f"or 0 or None {off}, got {value!r}")
+    return float(value) or None
+
+
 @dataclass(frozen=True)
 class RobustConfig:
     """How a strategy screens and combines updates.
@@ -145,20 +156,9 @@ class RobustConfig:
     def __post_init__(self) -> None:
         if self.aggregator not in AGGREGATORS:
             raise ValueError(f"aggregator must be one of {list(AGGREGATORS)}, got {self.aggregator!r}")
-        b = self.norm_bound
-        if b is not None:
-            if isinstance(b, bool) or not isinstance(b, (int, float, np.integer, np.floating)) \
-                    or not math.isfinite(float(b)) or not (float(b) == 0 or float(b) >= 1):
-                raise ValueError("norm_bound must be a finite number >= 1 (a multiple of the round's median "
-                                 f"update norm), or 0 or None for no bounding, got {b!r}")
-            object.__setattr__(self, "norm_bound", float(b) or None)
-        r = self.refuse_above
-        if r is not None:
-            if isinstance(r, bool) or not isinstance(r, (int, float, np.integer, np.floating)) \
-                    or not math.isfinite(float(r)) or not (float(r) == 0 or float(r) >= 1):
-                raise ValueError("refuse_above must be a finite number >= 1 (a multiple of the round's median "
-                                 f"update norm), or 0 or None to refuse only non-finite updates, got {r!r}")
-            object.__setattr__(self, "refuse_above", float(r) or None)
+        object.__setattr__(self, "norm_bound", _multiple("norm_bound", self.norm_bound, "for no bounding"))
+        object.__setattr__(self, "refuse_above",
+                           _multiple("refuse_above", self.refuse_above, "to refuse only non-finite updates"))
         t = self.trim_fraction
         if isinstance(t, bool) or not isinstance(t, (int, float, np.integer, np.floating)) \
                 or not 0.0 < float(t) < 0.5:
