@@ -1,0 +1,157 @@
+"""Right clusters at every fleet size (issue 13, point 1) and O(n) memory past a size (point 2).
+
+Sketches come from the real pipeline (the shipped digits ONNX encoder, the
+device's Sketcher and the compiled kernel), built by the fleet benchmark's
+generator: 30 to 60 digits per device, 4 rotation groups, P = 0.1.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+import server_kit.clustering.sketch as sketch_mod
+from server_kit.clustering import SketchClustering
+from server_kit.clustering.separation import merge_inseparable, separation, two_means_1d
+from server_kit.data.partition import load_digits_images
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from fleet_clustering import encode_groups, fleet_sketches  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def digits_latents():
+    x, y = load_digits_images()
+    return encode_groups(x, "digits_encoder", [0, 1, 2, 3]), y
+
+
+def fleet(digits_latents, n, seed=0):
+    latents, y = digits_latents
+    return fleet_sketches(latents, y, n, low=30, high=60, flips=False, flip_prob=0.1, seed=seed)
+
+
+def bits_of(packed, n_bits):
+    from edge_sdk import bits
+
+    return bits.unpack_bits(packed, n_bits)
+
+
+# ------------------------------------------------------------------ the measure
+
+
+def test_two_means_1d_is_the_best_cut():
+    rng = np.random.default_rng(0)
+    v = np.concatenate((rng.normal(0, 1, 7), rng.normal(6, 1, 5)))
+    d, frac = two_means_1d(v)
+    s = np.sort(v)
+    best = max(((s[:i].size * (s[:i].mean() - s.mean()) ** 2 + s[i:].size * (s[i:].mean() - s.mean()) ** 2)
+                / ((s - s.mean()) ** 2).sum() for i in range(1, s.size)))
+    assert frac == pytest.approx(best)
+    lo, hi = s[s < 3], s[s >= 3]
+    pooled = (((lo - lo.mean()) ** 2).sum() + ((hi - hi.mean()) ** 2).sum()) / (s.size - 2)
+    assert d == pytest.approx((hi.mean() - lo.mean()) / np.sqrt(pooled))
+
+
+def test_one_gaussian_cut_in_two_measures_2_65_whatever_its_size():
+    rng = np.random.default_rng(1)
+    for n in (2_000, 20_000):
+        assert two_means_1d(rng.normal(size=n))[0] == pytest.approx(2 * np.sqrt(2 / np.pi) / np.sqrt(1 - 2 / np.pi),
+                                                                   abs=0.12)
+    assert two_means_1d(np.ones(5)) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="two_means_1d needs at least 2 values, got 1"):
+        two_means_1d(np.ones(1))
+
+
+def test_separation_tells_a_group_cut_in_two_from_two_groups(digits_latents):
+    packed, n_bits, truth = fleet(digits_latents, 800)
+    bits = bits_of(packed, n_bits)
+    rng = np.random.default_rng(0)
+    g1, g3 = bits[truth == 1], bits[truth == 3]  # the closest pair of rotations (90 and 270 degrees)
+    assert separation(g1, g3, rng) > 7.0
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    halves = fcluster(linkage(g1.astype(float), "ward"), 2, "maxclust")  # Ward cuts one group anyway
+    assert separation(g1[halves == 1], g1[halves == 2], rng) < 4.0
+    assert separation(g1[:10], g3, rng) == float("inf")  # too few: left to the permutation test
+
+
+def test_merge_inseparable_undoes_a_cut_through_a_group_and_keeps_the_groups(digits_latents):
+    packed, n_bits, truth = fleet(digits_latents, 400)
+    bits = bits_of(packed, n_bits)
+    labels = truth.copy()
+    labels[(truth == 2) & (np.arange(truth.size) % 8 < 4)] = 4  # group 2 cut at random into two halves
+    merged, pairs = merge_inseparable(bits, labels, 5.0, np.random.default_rng(0))
+    assert adjusted_rand_score(truth, merged) == 1.0
+    assert sum(p["merged"] for p in pairs) == 1
+    assert all(p["separation"] > 7.0 for p in pairs if not p["merged"])
+
+
+# ------------------------------------------------------------ the estimator
+
+
+@pytest.mark.parametrize("n", [100, 1000])
+def test_digits_fleets_get_their_four_groups(digits_latents, n):
+    packed, n_bits, truth = fleet(digits_latents, n)
+    model = SketchClustering(min_cluster_size=2, random_state=0).fit(packed, n_bits)
+    assert model.n_clusters_ == 4
+    assert adjusted_rand_score(truth, model.labels_) >= 0.97
+    assert model.separations_ and all(p["separation"] >= 5.0 for p in model.separations_ if not p["merged"])
+
+
+def test_without_the_checks_1000_devices_are_over_split(digits_latents):
+    """The failure of issue 13, kept as a reading: refinement alone splits one rotation group."""
+    packed, n_bits, truth = fleet(digits_latents, 1000, seed=3)
+    before = SketchClustering(min_cluster_size=2, random_state=0, min_separation=None, consolidate=0)
+    before.fit(packed, n_bits)
+    assert before.n_clusters_ > 4
+    assert adjusted_rand_score(truth, before.labels_) < 0.95
+
+
+def test_consolidation_moves_boundary_clients(digits_latents):
+    packed, n_bits, truth = fleet(digits_latents, 1000, seed=1)
+    ward = SketchClustering(min_cluster_size=2, random_state=0, consolidate=0).fit(packed, n_bits)
+    polished = SketchClustering(min_cluster_size=2, random_state=0).fit(packed, n_bits)
+    assert polished.consolidated_ > 0
+    assert adjusted_rand_score(truth, polished.labels_) > adjusted_rand_score(truth, ward.labels_)
+    assert adjusted_rand_score(truth, polished.labels_) == 1.0
+
+
+def test_sample_and_assign_agrees_with_the_exact_method(digits_latents):
+    packed, n_bits, truth = fleet(digits_latents, 2400)
+    exact = SketchClustering(min_cluster_size=2, random_state=0, max_exact_clients=None).fit(packed, n_bits)
+    sampled = SketchClustering(min_cluster_size=2, random_state=0, max_exact_clients=800).fit(packed, n_bits)
+    assert exact.sample_ is None
+    assert sampled.sample_.shape == (800,) and np.unique(sampled.sample_).size == 800
+    assert sampled.distances_.size == 800 * 799 // 2  # the pairs of the sample only
+    assert adjusted_rand_score(exact.labels_, sampled.labels_) >= 0.99
+    assert adjusted_rand_score(truth, sampled.labels_) >= 0.99
+    # every client not in the sample sits with its nearest centroid of the sample's clusters
+    rest = np.setdiff1d(np.arange(2400), sampled.sample_)
+    again = SketchClustering.from_centroids(sampled.centroids_, n_bits).predict(packed[rest])
+    assert np.mean(again == sampled.labels_[rest]) >= 0.99
+    assert sampled.centroids_.shape == (sampled.n_clusters_, n_bits)
+
+
+def test_predict_in_chunks_equals_predict_at_once(digits_latents, monkeypatch):
+    packed, n_bits, _ = fleet(digits_latents, 300)
+    model = SketchClustering(min_cluster_size=2, random_state=0).fit(packed, n_bits)
+    whole = model.predict(packed)
+    monkeypatch.setattr(sketch_mod, "_PREDICT_CHUNK", 7)
+    assert np.array_equal(model.predict(packed), whole)
+    assert np.array_equal(whole, model.labels_)  # consolidated: every client at its nearest mean
+
+
+@pytest.mark.parametrize("param, value, message", [
+    ("min_separation", -1.0, "min_separation must be None or a finite number >= 0, got -1.0"),
+    ("min_separation", float("nan"), "min_separation must be None or a finite number >= 0, got nan"),
+    ("consolidate", -1, "consolidate must be an integer >= 0, got -1"),
+    ("max_exact_clients", 50, "max_exact_clients must be an integer >= 100, got 50"),
+])
+def test_bad_settings_are_refused_with_their_message(param, value, message):
+    packed = np.zeros((4, 1), dtype=np.uint8)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        SketchClustering(**{param: value}).fit(packed, 8)
