@@ -37,7 +37,7 @@ from threadpoolctl import threadpool_limits
 
 from edge_sdk import bits as _bits
 
-from .separation import MIN_SEPARATION, merge_inseparable
+from .separation import MIN_SEPARATION, MIN_SIDE, merge_inseparable
 
 __all__ = [
     "CutProfile",
@@ -285,8 +285,10 @@ def _consolidate(bits: np.ndarray, labels: np.ndarray, passes: int) -> tuple[np.
     when another group's mean ends up nearer (at 1,000 digits devices, 2 to 5
     clients per run). Consolidating the hierarchical partition with k-means
     passes (as in HCPC, Husson et al. 2010) moves them. Stops when no client
-    moves, after ``passes`` passes, or if a cluster would empty. Returns the
-    labels and the number of clients moved in all.
+    moves, after ``passes`` passes, or if a cluster would empty. Run only
+    when every cluster holds at least ``MIN_SIDE`` (20) clients: among a few
+    noisy clients, a mean that holds the client itself is a poor guide.
+    Returns the labels and the number of clients moved in all.
     """
     x = bits.astype(np.float64)
     norms = x.sum(axis=1)[:, None]
@@ -378,7 +380,10 @@ class SketchClustering:
         After the final partition, k-means passes from it: every client moves
         to its nearest cluster mean until none moves (at most this many
         passes; 0 keeps Ward's assignment). Ward's greedy merges leave a few
-        boundary clients in the farther cluster; this moves them.
+        boundary clients in the farther cluster; this moves them. Like the
+        separation check, it applies only where every cluster (for the check:
+        both of a pair) holds at least 20 clients; smaller ones are left to
+        the permutation test and Ward.
     max_exact_clients : int or None, default 10,000
         Above this many clients, a seeded sample of this size is clustered
         with the full method and every client is then assigned to the nearest
@@ -695,7 +700,7 @@ class SketchClustering:
             raise RuntimeError(
                 f"fcluster gave {k} clusters where the dendrogram gives {best['n_clusters']}"
             )
-        if self.min_separation:
+        if self.min_separation and (np.bincount(labels) >= MIN_SIDE).sum() >= 2:  # else nothing to measure
             labels, pairs = merge_inseparable(bits, labels, float(self.min_separation),
                                               np.random.default_rng(rs.randint(2**31 - 1)))
             self.separations_.extend({"depth": self._depth, **pair} for pair in pairs)
@@ -705,7 +710,7 @@ class SketchClustering:
         if self.refine and self._depth < int(self.max_depth):
             labels = self._refined(p, n_bits, labels, rs)
             k = int(labels.max()) + 1
-        if self._depth == 0 and self.consolidate:
+        if self._depth == 0 and self.consolidate and np.bincount(labels).min() >= MIN_SIDE:
             labels, self.consolidated_ = _consolidate(bits, labels, int(self.consolidate))
             k = int(labels.max()) + 1
         self.labels_ = labels
@@ -1002,6 +1007,8 @@ def plot_search(model: SketchClustering, path: str | Path) -> Path:
     ax.set_xlabel("distance threshold (Ward merge height)")
     ax.set_ylabel("Calinski-Harabasz index")
     title = f"{model.labels_.size} clients x {model.n_bits_} bits"
+    if getattr(model, "sample_", None) is not None:
+        title += f" (dendrogram of a sample of {model.sample_.size})"
     if model.null_pvalue_ is not None:
         title += f"; permutation test p = {model.null_pvalue_:.3g}"
     ax.set_title(title, fontsize=10)
