@@ -14,10 +14,12 @@ subscriptions and queued QoS 1 messages). All work is done by an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import logging
 import queue
+import random
 import sys
 import tempfile
 import threading
@@ -30,6 +32,7 @@ import numpy as np
 
 from .protocol import Kind, Message, ProtocolError, Topics, parse_tensors, sketch_body, tensors_body
 from .rejections import RejectionLog
+from .sampling import in_sample
 from .schema import check_meta
 from .sketch import Sketcher
 from .worker import LocalWorker, Task, TrainSettings
@@ -37,6 +40,9 @@ from .worker import LocalWorker, Task, TrainSettings
 __all__ = ["EdgeClient", "main"]
 
 log = logging.getLogger(__name__)
+
+#: Meta key the device's own command callback adds: the topic a command came by ("cmd" or "broadcast").
+_VIA = "_via"
 
 
 class EdgeClient:
@@ -64,6 +70,11 @@ class EdgeClient:
         While training, a status saying which round it trains is sent this
         often, so that the server keeps the round open for a device that is
         slow but working.
+    hello_jitter_s : float
+        After every (re)connection the device says hello after a random wait
+        of up to this many seconds, so that a fleet booting (or coming back
+        after a broker restart) at once does not reach the broker in one
+        instant. An answer to the server's own "hello" request is not delayed.
     """
 
     def __init__(
@@ -78,6 +89,7 @@ class EdgeClient:
         max_models: int = 8,
         stay: bool = False,
         progress_interval_s: float = 10.0,
+        hello_jitter_s: float = 0.0,
     ) -> None:
         self.transport = transport
         self.worker = worker
@@ -90,6 +102,9 @@ class EdgeClient:
             raise ValueError(f"max_models must be a positive integer, got {max_models!r}")
         self.max_models = int(max_models)
         self.model_key: str | None = None
+        #: The model topic filters this device subscribes to (every model until an assign narrows it).
+        self.followed: frozenset[str] = frozenset({self.topics.model("+")})
+        self._welcomed = False
         self._models: dict[str, tuple[int, dict[str, np.ndarray]]] = {}
         self._models_cv = threading.Condition()
         self._cmds: queue.Queue[Message] = queue.Queue(maxsize=1000)
@@ -103,6 +118,13 @@ class EdgeClient:
         self.handled: dict[str, int] = {}
         self.stay = bool(stay)
         self.progress_interval_s = float(progress_interval_s)
+        if not float(hello_jitter_s) >= 0:
+            raise ValueError(f"hello_jitter_s must be a non-negative number of seconds, got {hello_jitter_s!r}")
+        self.hello_jitter_s = float(hello_jitter_s)
+        self._hello_due: float | None = None  # when the scheduled hello goes out (monotonic), if one is
+        self._hello_lock = threading.Lock()
+        self._jitter = random.Random()  # from the OS: devices must not jitter alike
+        self._commands_run = 0
         #: What :func:`main` exits with: 0, or 4 when the server refused this device.
         self.exit_code = 0
         #: Why the server refused this device (None while admitted or not yet answered).
@@ -120,6 +142,9 @@ class EdgeClient:
         if msg.kind != Kind.CMD or msg.sender != "server":
             self._rejections("sender", msg.sender, f"ignoring {msg.kind.name} on {topic}")
             return
+        # which topic it came by (a broadcast may not concern this device); set here, never by the sender
+        msg = dataclasses.replace(msg, meta={**msg.meta, _VIA: "broadcast" if topic == self.topics.broadcast()
+                                             else "cmd"})
         try:
             self._cmds.put_nowait(msg)
         except queue.Full:
@@ -204,8 +229,33 @@ class EdgeClient:
         self.transport.publish(topic, Message(kind, self.federation, self.cid, rnd, dict(meta or {}), body))
 
     def hello(self) -> None:
+        """Register now: one HELLO (the server takes it as "online": no STATUS goes with it).
+
+        A hello scheduled by a (re)connection and not yet sent is cancelled:
+        this one says the same.
+        """
+        with self._hello_lock:
+            self._hello_due = None
         self._send(self.topics.hello(self.cid), Kind.HELLO, meta=self.worker.hello())
-        self._send(self.topics.status(self.cid), Kind.STATUS, meta={"state": "online"})
+
+    @property
+    def hello_due(self) -> float | None:
+        """When the hello scheduled by the last (re)connection goes out (``time.monotonic()``), or None.
+
+        :meth:`step` (and :meth:`run`) send it once due; a driver stepping
+        many clients wakes this one then.
+        """
+        return self._hello_due
+
+    def _hello_if_due(self) -> None:
+        with self._hello_lock:
+            due = self._hello_due
+            if due is None or due > time.monotonic():
+                return
+        try:
+            self.hello()
+        except (ConnectionError, ValueError) as e:  # closed meanwhile: the next connection says it again
+            log.warning("hello not sent: %s", e)
 
     # -- commands -------------------------------------------------------------
     def _encoder(self, name: str, wait: bool = False):
@@ -294,14 +344,49 @@ class EdgeClient:
         log.info("AE round %d: trained, MSE %.5f", r, res.loss)
 
     def _do_evaluate(self, m: Mapping[str, Any], rnd: int) -> None:
-        r, key = m["round"], m["model_key"]
+        r, key = m["round"], m.get("model_key")
+        if key is None:  # for every device (a broadcast): its assigned model, if it is in the sample
+            if self.model_key is None:
+                log.debug("evaluate (round %d) for assigned devices: none assigned here, ignored", r)
+                return
+            if "fraction" in m and not in_sample(self.cid, m["fraction"], m.get("seed", 0)):
+                log.debug("evaluate (round %d): not in the sample of %g, ignored", r, m["fraction"])
+                return
+            key = self.model_key
         self._use_architecture(m)
         res = self.worker.evaluate(self._wait_model(key, r))
         log.info("evaluated %s: accuracy %.4f on %d samples", key, res["accuracy"], res["n_test"])
         self._send(self.topics.metrics(self.cid), Kind.METRICS, r, {"round": r, "model_key": key, **res})
 
+    def _follow(self, keys: Sequence[str], *, confirm: bool = True) -> None:
+        """Keep the model topics of ``keys`` ("+": every model), leave the others; say so on the status topic.
+
+        The status (``confirm``) goes out after the (un)subscriptions on the
+        same connection, so the broker has them when the server reads it: from
+        then on the server counts on this device getting exactly these topics.
+        The server's "hello" request (a new run) puts it back on every model,
+        unconfirmed: the new server assumes it of a device it has not assigned.
+        """
+        want = frozenset({self.topics.model("+")} if "+" in keys else {self.topics.model(k) for k in keys})
+        for f in sorted(want - self.followed):
+            self.transport.subscribe(f, self._on_model)
+        for f in sorted(self.followed - want):
+            self.transport.unsubscribe(f)
+        self.followed = want
+        follow = ["+"] if "+" in keys else sorted(set(keys))
+        if not confirm:
+            return
+        self._send(self.topics.status(self.cid), Kind.STATUS, meta={"state": "online", "follow": follow})
+        log.info("following the model topics of %s", ", ".join(follow) or "no model")
+
     def handle(self, msg: Message) -> bool:
-        """Execute one command; returns False when told to stop."""
+        """Execute one command; returns False when told to stop.
+
+        A broadcast that does not concern this device (an evaluation of
+        devices it is not among, a sketch request before it was admitted) is
+        ignored, logged at DEBUG.
+        """
+        broadcast = msg.meta.get(_VIA) == "broadcast"
         try:
             m = check_meta(msg)  # every field checked: types, ranges, lengths; unknown ops refused
         except ProtocolError as e:
@@ -321,11 +406,15 @@ class EdgeClient:
             log.error("the server refused this device: %s", m["reason"])
             return False
         try:
-            if op == "hello":
+            if op == "hello":  # asked by a (new) server: every model until it assigns this device again
+                self._follow(["+"], confirm=False)
                 self.hello()
+            elif op == "sketch" and broadcast and not self._welcomed:
+                log.debug("sketch request for admitted devices: not admitted yet, ignored")
             elif op == "sketch":
                 self._do_sketch(m, msg.round)
             elif op == "welcome":
+                self._welcomed = True
                 self._use_architecture(m)
                 if m.get("num_classes"):
                     self.worker.num_classes = m["num_classes"]
@@ -335,6 +424,8 @@ class EdgeClient:
             elif op == "assign":
                 self.model_key = m["model_key"]
                 log.info("assigned to model %s", self.model_key)
+                if "follow" in m:
+                    self._follow(m["follow"])
             elif op == "train":
                 self._do_train(m, msg.round)
             elif op == "train_ae":
@@ -352,39 +443,75 @@ class EdgeClient:
         return True
 
     def _on_connected(self) -> None:
-        """Every (re)connection: announce this device again (network thread: enqueue only)."""
+        """Every (re)connection: schedule a hello, up to ``hello_jitter_s`` from now (network thread: no wait).
+
+        :meth:`step` sends it when due; nothing here blocks the network thread.
+        """
         self._connections += 1
+        delay = self._jitter.uniform(0.0, self.hello_jitter_s) if self.hello_jitter_s else 0.0
+        with self._hello_lock:
+            self._hello_due = time.monotonic() + delay
         if self._connections > 1:
-            log.info("reconnected: announcing this device again")
-            try:
-                self._cmds.put_nowait(Message(Kind.CMD, self.federation, "server", 0, {"op": "hello"}))
-            except queue.Full:
-                pass
+            log.info("reconnected: announcing this device again in %.1f s", delay)
 
     def start(self) -> None:
         """Connect, subscribe, register (and register again after every reconnection)."""
         self.transport.subscribe(self.topics.cmd(self.cid), self._on_cmd)
         self.transport.subscribe(self.topics.broadcast(), self._on_cmd)
-        self.transport.subscribe(self.topics.model("+"), self._on_model)
+        for f in sorted(self.followed):  # every model until an assign says which to follow
+            self.transport.subscribe(f, self._on_model)
         self.transport.on_connected(self._on_connected)
         self.transport.connect()
-        self.hello()
-        log.info("connected as %s; hello sent (%d samples)", self.cid, len(self.worker.y))
+        if self._connections == 0:  # connected before this listener was added (connect(wait=False) on a loop)
+            self._on_connected()
+        log.info("connected as %s; hello in %.1f s (%d samples)", self.cid,
+                 max(0.0, (self._hello_due or time.monotonic()) - time.monotonic()), len(self.worker.y))
+
+    def step(self, timeout: float = 0.0) -> bool:
+        """Send the scheduled hello if due, then handle at most one queued command.
+
+        For a driver that runs many clients without a thread each (see
+        :mod:`server_kit.emulate`): call it when the transport delivered
+        something (:meth:`MqttTransport.on_delivered`) or at :attr:`hello_due`.
+
+        Parameters
+        ----------
+        timeout : float
+            Seconds to wait for a command (0: take one only if queued); the
+            wait ends early when the scheduled hello falls due.
+
+        Returns
+        -------
+        bool
+            False once this client is done (the server said stop or refused
+            it, or :meth:`stop` was called), True otherwise.
+        """
+        if self._stop.is_set():
+            return False
+        self._hello_if_due()
+        due = self._hello_due
+        wait = timeout if due is None else min(timeout, max(0.0, due - time.monotonic()))
+        try:
+            msg = self._cmds.get(timeout=wait) if wait > 0 else self._cmds.get_nowait()
+        except queue.Empty:
+            self._hello_if_due()
+            return not self._stop.is_set()
+        self._commands_run += 1
+        if not self.handle(msg):
+            self._stop.set()
+            return False
+        return not self._stop.is_set()
 
     def run(self, *, max_idle_s: float | None = None) -> None:
         """Process commands until ``stop`` (or ``max_idle_s`` without any command)."""
         self.start()
         idle_since = time.monotonic()
-        while not self._stop.is_set():
-            try:
-                msg = self._cmds.get(timeout=0.5)
-            except queue.Empty:
-                if max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
-                    log.warning("no command for %g s: leaving", max_idle_s)
-                    break
-                continue
-            idle_since = time.monotonic()
-            if not self.handle(msg):
+        seen = self._commands_run
+        while self.step(timeout=0.5):
+            if self._commands_run != seen:
+                seen, idle_since = self._commands_run, time.monotonic()
+            elif max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
+                log.warning("no command for %g s: leaving", max_idle_s)
                 break
         self.transport.close()
 
@@ -416,6 +543,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-payload", type=int, default=1_000_000, help="chunk messages above this many bytes")
     p.add_argument("--threads", type=int, default=1, help="torch threads for local training")
     p.add_argument("--max-idle", type=float, default=None, help="leave after this many idle seconds")
+    p.add_argument("--hello-jitter", type=float, default=3.0, metavar="S",
+                   help="say hello after a random wait of up to S seconds after every (re)connection, so that a "
+                        "fleet booting at once (or back after a broker restart) does not reach the broker in one "
+                        "instant; 0: at once")
     p.add_argument("--stay", action="store_true",
                    help="when the server finishes, keep waiting for its next run instead of exiting 0")
     p.add_argument("--server-key", default=None, metavar="PEM",
@@ -466,8 +597,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         threads = torch_threads(args.threads or None)  # 1 on a CPU without LSE atomics (Pi 4)
         if threads:
             torch.set_num_threads(threads)
+    if not args.hello_jitter >= 0:
+        print(f"fedsketch-client: error: --hello-jitter must be >= 0 seconds, got {args.hello_jitter:g}",
+              file=sys.stderr)
+        return 2
     client = EdgeClient(transport, worker, federation=args.federation, root=args.root, seed=args.seed,
-                        stay=args.stay)
+                        stay=args.stay, hello_jitter_s=args.hello_jitter)
     rc = _serve(args, lambda: client.run(max_idle_s=args.max_idle))
     return client.exit_code if rc == 0 else rc
 

@@ -44,10 +44,11 @@ class Field:
 
     Parameters
     ----------
-    kind : {"int", "float", "bool", "str", "id", "ids", "strs", "ints", "numbers", "object"}
+    kind : {"int", "float", "bool", "str", "id", "ids", "keys", "strs", "ints", "numbers", "object"}
         ``id``: a topic-safe id (:func:`~edge_sdk.protocol.check_id`);
         ``ids`` / ``strs`` / ``ints``: lists of those / of strings / of
-        integers within ``lo``, ``hi``; ``numbers``: an object
+        integers within ``lo``, ``hi``; ``keys``: a list of model keys,
+        each a topic-safe id or ``"+"`` (every model); ``numbers``: an object
         of finite numbers; ``object``: a JSON object (its nesting bounded by
         the decoder).
     lo, hi : float, optional
@@ -120,6 +121,10 @@ def _value(name: str, f: Field, v: Any) -> Any:
         if not isinstance(v, list) or len(v) > f.max_len:
             raise _fail(name, f"a list of at most {f.max_len} integers", v)
         out = [_number(name, Field("int", f.lo, f.hi), x, True) for x in v]
+    elif k == "keys":
+        if not isinstance(v, list) or len(v) > f.max_len:
+            raise _fail(name, f"a list of at most {f.max_len} model keys", v)
+        out = [x if x == "+" else _ident(name, x) for x in v]
     elif k in ("ids", "strs"):
         if not isinstance(v, list) or len(v) > f.max_len:
             raise _fail(name, f"a list of at most {f.max_len} items", v)
@@ -159,12 +164,15 @@ _LR = Field("float", 1e-12, 100.0, default=1e-3)
 _BATCH = Field("int", 1, 1_000_000, default=32)
 _MODEL_KEY = Field("id", required=True)
 _ARCH = Field("str", max_len=128)
+#: The model topics a device keeps subscribed to (``"+"``: every model), at most 64.
+_FOLLOW = Field("keys", max_len=64)
 
 #: Fields of each command, by its ``op`` (server -> device).
 COMMANDS: dict[str, dict[str, Field]] = {
     "hello": {},
     "stop": {"reason": Field("str", max_len=300, default="finished")},
-    "assign": {"model_key": _MODEL_KEY},
+    # the device's model; with "follow", the model topics it keeps (it unsubscribes from the others)
+    "assign": {"model_key": _MODEL_KEY, "follow": _FOLLOW},
     # admitted: what the device learns from the server instead of flags
     "welcome": {
         "architecture": _ARCH,
@@ -199,7 +207,10 @@ COMMANDS: dict[str, dict[str, Field]] = {
         "lr": _LR,
         "batch_size": _BATCH,
     },
-    "evaluate": {"round": _ROUND, "model_key": _MODEL_KEY, "architecture": _ARCH},
+    # without model_key (a broadcast): the model the device was assigned, if it is in the sample of
+    # "fraction" drawn with "seed" (edge_sdk.sampling.in_sample); a device without a model ignores it
+    "evaluate": {"round": _ROUND, "model_key": Field("id"), "architecture": _ARCH,
+                 "fraction": Field("float", 0.0, 1.0), "seed": Field("int", -(2**53), 2**53)},
 }
 
 _SCHEMAS: dict[Kind, dict[str, Field]] = {
@@ -216,6 +227,7 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
     Kind.STATUS: {
         "state": Field("str", choices=("online", "offline"), default="online"),
         "working": Field("int", 0, MAX_ROUND),  # the round it is training, while it trains
+        "follow": _FOLLOW,  # the model topics it now follows (the answer to an assign's "follow")
     },
     Kind.SKETCH: {},
     Kind.FEATURES: {"summary": Field("str", max_len=64, required=True)},

@@ -21,12 +21,20 @@ network thread, so a slow handler does not stop keep-alives; still, hand
 long work (training) to another thread and do not wait for a publish inside
 a handler. :class:`MemoryTransport` calls handlers synchronously, in the
 publisher's thread, which keeps unit tests deterministic.
+
+A process that holds many connections (the fleet emulator) passes a shared
+:class:`~edge_sdk.netloop.NetworkLoop` (``loop=``): then one thread runs the
+sockets of every transport and a small pool runs their handlers, still in
+order per transport (see :mod:`edge_sdk.netloop`). Without it, each
+transport has its own threads, which is right for a device.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
+import random
 import threading
 import time
 from collections import deque
@@ -388,6 +396,10 @@ class _Inbox:
         with self._lock:
             return self._reassembler.stats()
 
+    def partials(self) -> int:
+        """Chunked transfers in progress (a cheap look, for timers)."""
+        return self._reassembler.pending()
+
     def add(self, topic_filter: str, handler: Handler, qos: int) -> None:
         with self._lock:
             old_qos, handlers = self._subs.get(topic_filter, (qos, []))
@@ -510,6 +522,7 @@ class _TransportBase:
         self._meter = _Meter()
         self._signer: Any = None
         self._connect_listeners: tuple[Callable[[], None], ...] = ()
+        self._delivery_listeners: tuple[Callable[[], None], ...] = ()
         self._inbox = _Inbox(self.topics, self._meter, self.max_message, **chunk_limits)
 
     def on_connected(self, listener: Callable[[], None]) -> None:
@@ -519,6 +532,23 @@ class _TransportBase:
         publish without waiting). A device re-announces itself with it.
         """
         self._connect_listeners = (*self._connect_listeners, listener)
+
+    def on_delivered(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after the handlers of each incoming message ran, in the thread that ran them.
+
+        For a driver that polls many clients (the fleet emulator): it learns
+        that one of them has work without a thread waiting on each.
+        """
+        self._delivery_listeners = (*self._delivery_listeners, listener)
+
+    def _deliver(self, deliveries: list[_Delivery]) -> None:
+        self._inbox.deliver(deliveries)
+        for listener in self._delivery_listeners:
+            try:
+                listener()
+            except Exception:
+                self._meter.bump(self._meter.errors, "listener")
+                log.exception("delivery listener %r failed", listener)
 
     def _notify_connected(self) -> None:
         for listener in self._connect_listeners:
@@ -609,7 +639,15 @@ class MqttTransport(_TransportBase):
         Retain the will on the broker.
     dispatch_queue : int
         Validated messages waiting for the handler thread; when full, paho's
-        network thread waits (back-pressure to the broker).
+        network thread waits (back-pressure to the broker). Not used with
+        ``loop``.
+    loop : NetworkLoop, optional
+        Run this connection on a shared :class:`~edge_sdk.netloop.NetworkLoop`
+        (many connections per process) instead of its own network and
+        dispatcher threads. Reconnections then wait a randomised back-off
+        (half to all of the exponential delay), so that a fleet that lost
+        its broker does not come back in one instant. Messages wait for the
+        loop's pool without bound (no back-pressure to the broker).
     """
 
     def __init__(
@@ -623,6 +661,7 @@ class MqttTransport(_TransportBase):
         will_payload: Message | bytes | None = None,
         will_retain: bool = False,
         dispatch_queue: int = 1000,
+        loop: Any = None,
     ) -> None:
         import paho.mqtt.client as mqtt
         from paho.mqtt.enums import CallbackAPIVersion
@@ -671,6 +710,13 @@ class MqttTransport(_TransportBase):
         self._early_acks: set[int] = set()
         self._queue: queue.Queue[list[_Delivery] | None] = queue.Queue(maxsize=dispatch_queue)
         self._worker: threading.Thread | None = None
+        self._loop = loop
+        self._lane = loop.pool.lane(self.client_id) if loop is not None else None
+        #: With a loop: whether the connection is wanted (reconnect after a loss), and failed attempts in a row.
+        self._want = False
+        self._attempts = 0
+        self._next_expiry = 0.0
+        self._gone = threading.Event()
 
     def __repr__(self) -> str:
         return (f"MqttTransport(url={self.config.url!r}, client_id={self.client_id!r}, "
@@ -684,6 +730,7 @@ class MqttTransport(_TransportBase):
             self._connack.set()
             return
         self._refused = None
+        self._attempts = 0
         self._connected.set()
         self._connack.set()
         filters = self._inbox.filters()
@@ -698,13 +745,20 @@ class MqttTransport(_TransportBase):
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
         self._connected.clear()
+        self._gone.set()
         if self._closing or self._stopping:
             log.info("disconnected from %s", self.config.url)
         else:
             self._meter.bump(self._meter.errors, "connection-lost")
             log.warning("lost connection to %s (%s); reconnecting with back-off", self.config.url, reason_code)
+            if self._loop is not None and self._want:
+                self._retry_later()
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        if self._lane is not None:  # validated and handled on the loop's pool, in order
+            self._loop.submit(self._lane, functools.partial(
+                self._receive, message.topic, message.payload, bool(getattr(message, "retain", False))))
+            return
         try:
             deliveries = self._inbox.process(message.topic, message.payload, bool(getattr(message, "retain", False)))
         except Exception:  # never raise into paho's thread
@@ -735,6 +789,49 @@ class MqttTransport(_TransportBase):
                 self._meter.bump(self._meter.errors, "subscribe")
                 log.warning("broker refused a subscription of %s: %s", self.client_id, rc)
 
+    def _receive(self, topic: str, payload: bytes, retained: bool) -> None:
+        """With a loop: validate and deliver one message (on the loop's pool)."""
+        if self._closing:
+            return
+        try:
+            deliveries = self._inbox.process(topic, payload, retained)
+        except Exception:
+            self._meter.bump(self._meter.errors, "receive")
+            log.exception("failed to process a message on %s", topic)
+            return
+        if deliveries:
+            self._deliver(deliveries)
+
+    # -- with a loop: connecting, reconnecting, timers (network thread) --
+    def _try_connect(self) -> None:
+        if not self._want or self._closing or self._client.socket() is not None:
+            return
+        try:
+            self._client.reconnect()
+        except (OSError, ValueError) as e:
+            self._attempts += 1
+            log.debug("connection attempt %d of %s to %s failed (%s); retrying with back-off", self._attempts,
+                      self.client_id, self.config.url, e)
+            self._retry_later()
+
+    def _retry_later(self) -> None:
+        lo, hi = float(self.config.reconnect_min_s), float(self.config.reconnect_max_s)
+        delay = min(hi, lo * 2 ** min(self._attempts, 30)) * random.uniform(0.5, 1.0)
+        self._loop.call_later(delay, self._try_connect)
+
+    def _tick(self) -> None:
+        """Called by the loop about once a second: expiry of stalled chunked transfers."""
+        if self._inbox.partials() and time.monotonic() >= self._next_expiry:
+            self._next_expiry = time.monotonic() + _EXPIRY_PERIOD_S
+            self._loop.submit(self._lane, self._expire)
+
+    def _expire(self) -> None:
+        try:
+            self._inbox.expire()
+        except Exception:
+            self._meter.bump(self._meter.errors, "expire")
+            log.exception("expiring partial transfers failed")
+
     # -- dispatcher thread --
     def _dispatch(self) -> None:
         # Also the timer that frees stalled partial transfers when no chunk comes.
@@ -753,7 +850,8 @@ class MqttTransport(_TransportBase):
                     self._meter.bump(self._meter.errors, "expire")
                     log.exception("expiring partial transfers failed")
                 next_expiry = time.monotonic() + _EXPIRY_PERIOD_S
-            self._inbox.deliver(item)
+            if item:
+                self._deliver(item)
 
     # -- public API --
     @property
@@ -765,11 +863,20 @@ class MqttTransport(_TransportBase):
         """Wait until connected (again); returns whether it is."""
         return self._connected.wait(timeout)
 
-    def connect(self, timeout: float = 10.0) -> None:
+    def connect(self, timeout: float = 10.0, *, wait: bool = True) -> None:
         """Connect and start the network thread; block until the broker answers.
 
         After this returns, lost connections are retried in the background
         with exponential back-off, and subscriptions are renewed.
+
+        Parameters
+        ----------
+        timeout : float
+            Seconds to wait for the broker's answer.
+        wait : bool
+            With ``False`` (a transport on a :class:`~edge_sdk.netloop.NetworkLoop`
+            only), return at once: the connection is made, and retried with
+            back-off, in the background; :meth:`wait_connected` waits for it.
 
         Raises
         ------
@@ -777,6 +884,8 @@ class MqttTransport(_TransportBase):
             When the broker refuses (bad credentials: "Not authorized") or
             does not answer within ``timeout`` seconds.
         """
+        if not wait and self._loop is None:
+            raise ValueError("connect(wait=False) needs a transport on a NetworkLoop (loop=...)")
         if self._closing:
             raise ConnectionError("transport is closed")
         if self._started:
@@ -793,9 +902,17 @@ class MqttTransport(_TransportBase):
             kwargs = {"clean_start": False, "properties": props}
         self._connack.clear()
         self._client.connect_async(self.config.host, self.config.port, int(self.config.keepalive), **kwargs)
-        self._client.loop_start()
-        self._started = True
-        if self._worker is None:
+        if self._loop is not None:
+            self._loop.attach(self, self._client)
+            self._want = True
+            self._started = True
+            self._loop.call_soon(self._try_connect)
+            if not wait:
+                return
+        else:
+            self._client.loop_start()
+            self._started = True
+        if self._worker is None and self._loop is None:
             self._worker = threading.Thread(target=self._dispatch, name=f"fedsketch-{self.client_id}",
                                             daemon=True)
             self._worker.start()
@@ -810,8 +927,22 @@ class MqttTransport(_TransportBase):
             self._stop_network(refused=True)
             raise ConnectionError(f"broker {self.config.url} refused {self.client_id}: {reason}")
 
-    def _stop_network(self, *, refused: bool = False) -> None:
+    def _stop_network(self, *, refused: bool = False, timeout: float = 5.0) -> None:
         self._stopping = True
+        if self._loop is not None:
+            self._want = False
+            try:
+                self._gone.clear()
+                connected = self._client.socket() is not None
+                self._client.disconnect()  # the loop writes it, then paho closes the socket there
+                if connected and self._loop.running and not self._loop.in_loop():
+                    self._gone.wait(timeout)
+                self._loop.detach(self._client)  # after the close, in the loop's thread
+            finally:
+                self._stopping = False
+                self._started = False
+                self._connected.clear()
+            return
         try:
             if refused:  # stop the retries first: the broker said no
                 self._client.loop_stop()
@@ -896,7 +1027,7 @@ class MqttTransport(_TransportBase):
             log.warning("closing with %d unacknowledged message(s)", len(self._unacked))
         self._closing = True
         if self._started:
-            self._stop_network()
+            self._stop_network(timeout=timeout)
         if self._worker is not None:
             self._queue.put(None)
             if self._worker is not threading.current_thread():
@@ -1114,7 +1245,9 @@ class MemoryTransport(_TransportBase):
 
     def _receive(self, topic: str, payload: bytes, retained: bool = False) -> None:
         if self.is_connected:
-            self._inbox.deliver(self._inbox.process(topic, payload, retained))
+            deliveries = self._inbox.process(topic, payload, retained)
+            if deliveries:
+                self._deliver(deliveries)
 
     def _drop(self) -> None:
         self._connected.clear()

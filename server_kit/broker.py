@@ -28,11 +28,66 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Union
 
-__all__ = ["EmbeddedBroker", "MosquittoBroker", "find_mosquitto", "free_port", "start_broker"]
+__all__ = ["DEPLOY_CONF", "EmbeddedBroker", "MosquittoBroker", "adapt_deploy_conf", "find_mosquitto", "free_port",
+           "start_broker"]
 
 log = logging.getLogger(__name__)
 
 _MOSQUITTO_FALLBACK = "/usr/sbin/mosquitto"
+
+#: The shipped production configuration (in a checkout; not installed with the package).
+DEPLOY_CONF = Path(__file__).resolve().parents[1] / "deploy" / "mosquitto.conf"
+#: Options of a TLS listener, dropped with it by :func:`adapt_deploy_conf`.
+_TLS_OPTIONS = ("cafile", "capath", "certfile", "keyfile", "tls_version", "ciphers", "ciphers_tls1.3",
+                "require_certificate", "use_identity_as_username", "use_subject_as_username", "crlfile",
+                "dhparamfile", "psk_hint", "psk_file", "tls_engine", "tls_keyform")
+#: Options :func:`adapt_deploy_conf` replaces with the private broker's own.
+_REPLACED = ("password_file", "acl_file", "persistence_location", "log_dest", "allow_anonymous", "user")
+
+
+def adapt_deploy_conf(text: str, *, port: int, host: str = "127.0.0.1", directory: str | os.PathLike[str],
+                      password_file: str | None = None, acl_file: str | None = None) -> str:
+    """``deploy/mosquitto.conf`` for a private broker on one plain listener, every limit kept.
+
+    The devices' listener (the TLS one, with its own settings such as
+    ``max_connections``) becomes a plain listener on ``host:port``, without
+    its TLS options; the server's local listener is dropped (the server
+    connects to the same port). The password file and ACL become the given
+    ones (none: anonymous clients allowed, no ACL), the database and the log
+    go to ``directory``. Everything else (queue, inflight, packet and
+    connection limits, persistence, ``retain_available``...) stays as shipped.
+
+    Raises
+    ------
+    ValueError
+        When the text has no TLS listener to turn into the plain one.
+    """
+    out, listeners, in_tls = [], 0, False
+    for line in text.splitlines():
+        words = line.split()
+        key = words[0] if words and not words[0].startswith("#") else ""
+        if key == "listener":
+            listeners += 1
+            in_tls = len(words) == 2 or (len(words) > 2 and words[2] not in ("127.0.0.1", "localhost", "::1"))
+            if in_tls:
+                out.append(f"listener {int(port)} {host}")
+            continue
+        if key in _TLS_OPTIONS or key in _REPLACED:
+            continue
+        out.append(line)
+    if listeners == 0 or not any(line.startswith(f"listener {int(port)} ") for line in out):
+        raise ValueError("the configuration has no devices' (TLS) listener to turn into the private broker's")
+    d = Path(directory)
+    out += ["", "# -- written by server_kit.broker.adapt_deploy_conf --",
+            f"allow_anonymous {'false' if password_file else 'true'}",
+            f"persistence_location {d}/", f"log_dest file {d / 'mosquitto.log'}"]
+    if password_file:
+        out.append(f"password_file {password_file}")
+    if acl_file:
+        out.append(f"acl_file {acl_file}")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        out.append("user root")  # otherwise mosquitto drops to 'mosquitto' and cannot read our files
+    return "\n".join(out) + "\n"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -101,6 +156,13 @@ class MosquittoBroker:
         More configuration lines.
     binary : str, optional
         The ``mosquitto`` executable (default: :func:`find_mosquitto`).
+    deploy_conf : bool or path
+        Start from the shipped production configuration (True:
+        :data:`DEPLOY_CONF`, or the file given), adapted by
+        :func:`adapt_deploy_conf`: its limits as shipped, one plain listener,
+        this broker's passwords and ACL. ``persistence`` is then the file's;
+        ``message_size_limit``, ``max_packet_size`` and ``extra_conf``, when
+        given, are written after it.
     """
 
     def __init__(
@@ -116,6 +178,7 @@ class MosquittoBroker:
         persistence: bool = True,
         extra_conf: str = "",
         binary: str | None = None,
+        deploy_conf: bool | str | os.PathLike[str] = False,
     ) -> None:
         self.binary = binary or find_mosquitto()
         if self.binary is None:
@@ -135,6 +198,11 @@ class MosquittoBroker:
         self.max_packet_size = max_packet_size
         self.persistence = persistence
         self.extra_conf = extra_conf
+        self.deploy_conf: Path | None = (DEPLOY_CONF if deploy_conf is True else
+                                         Path(deploy_conf) if deploy_conf else None)
+        if self.deploy_conf is not None and not self.deploy_conf.is_file():
+            raise FileNotFoundError(f"no broker configuration at {self.deploy_conf} (deploy/ is in the checkout, "
+                                    "not in the installed package)")
         self._dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._finalizer: weakref.finalize | None = None
@@ -154,6 +222,11 @@ class MosquittoBroker:
         return self._proc is not None and self._proc.poll() is None
 
     @property
+    def pid(self) -> int | None:
+        """Process id of the running mosquitto (None when stopped)."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    @property
     def directory(self) -> Path | None:
         """The temporary folder with the configuration, password file, ACL, database and log."""
         return self._dir
@@ -166,6 +239,8 @@ class MosquittoBroker:
 
     def _write_files(self) -> Path:
         assert self._dir is not None
+        if self.deploy_conf is not None:
+            return self._write_deploy_files()
         d = self._dir
         lines = [
             "# written by server_kit.broker.MosquittoBroker",
@@ -201,16 +276,41 @@ class MosquittoBroker:
         conf.write_text("\n".join(lines) + "\n")
         return conf
 
+    def _write_deploy_files(self) -> Path:
+        assert self._dir is not None and self.deploy_conf is not None and self.port is not None
+        d = self._dir
+        pw = acl = None
+        if self.passwords is not None:
+            pw = d / "passwd"
+            self._write_passwords(pw)
+        if self.acl is not None:
+            acl = d / "acl"
+            acl.write_text(self.acl if self.acl.endswith("\n") else self.acl + "\n")
+            acl.chmod(0o600)
+        text = adapt_deploy_conf(self.deploy_conf.read_text(), port=self.port, host=self.host, directory=d,
+                                 password_file=str(pw) if pw else None, acl_file=str(acl) if acl else None)
+        extra = [f"message_size_limit {int(self.message_size_limit)}"] if self.message_size_limit is not None else []
+        if self.max_packet_size is not None:
+            extra.append(f"max_packet_size {int(self.max_packet_size)}")
+        if self.extra_conf:
+            extra.append(self.extra_conf)
+        conf = d / "mosquitto.conf"
+        conf.write_text(text + "".join(line + "\n" for line in extra))
+        return conf
+
     def _write_passwords(self, path: Path) -> None:
         assert self.passwords is not None
         tool = _find_passwd_tool(self.binary or "mosquitto")
         if tool is None:
             raise FileNotFoundError("mosquitto_passwd is needed to write a password file and is not installed")
+        if any("\n" in pw or "\r" in pw for pw in self.passwords.values()):
+            raise ValueError("passwords must not contain line breaks")
         path.write_text("")
         path.chmod(0o600)
-        for user, password in self.passwords.items():
-            # -b takes the password on the command line: fine for a private test broker.
-            subprocess.run([tool, "-b", str(path), user, password], check=True, capture_output=True, timeout=30)
+        # one "user:password" line each, hashed in place by one run of mosquitto_passwd -U (thousands of users
+        # take a second, where one run per user took minutes)
+        path.write_text("".join(f"{user}:{pw}\n" for user, pw in self.passwords.items()))
+        subprocess.run([tool, "-U", str(path)], check=True, capture_output=True, timeout=300)
 
     def start(self, timeout: float = 10.0) -> str:
         """Write the configuration, start mosquitto, wait for its port; returns the URL."""

@@ -228,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="models per client on its own topic (each device downloads only its models), once per "
                         "cluster topic (every device downloads all), or auto: broadcast only when every client "
                         f"needs every model {dflt('model_delivery')}")
+    p.add_argument("--eval-fraction", type=float, dest="eval_fraction", metavar="F",
+                   help="share of the assigned devices the final evaluation asks, in (0, 1]: a seeded sample, at "
+                        f"least one device per cluster {dflt('eval_fraction')}")
     p.add_argument("--seed", type=int, help=f"seed of the initial models and of client sampling {dflt('seed')}")
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="write the state after every round here (default: none, no checkpoints)")
@@ -373,7 +376,8 @@ def _run_fedcref(args: argparse.Namespace, config: Any, broker: str, params: dic
 
 SERVER_KEYS = ("federation", "rounds", "min_clients", "flip_prob", "num_classes", "encoder", "architecture",
                "round_timeout_s", "sketch_timeout_s", "register_timeout_s", "register_quorum", "round_quorum",
-               "first_round_timeout_s", "progress_grace_s", "seed", "checkpoint_dir", "model_delivery")
+               "first_round_timeout_s", "progress_grace_s", "seed", "checkpoint_dir", "model_delivery",
+               "eval_fraction")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -387,6 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .strategy import make_strategy
 
     try:
+        if args.eval_fraction is not None and not 0.0 < args.eval_fraction <= 1.0:
+            raise ValueError(f"--eval-fraction must be in (0, 1], got {args.eval_fraction:g}")
         conf, strat = load_config(args.config) if args.config else ({}, {})
         for key in SERVER_KEYS:
             v = getattr(args, key, None)

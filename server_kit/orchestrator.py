@@ -16,20 +16,50 @@ or its in-memory twin in unit tests):
    round's clients to train, collect updates until quorum or deadline (a
    client that vanished, announced by its last will, is not waited for),
    aggregate, checkpoint;
-5. a final evaluation round.
+5. a final evaluation: one broadcast ``evaluate`` command (each device
+   evaluates the model it was assigned), of all the assigned online devices
+   or of a seeded sample of them (``eval_fraction``, at least one per
+   cluster; :func:`edge_sdk.sampling.in_sample` tells the server and each
+   device alike who is in it).
 
-Model delivery (``ServerConfig.model_delivery``): every client subscribes to
-``clusters/+/model``, so a model published there reaches every online client,
-whatever its cluster. ``"client"`` publishes each model a client needs on
-that client's own command topic, just before the command that uses it: each
-device downloads exactly its models (with K clusters, 1/K of the broadcast's
-bytes), and the server sends one copy per client. ``"cluster"`` publishes
-each model once on its cluster topic: one copy from the server, every online
-client downloads all of them. ``"auto"`` (the default) broadcasts when every
-online client needs every model of the step (IFCA or FedAvg with all clients
-every round, the encoder for everyone) and otherwise delivers per client.
-``delivered`` and each round's ``model_bytes_delivered`` count the bytes the
-devices download, as the broker delivers them.
+Model delivery (``ServerConfig.model_delivery``): a device starts subscribed
+to ``clusters/+/model``, so a model published there reaches it whatever its
+cluster. ``"client"`` publishes each model a client needs on that client's
+own command topic, just before the command that uses it: each device
+downloads exactly its models (with K clusters, 1/K of the broadcast's bytes),
+and the server sends one copy per client. ``"cluster"`` publishes each model
+once on its cluster topic: one copy from the server, every online client
+downloads all of them. ``"auto"`` (the default) keeps each device's downloads
+exactly what it needs and sends as few copies as that allows: after the
+assignment of a clustered strategy each device follows only its own cluster's
+topic (the ``assign`` command's ``follow``; the device confirms with a status
+saying what it follows, sent after its (un)subscriptions, and until then the
+server counts it as following both its old and its new topics, and after a
+hello (a reconnected device follows what it was told, a restarted one every
+model) as following any); a model goes once on its cluster topic when every
+online device that may follow that topic needs it (and has confirmed what it
+follows), and per device on the command topics otherwise. So the final
+evaluation of a whole cluster, or a round that trains every member, goes once
+per cluster, and a round that samples 75 of 3,550 devices goes per device;
+each round records which in ``deliveries`` (``cluster_topic``: publications on
+cluster topics, ``per_device``: copies on command topics), as does the final
+evaluation. ``delivered`` and each round's ``model_bytes_delivered`` count the
+bytes the devices download, as the broker delivers them.
+
+Nothing is retained on the broker (the shipped configuration has
+``retain_available false``): a device that loses its connection keeps its
+persistent session (:class:`edge_sdk.transport.MqttTransport` connects with
+``clean_session`` false on MQTT 3.1.1, ``clean_start`` false with a session
+expiry of ``BrokerConfig.session_expiry_s``, one hour by default, on MQTT 5),
+so the QoS 1 models and commands published while it was away, on its command
+topic and on the cluster topic it follows, are delivered when it comes back;
+a device away longer than the session expiry says hello again and is sent
+its assignment anew.
+
+Per message, the server's work does not grow with the fleet: every phase
+waits on a set of the clients it still expects (:class:`_Awaited`), updated
+in O(1) by the message handlers and by status changes, instead of scanning
+the clients before each message.
 
 Every message from a client is validated on arrival (envelope, sender vs
 topic, registration, round, tensor names/shapes/dtypes, NaN); a bad one is
@@ -65,11 +95,12 @@ from edge_sdk.protocol import (
     tensors_body,
 )
 from edge_sdk.rejections import RejectionLog
+from edge_sdk.sampling import in_sample, sample_point
 from edge_sdk.schema import check_meta
 from edge_sdk.sketch import Sketch
 from edge_sdk.worker import Update
 
-from .strategy import ClientInfo, Strategy
+from .strategy import ClientInfo, ClusteredFedAvg, Strategy
 
 __all__ = ["Orchestrator", "ServerConfig"]
 
@@ -102,6 +133,8 @@ class ServerConfig:
     #: Longest any round may stay open, progress or not (default: 10 x round_timeout_s).
     max_round_s: float | None = None
     eval_timeout_s: float = 60.0
+    #: Share of the assigned devices the final evaluation asks (a seeded sample, at least one per cluster).
+    eval_fraction: float = 1.0
     num_classes: int = 10
     flip_prob: float = 0.1
     #: None: the shipped encoder that takes the fleet's samples.
@@ -119,7 +152,7 @@ class ServerConfig:
             raise ValueError(f"rounds must be a positive integer, got {self.rounds}")
         if self.min_clients < 1:
             raise ValueError(f"min_clients must be a positive integer, got {self.min_clients}")
-        for name in ("sketch_quorum", "round_quorum", "register_quorum"):
+        for name in ("sketch_quorum", "round_quorum", "register_quorum", "eval_fraction"):
             v = getattr(self, name)
             if not 0.0 < v <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {v}")
@@ -145,6 +178,61 @@ class _ClientState:
     trains: bool = True
     #: The round it last said it is training, and when.
     working: tuple[int, float] | None = None
+
+
+def _some(cids: list[str], shown: int = 20) -> str:
+    """The first ``shown`` ids for a log line (a fleet's worth would flood the log)."""
+    return ", ".join(cids[:shown]) + (f" ... ({len(cids)} in all)" if len(cids) > shown else "")
+
+
+@dataclass
+class _Follow:
+    """The model topics the server knows a device follows (model keys; "+": every model)."""
+
+    #: The keys whose topics it may get: while a change is unconfirmed, its old ones and the new ones.
+    maybe: frozenset[str] = frozenset({"+"})
+    #: Whether it confirmed that it follows exactly ``maybe``.
+    confirmed: bool = True
+    #: The follow it was last told in an assign (None: never told, it follows every model).
+    told: frozenset[str] | None = None
+
+
+_EVERY_MODEL = _Follow()
+
+
+class _Awaited:
+    """The clients a phase waits for: expected, not answered, not given up on, online.
+
+    Handlers and status changes update it in O(1), so that the pump's
+    stopping rule never scans the clients. ``kind`` names the phase, so that
+    a stray message of another phase answers nothing.
+    """
+
+    def __init__(self, kind: str, expected: Any = (), online: Any = ()) -> None:
+        self.kind = kind
+        self.expected = frozenset(expected)
+        self.answered: set[str] = set()
+        self.given_up: set[str] = set()
+        #: Expected, online, neither answered nor given up on.
+        self.left = {c for c in self.expected if c in online}
+
+    def answer(self, kind: str, cid: str) -> None:
+        if kind == self.kind and cid in self.expected:
+            self.answered.add(cid)
+            self.left.discard(cid)
+
+    def give_up(self, kind: str, cid: str) -> None:
+        if kind == self.kind and cid in self.expected:
+            self.given_up.add(cid)
+            self.left.discard(cid)
+
+    def set_online(self, cid: str, online: bool) -> None:
+        if cid not in self.expected:
+            return
+        if not online:
+            self.left.discard(cid)
+        elif cid not in self.answered and cid not in self.given_up:
+            self.left.add(cid)
 
 
 class Orchestrator:
@@ -213,6 +301,20 @@ class Orchestrator:
         self._ae_spec: dict[str, tuple[tuple[int, ...], str]] = {}
         self._ae_updates: dict[str, tuple[dict[str, np.ndarray], int, float]] = {}
         self.pretrain_history: list[dict[str, Any]] = []
+        #: Online admitted clients (kept by :meth:`_set_online`; counted without a scan).
+        self._online: set[str] = set()
+        #: The clients the current phase waits for.
+        self._awaited = _Awaited("none")
+        #: ``set(strategy.clusters())``, rebuilt after each strategy hook that may change it (None: stale).
+        self._clustered: set[str] | None = None
+        #: The model topics each device follows, as far as the server knows (absent: every model).
+        self._follow: dict[str, _Follow] = {}
+        #: Online devices told a new follow that have not confirmed it yet.
+        self._follow_pending: set[str] = set()
+        #: The model key each device was last told in an assign (what a broadcast evaluate makes it evaluate).
+        self._told_key: dict[str, str] = {}
+        #: During the final evaluation: the devices asked, and the model key each must evaluate.
+        self._eval_keys: dict[str, str] = {}
 
     # -- models and admission -------------------------------------------
     def _needs_encoder(self) -> bool:
@@ -260,6 +362,7 @@ class Orchestrator:
         if reason is not None:
             self.refused[cid] = reason
             self.clients.pop(cid, None)
+            self._set_online(cid, False)
             log.warning("refused client %s: %s", cid, reason)
             self._cmd(cid, "refused", reason=reason)
             return False
@@ -274,6 +377,7 @@ class Orchestrator:
         trains = can_train(hello)
         info = ClientInfo(cid, n, hello["classes_present"], tuple(hello["capabilities"]))
         self.clients[cid] = _ClientState(info, trains=trains)
+        self._set_online(cid, True)
         why = None if trains else "no torch on the device (pip install 'fedsketch[train]')"
         if why:
             self.not_training[cid] = why
@@ -295,8 +399,79 @@ class Orchestrator:
         return True
 
     def trainable(self) -> list[str]:
-        """Online admitted clients that can train."""
+        """Online admitted clients that can train (a scan: once per phase, never per message)."""
         return sorted(c for c, s in self.clients.items() if s.online and s.trains)
+
+    def _set_online(self, cid: str, online: bool) -> None:
+        """Keep the online set, the phase's wait and the pending follow confirmations in step (O(1))."""
+        if online:
+            self._online.add(cid)
+            st = self._follow.get(cid)
+            if st is not None and not st.confirmed:
+                self._follow_pending.add(cid)
+        else:
+            self._online.discard(cid)
+            self._follow_pending.discard(cid)
+        self._awaited.set_online(cid, online)
+
+    # -- assignment and the model topics each device follows ----------------
+    def _in_clusters(self, cid: str) -> bool:
+        """``cid in strategy.clusters()``, from a set rebuilt only after the strategy's hooks."""
+        if self._clustered is None:
+            self._clustered = set(self.strategy.clusters())
+        return cid in self._clustered
+
+    def _narrows(self) -> bool:
+        """Whether assigned devices follow only their own cluster's topic (auto delivery, a clustering)."""
+        return (self.config.model_delivery == "auto" and isinstance(self.strategy, ClusteredFedAvg)
+                and bool(self.strategy.assignment))
+
+    def _assign(self, cid: str, key: str) -> None:
+        """Tell a device its model; with :meth:`_narrows`, also that it follows only that model's topic."""
+        if self._clustered is not None:
+            self._clustered.add(cid)  # assign_late or the clustering made it a member
+        meta: dict[str, Any] = {"model_key": key}
+        if self._narrows():
+            new = frozenset({key})
+            st = self._follow.setdefault(cid, _Follow())
+            if not (st.confirmed and st.maybe == new):
+                # until it confirms, it may get its old topics and the new one
+                st.maybe, st.confirmed, st.told = st.maybe | new, False, new
+                if cid in self._online:
+                    self._follow_pending.add(cid)
+                meta["follow"] = sorted(new)
+        self._told_key[cid] = key
+        self._cmd(cid, "assign", **meta)
+
+    def _on_follow(self, cid: str, keys: list[str]) -> None:
+        """A device confirms the model topics it follows (its status, sent after its (un)subscriptions)."""
+        got = frozenset(keys)
+        st = self._follow.get(cid)
+        if st is None or st.told is None or got == st.told:
+            st = self._follow.setdefault(cid, _Follow())
+            st.maybe, st.confirmed = got, True
+            self._follow_pending.discard(cid)
+        # else: the answer to an earlier assign; the latest one's answer is on its way
+
+    def _forget_follow(self, cid: str) -> None:
+        """A device says hello again: reconnected, it follows what it was told; restarted, every model.
+
+        Until it confirms a follow again, it may get any topic (no model goes
+        on a cluster topic it may follow); and it may have forgotten its model.
+        """
+        st = self._follow.get(cid)
+        if st is not None and st.told is not None:
+            st.maybe, st.confirmed = frozenset({"+"}), False
+        self._told_key.pop(cid, None)
+
+    def _await_follow(self) -> None:
+        """Give the devices told a new follow a moment to confirm it (bounded; the unconfirmed get copies)."""
+        if not self._follow_pending:
+            return
+        limit = min(10.0, self.config.round_timeout_s)
+        if not self._pump(lambda: not self._follow_pending, limit):
+            log.warning("%d device(s) did not confirm their model topic within %g s: their models go per device",
+                        len(self._follow_pending), limit)
 
     # -- plumbing ---------------------------------------------------------
     @staticmethod
@@ -379,8 +554,11 @@ class Orchestrator:
                 log.info("client %s is offline", cid)
                 self._went_offline[cid] = self._round
             state.online = online
+            self._set_online(cid, online)
             if "working" in msg.meta:
                 state.working = (msg.meta["working"], time.monotonic())
+            if "follow" in msg.meta:
+                self._on_follow(cid, msg.meta["follow"])
         elif msg.kind in (Kind.SKETCH, Kind.FEATURES):
             self._on_sketch(cid, msg)
         elif msg.kind == Kind.UPDATE and self._phase == "pretrain":
@@ -389,7 +567,7 @@ class Orchestrator:
             self._on_update(cid, msg)
         elif msg.kind == Kind.METRICS:
             if msg.meta["round"] == self._round:
-                self._metrics[cid] = dict(msg.meta)
+                self._on_metrics(cid, msg.meta)
         else:
             self._reject("kind", f"unexpected {msg.kind.name}", cid)
 
@@ -402,33 +580,36 @@ class Orchestrator:
                          "x".join(map(str, m.get("input_shape", []))) or "shape not said")
             self._pending[cid] = m
             return
+        self._forget_follow(cid)
         if not self._admit(cid, m):
             return
         info = self.clients[cid].info
-        if self._phase == "train" and cid not in self.strategy.clusters():
+        if self._phase == "train" and not self._in_clusters(cid):
             self._admit_late(cid, info)
         elif self._phase == "train":
-            self._cmd(cid, "assign", model_key=self.strategy.model_key_for(cid))
+            self._assign(cid, self.strategy.model_key_for(cid))
 
     def _admit_late(self, cid: str, info: ClientInfo) -> None:
         if self.strategy.needs_sketches:
             if cid in self.sketches:
                 key = self.strategy.assign_late(cid, self.sketches[cid], info)
-                self._cmd(cid, "assign", model_key=key)
+                self._assign(cid, key)
             else:
                 log.info("late client %s: asking for its sketch", cid)
                 self._ask_sketch(cid)
         else:
             key = self.strategy.assign_late(cid, None, info)
-            self._cmd(cid, "assign", model_key=key)
+            self._assign(cid, key)
+
+    def _sketch_request(self) -> dict[str, Any]:
+        encoder = {"encoder": self.encoder_name} if self.encoder_name else {}  # LADD's spectra need none
+        return {**encoder, "num_classes": self.config.num_classes, "flip_prob": self.config.flip_prob,
+                "summary": self.strategy.summary_kind, "params": dict(self.strategy.summary_params)}
 
     def _ask_sketch(self, cid: str) -> None:
         if self._encoder_msg is not None and self._phase == "train":
             self._send_encoder([cid])  # a late client has not got the federated encoder yet
-        encoder = {"encoder": self.encoder_name} if self.encoder_name else {}  # LADD's spectra need none
-        self._cmd(cid, "sketch", **encoder, num_classes=self.config.num_classes,
-                  flip_prob=self.config.flip_prob, summary=self.strategy.summary_kind,
-                  params=dict(self.strategy.summary_params))
+        self._cmd(cid, "sketch", **self._sketch_request())
 
     def _on_features(self, cid: str, msg: Message) -> Any:
         """A float summary (e.g. LADD's spectra): one finite float32 (num_classes, W) tensor."""
@@ -455,9 +636,10 @@ class Orchestrator:
                 raise ProtocolError("kind", f"expected FEATURES, got {msg.kind.name}")
             sk = self._on_features(cid, msg)
         self.sketches[cid] = sk
-        if self._phase == "train" and cid not in self.strategy.clusters():
+        self._awaited.answer("sketch", cid)
+        if self._phase == "train" and not self._in_clusters(cid):
             key = self.strategy.assign_late(cid, sk, self.clients[cid].info)
-            self._cmd(cid, "assign", model_key=key)
+            self._assign(cid, key)
 
     def _on_update(self, cid: str, msg: Message) -> None:
         m = msg.meta
@@ -475,6 +657,7 @@ class Orchestrator:
         key = m["model_key"]
         if key not in self._allowed.get(cid, ()):
             self._refused.add(cid)
+            self._awaited.give_up("update", cid)
             self._reject("wrong-model", f"update for model {key!r} in round {rnd}; this client was sent "
                                         f"{sorted(self._allowed.get(cid, ()))}", cid)
             return
@@ -482,6 +665,7 @@ class Orchestrator:
         # (bad tensors do not end the wait: they may be a forgery on a broker without the ACL, or damage)
         weights = parse_tensors(msg.body, spec=self._spec)
         self._updates[cid] = Update(cid, rnd, key, weights, n, m.get("loss", float("nan")), m["metrics"])
+        self._awaited.answer("update", cid)
         self._slowest_update_s = max(self._slowest_update_s, time.monotonic() - self._round_started)
 
     def _on_ae_update(self, cid: str, msg: Message) -> None:
@@ -494,6 +678,22 @@ class Orchestrator:
         n = min(m["n_samples"], self.clients[cid].info.n_samples)
         weights = parse_tensors(msg.body, spec=self._ae_spec)
         self._ae_updates[cid] = (weights, n, m.get("loss", float("nan")))
+        self._awaited.answer("ae", cid)
+
+    def _on_metrics(self, cid: str, m: Mapping[str, Any]) -> None:
+        if not self._eval_keys:
+            return  # no evaluation under way: nothing reads it
+        key = self._eval_keys.get(cid)
+        if key is None:
+            self._reject("unasked-metrics", f"metrics for round {m['round']} from a device not asked to evaluate",
+                         cid)
+            return
+        if m["model_key"] != key:
+            self._reject("wrong-model", f"metrics for model {m['model_key']!r}; this device was asked to "
+                                        f"evaluate {key!r}", cid)
+            return
+        self._metrics[cid] = dict(m)
+        self._awaited.answer("metrics", cid)
 
     # -- phases -------------------------------------------------------------
     def online(self) -> list[str]:
@@ -554,22 +754,22 @@ class Orchestrator:
             chosen = pool if m >= len(pool) else sorted(
                 np.random.default_rng([self.config.seed, rnd, 7919]).choice(pool, size=m, replace=False).tolist())
             self._tasked = set(chosen)
-            size = self._deliver({c: ["ae"] for c in chosen}, {"ae": ({"key": "ae"}, tensors_body(weights))},
-                                 "AE_MODEL")
+            self._awaited = _Awaited("ae", chosen, self._online)
+            size, _ = self._deliver({c: ["ae"] for c in chosen}, {"ae": ({"key": "ae"}, tensors_body(weights))},
+                                    "AE_MODEL")
             for cid in chosen:
                 self._cmd(cid, "train_ae", round=rnd, architecture=arch, epochs=cfg["epochs"], lr=cfg["lr"],
                           batch_size=cfg["batch_size"])
             need = max(1, int(np.ceil(self.config.round_quorum * len(chosen))))
 
             def done(need: int = need) -> bool:
-                waiting = [c for c in self._tasked if c not in self._ae_updates and self.clients[c].online]
-                return len(self._ae_updates) >= need or not waiting
+                return len(self._ae_updates) >= need or not self._awaited.left
 
             self._pump(done, self.config.round_timeout_s)
             got = {c: self._ae_updates[c] for c in sorted(self._ae_updates)}
             missing = sorted(self._tasked - set(got))
             if missing:
-                log.warning("AE round %d closed without %d client(s): %s", rnd, len(missing), ", ".join(missing))
+                log.warning("AE round %d closed without %d client(s): %s", rnd, len(missing), _some(missing))
             if got:
                 agg = StreamingFedAvg(weights)
                 for w, n, _ in got.values():
@@ -608,10 +808,14 @@ class Orchestrator:
     def _cluster(self) -> None:
         t0 = time.monotonic()
         cids = self.online()
+        self._awaited = awaited = _Awaited("sketch", cids, self._online)
         for cid in cids:
-            self._ask_sketch(cid)
+            if cid in self.sketches:
+                awaited.answer("sketch", cid)
+        # the same request for every admitted device: one broadcast (a device not admitted ignores it)
+        self._broadcast("sketch", **self._sketch_request())
         need = max(1, int(np.ceil(self.config.sketch_quorum * len(cids))))
-        self._pump(lambda: len([c for c in cids if c in self.sketches]) >= need, self.config.sketch_timeout_s)
+        self._pump(lambda: len(awaited.answered) >= need, self.config.sketch_timeout_s)
         got = {c: self.sketches[c] for c in cids if c in self.sketches}
         if len(got) < need:
             log.warning("sketch deadline: %d of %d sketches (quorum %d); clustering those", len(got), len(cids), need)
@@ -620,44 +824,73 @@ class Orchestrator:
         self.timings["sketch_collect_s"] = time.monotonic() - t0
         t1 = time.monotonic()
         self.strategy.on_sketches(got)
+        self._clustered = None
         self.timings["clustering_s"] = time.monotonic() - t1
 
     def _announce_assignment(self) -> None:
         assigned = self.strategy.clusters()
+        self._clustered = set(assigned)
         for cid in self.online():
             if cid in assigned:
-                self._cmd(cid, "assign", model_key=self.strategy.model_key_for(cid))
+                self._assign(cid, self.strategy.model_key_for(cid))
             else:
                 self._admit_late(cid, self.clients[cid].info)
 
     def _deliver(self, needs: Mapping[str, Any], messages: Mapping[str, tuple[dict[str, Any], bytes]],
-                 counter: str) -> int:
+                 counter: str) -> tuple[int, dict[str, int]]:
         """Get each client of ``needs`` (client id -> model keys) the ``messages`` (key -> meta, body) it needs.
 
-        Broadcast on the cluster topics or per client, by ``config.model_delivery``;
-        adds the bytes the clients download to ``delivered[counter]`` and returns them.
+        On the cluster topics or per client, by ``config.model_delivery`` (see
+        the module docstring); adds the bytes the clients download to
+        ``delivered[counter]``. Returns those bytes and the publications:
+        ``{"cluster_topic": n, "per_device": m}``.
         """
         needs = {cid: sorted(set(keys)) for cid, keys in needs.items()}
         keys = sorted({k for ks in needs.values() for k in ks})
         mode = self.config.model_delivery
-        if mode == "auto":
-            online = set(self.online())
-            mode = "cluster" if set(needs) >= online and all(ks == keys for ks in needs.values()) else "client"
         total = 0
+        on_topic: dict[str, set[str]] = {}
         if mode == "cluster":
-            receivers = len(set(self.online()) | set(needs))  # every online client subscribes to clusters/+/model
-            for key in keys:
-                meta, body = messages[key]
-                total += self._send(self.topics.model(key), Kind.MODEL, meta=meta, body=body) * receivers
-        else:
-            for cid, ks in needs.items():
-                for key in ks:
+            receivers = set(self.online()) | set(needs)  # every online client subscribes to clusters/+/model
+            on_topic = {key: receivers for key in keys}
+        elif mode == "auto":
+            on_topic = self._topic_receivers(needs, keys)
+        for key, receivers in sorted(on_topic.items()):
+            meta, body = messages[key]
+            total += self._send(self.topics.model(key), Kind.MODEL, meta=meta, body=body) * len(receivers)
+        per_device = 0
+        for cid, ks in needs.items():
+            for key in ks:
+                if cid not in on_topic.get(key, ()):
                     meta, body = messages[key]
                     total += self._send(self.topics.cmd(cid), Kind.MODEL, meta=meta, body=body)
+                    per_device += 1
         self.delivered[counter] = self.delivered.get(counter, 0) + total
-        return total
+        return total, {"cluster_topic": len(on_topic), "per_device": per_device}
 
-    def _deliver_models(self, needs: Mapping[str, Any]) -> int:
+    def _topic_receivers(self, needs: Mapping[str, list[str]], keys: list[str]) -> dict[str, set[str]]:
+        """The keys that may go once on their cluster topic, each with the devices that get it there.
+
+        A key qualifies when every online device that may follow its topic
+        needs it and has confirmed what it follows (so nobody downloads a
+        model it does not need, nor one twice through an old and a new
+        subscription, and nobody misses one); its other needers get copies
+        on their command topics. One pass over the online devices, per step.
+        """
+        wanted = set(keys)
+        receivers: dict[str, set[str]] = {k: set() for k in keys}
+        blocked: set[str] = set()
+        for cid in self.online():
+            st = self._follow.get(cid, _EVERY_MODEL)
+            mine = needs.get(cid, ())
+            for key in (wanted if "+" in st.maybe else st.maybe & wanted):
+                if st.confirmed and key in mine:
+                    receivers[key].add(cid)
+                else:
+                    blocked.add(key)
+        return {k: r for k, r in receivers.items() if r and k not in blocked}
+
+    def _deliver_models(self, needs: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
         """Deliver strategy models (key -> its current weights) to the clients that need them."""
         keys = {k for ks in needs.values() for k in ks}
         messages = {k: ({"key": k}, tensors_body(self.strategy.models[k])) for k in keys}
@@ -674,28 +907,33 @@ class Orchestrator:
         self._allowed = {t.cid: frozenset(t.models) for t in tasks}
         for t in tasks:
             self._tasked_rounds.setdefault(t.cid, set()).add(rnd)
+        self._awaited = _Awaited("update", self._tasked, self._online)
         # what each client is offered (IFCA: all K), as the devices download it
-        delivered = self._deliver_models({t.cid: list(t.models) for t in tasks})
+        delivered, deliveries = self._deliver_models({t.cid: list(t.models) for t in tasks})
+        log.info("round %d: models once on %d cluster topic(s), %d copies per device", rnd,
+                 deliveries["cluster_topic"], deliveries["per_device"])
         arch = {"architecture": self.architecture} if self.architecture else {}
         for t in tasks:
             self._cmd(t.cid, "train", round=rnd, models=sorted(t.models), evaluate_first=t.evaluate_first,
                       **arch, **t.settings.to_dict())
         need = max(1, int(np.ceil(self.config.round_quorum * len(tasks))))
 
+        awaited = self._awaited
+
         def waiting() -> list[str]:
-            return [c for c in self._tasked if c not in self._updates and c not in self._refused
-                    and self.clients[c].online]
+            return sorted(awaited.left)
 
         def done() -> bool:
-            # quorum reached, or nobody left worth waiting for (the rest went offline)
-            return len(self._updates) >= need or not waiting()
+            # quorum reached, or nobody left worth waiting for (the rest went offline): O(1)
+            return len(self._updates) >= need or not awaited.left
 
         self._wait_round(rnd, done, waiting)
         updates = [self._updates[c] for c in sorted(self._updates)]
         missing = sorted(self._tasked - set(self._updates))
         if missing:
-            log.warning("round %d closed without %d client(s): %s", rnd, len(missing), ", ".join(missing))
+            log.warning("round %d closed without %d client(s): %s", rnd, len(missing), _some(missing))
         summary = self.strategy.aggregate(rnd, updates) if updates else {"updates": 0}
+        self._clustered = None  # the strategy may have clustered (update-based methods)
         before = [u.metrics["acc_before"] for u in updates if "acc_before" in u.metrics]
         before_per_model: dict[str, list[float]] = {}
         for u in updates:
@@ -707,7 +945,7 @@ class Orchestrator:
             # the same, per model the updates were for (what each cluster's model reached last round)
             "acc_before_per_model": {k: float(np.mean(v)) for k, v in sorted(before_per_model.items())},
             "loss": float(np.mean([u.loss for u in updates])) if updates else None,
-            "model_bytes_delivered": delivered,
+            "model_bytes_delivered": delivered, "deliveries": deliveries,
             "clipped": int(summary.get("clipped", 0)), "refused_norm": int(summary.get("refused_norm", 0)),
             "summary": summary, "seconds": time.monotonic() - t0,
         }
@@ -755,26 +993,62 @@ class Orchestrator:
             if self._pump(done, min(c.progress_grace_s, cap - (now - start))):
                 return
 
+    def _eval_sample(self, keys: Mapping[str, str]) -> tuple[list[str], list[str]]:
+        """The devices the final evaluation asks: those of :func:`in_sample`, and one per cluster it missed.
+
+        Returns the sampled devices (the broadcast reaches them) and the
+        extra ones (asked one by one: the device of the smallest sample point
+        in each cluster that has a device and none sampled).
+        """
+        f, seed = self.config.eval_fraction, self.config.seed
+        sampled = [c for c in keys if in_sample(c, f, seed)]
+        covered = {keys[c] for c in sampled}
+        extra: dict[str, str] = {}
+        for c in keys:
+            k = keys[c]
+            if k not in covered and (k not in extra or sample_point(c, seed) < sample_point(extra[k], seed)):
+                extra[k] = c
+        return sampled, sorted(extra.values())
+
     def _final_eval(self) -> dict[str, Any]:
         self._round = self.config.rounds + 1
         self._metrics = {}
-        cids = self.online()
-        self._deliver_models({c: [self.strategy.model_key_for(c)] for c in cids})
+        keys = {c: self.strategy.model_key_for(c) for c in self.online() if self._in_clusters(c)}
+        sampled, extra = self._eval_sample(keys)
+        asked = sorted(sampled + extra)
+        for cid in asked:  # a device evaluates the model it was told: tell it again where that changed
+            if self._told_key.get(cid) != keys[cid]:
+                self._assign(cid, keys[cid])
+        self._await_follow()
+        self._eval_keys = {c: keys[c] for c in asked}
+        self._awaited = awaited = _Awaited("metrics", asked, self._online)
+        delivered, deliveries = self._deliver_models({c: [keys[c]] for c in asked})
         arch = {"architecture": self.architecture} if self.architecture else {}
-        for cid in cids:
-            self._cmd(cid, "evaluate", round=self._round, model_key=self.strategy.model_key_for(cid), **arch)
-        self._pump(lambda: all(c in self._metrics or not self.clients[c].online for c in cids),
-                   self.config.eval_timeout_s)
+        if sampled:  # one command for the sample; each device knows its model and whether it is in it
+            self._broadcast("evaluate", round=self._round, fraction=self.config.eval_fraction,
+                            seed=self.config.seed, **arch)
+        for cid in extra:
+            self._cmd(cid, "evaluate", round=self._round, model_key=keys[cid], **arch)
+        log.info("final evaluation: %d of %d assigned device(s) asked (fraction %g, %d added so that every "
+                 "cluster is evaluated); models once on %d cluster topic(s), %d copies per device", len(asked),
+                 len(keys), self.config.eval_fraction, len(extra), deliveries["cluster_topic"],
+                 deliveries["per_device"])
+        self._pump(lambda: not awaited.left, self.config.eval_timeout_s)
+        self._eval_keys = {}
         per_client = {c: float(m["accuracy"]) for c, m in self._metrics.items() if "accuracy" in m}
         per_model: dict[str, list[float]] = {}
         for c, a in per_client.items():
-            per_model.setdefault(self.strategy.model_key_for(c), []).append(a)
+            per_model.setdefault(keys[c], []).append(a)
         return {
             "accuracy": float(np.mean(list(per_client.values()))) if per_client else None,
             "per_client": per_client,
             "per_model": {k: float(np.mean(v)) for k, v in per_model.items()},
             # the model each client evaluated (clients per cluster in the reports)
-            "model_per_client": {c: self.strategy.model_key_for(c) for c in per_client},
+            "model_per_client": {c: keys[c] for c in per_client},
+            "eval_fraction": self.config.eval_fraction,
+            "asked": len(asked), "evaluated": len(per_client),
+            "model_bytes_delivered": delivered, "deliveries": deliveries,
+            "commands": {"broadcast": int(bool(sampled)), "per_device": len(extra)},
         }
 
     # -- checkpoints ------------------------------------------------------
@@ -821,6 +1095,8 @@ class Orchestrator:
         self.strategy.load_state(state["strategy"], tensors)
         self.clients = {c: _ClientState(info, online=False, trains="train-torch" in info.capabilities)
                         for c, info in infos.items()}
+        self._online = set()
+        self._clustered = None
         self.sketches = {c: Sketch(bytes.fromhex(hx), n, lat)
                          for c, (hx, n, lat) in state.get("sketches", {}).items()}
         self.history = list(state.get("history", []))
@@ -850,7 +1126,7 @@ class Orchestrator:
             start = self._restore() + 1
             self._phase = "train"
             self._broadcast("hello")
-            self._pump(lambda: len(self.online()) >= min(self.config.min_clients, len(self.clients)),
+            self._pump(lambda: len(self._online) >= min(self.config.min_clients, len(self.clients)),
                        self.config.register_timeout_s)
             self._pump(lambda: False, 0.5)
         else:
@@ -861,6 +1137,7 @@ class Orchestrator:
                     self._broadcast("stop", reason=f"the server stopped: {e}"[:300])
                 raise
             self.strategy.setup([s.info for s in self.clients.values()], self.template)
+            self._clustered = None
             if getattr(self.strategy, "pretrain", None) is not None:
                 self._pretrain_ae()
             if self.strategy.needs_sketches:
@@ -868,6 +1145,7 @@ class Orchestrator:
             self._phase = "train"
             self._announce_assignment()
         self._pump(lambda: False, 0.2)
+        self._await_follow()
         t_train = time.monotonic()
         for rnd in range(start, self.config.rounds + 1):
             self._run_round(rnd)

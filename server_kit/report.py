@@ -61,8 +61,10 @@ DEFINITIONS: dict[str, str] = {
     "final_accuracy": (
         f"mean of the last {FINAL_ROUNDS} non-null entries of accuracy_per_round (the paper's final accuracy)"),
     "final_evaluation": (
-        "the evaluation after the last round: every online client evaluates its model on its own test data; "
-        "mean over the clients, per_cluster the mean over each model's clients"),
+        "the evaluation after the last round: every online assigned client (with --eval-fraction F < 1, a seeded "
+        "sample of F of them holding at least one client per cluster) evaluates its model on its own test data; "
+        "mean over the clients that reported, per_cluster the mean over each model's clients; asked: the "
+        "clients asked, evaluated: those that reported, eval_fraction: F (when the run records them)"),
     "rounds_to_target": "first round r (1-based) whose accuracy_per_round entry reaches target_accuracy; null if none",
     "bytes": (
         "sent_by_server and received_by_server: MQTT payload bytes and messages at the server per message kind "
@@ -270,7 +272,8 @@ def build_results(result: Mapping[str, Any], *, target_accuracy: float = 0.8,
         "accuracy_per_cluster_per_round": accuracy_per_cluster_per_round(result),
         "final_accuracy": final_accuracy(accs, FINAL_ROUNDS),
         "final_evaluation": {"mean": _num(final.get("accuracy")),
-                             "per_cluster": {k: float(v) for k, v in (final.get("per_model") or {}).items()}},
+                             "per_cluster": {k: float(v) for k, v in (final.get("per_model") or {}).items()},
+                             **{k: final[k] for k in ("asked", "evaluated", "eval_fraction") if k in final}},
         "target_accuracy": float(target_accuracy),
         "rounds_to_target": rounds_to_target(accs, target_accuracy),
         "bytes": {"sent_by_server": dict(transport.get("sent") or {}),
@@ -477,6 +480,8 @@ def write_html(path: str | Path, results: Mapping[str, Any], files: Sequence[str
         ("rounds", results.get("rounds")),
         (f"final accuracy (mean of the last {FINAL_ROUNDS} rounds)", results.get("final_accuracy")),
         ("final evaluation (mean over clients)", final_eval.get("mean")),
+        *([("clients evaluated (asked)", f"{final_eval['evaluated']} ({final_eval['asked']})")]
+          if "evaluated" in final_eval and "asked" in final_eval else []),
         (f"rounds to {results.get('target_accuracy', 0.8):g} accuracy", results.get("rounds_to_target")),
     ]
     if "ari" in clustering:

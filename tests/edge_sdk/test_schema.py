@@ -86,7 +86,12 @@ def test_decoder_counts_depth_outside_strings_only():
         (Kind.CMD, {"op": "train", "round": 1, "models": ["c0"], "optimizer": "lbfgs"}, r"'optimizer' must be one of"),
         (Kind.CMD, {"op": "sketch", "num_classes": 0}, r"'num_classes' must be an integer in \[1, 65535\]"),
         (Kind.CMD, {"op": "sketch", "num_classes": 10, "flip_prob": 0.7}, r"'flip_prob' must be a finite number in \[0, 0.5\]"),
-        (Kind.CMD, {"op": "evaluate", "round": 1}, r"meta field 'model_key' is missing"),
+        (Kind.CMD, {"op": "evaluate", "model_key": "c0"}, r"meta field 'round' is missing"),
+        (Kind.CMD, {"op": "evaluate", "round": 1, "fraction": 1.5}, r"'fraction' must be a finite number in \[0, 1\]"),
+        (Kind.CMD, {"op": "assign", "model_key": "c0", "follow": ["c/1"]}, r"'follow' must be a topic-safe id"),
+        (Kind.CMD, {"op": "assign", "model_key": "c0", "follow": ["c1"] * 65},
+         r"'follow' must be a list of at most 64 model keys"),
+        (Kind.STATUS, {"follow": "+"}, r"'follow' must be a list of at most 64 model keys"),
         (Kind.MODEL, {"key": "x" * 65}, r"'key' must be a topic-safe id"),
     ],
 )
@@ -108,7 +113,7 @@ def test_schema_fills_defaults_and_drops_unknown_fields():
 def test_every_command_the_server_sends_passes_the_schema():
     """The orchestrator's own commands, as it writes them (a drift here would refuse honest traffic)."""
     samples = {
-        "hello": {}, "stop": {"reason": "finished"}, "assign": {"model_key": "c0"},
+        "hello": {}, "stop": {"reason": "finished"}, "assign": {"model_key": "c0", "follow": ["c0"]},
         "welcome": {"architecture": "lenet5_1x28x28_10", "encoder": "fmnist_fc_encoder", "num_classes": 10,
                     "train": True},
         "refused": {"reason": "its samples hold 64 values; this federation's models take 784 (28x28)"},
@@ -119,6 +124,10 @@ def test_every_command_the_server_sends_passes_the_schema():
         "train_ae": {"round": 2, "architecture": "digits_ae", "epochs": 2, "lr": 1e-3, "batch_size": 32},
         "evaluate": {"round": 11, "model_key": "c1", "architecture": "digits_cnn_1x8x8_10"},
     }
+    broadcasts = {"evaluate": {"round": 11, "architecture": "digits_cnn_1x8x8_10", "fraction": 0.5, "seed": 3}}
+    for op, fields in broadcasts.items():
+        assert check_meta(Message(Kind.CMD, FED, "server", 0, {"op": op, **fields})) == {"op": op, **fields}
+    assert check_meta(Message(Kind.STATUS, FED, "c1", 0, {"follow": ["+"]})) == {"state": "online", "follow": ["+"]}
     assert set(samples) == set(COMMANDS)
     for op, fields in samples.items():
         assert check_meta(Message(Kind.CMD, FED, "server", 0, {"op": op, **fields})) == {"op": op, **fields}

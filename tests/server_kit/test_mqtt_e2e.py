@@ -45,7 +45,7 @@ def digits():
     return rotation_partition(images, labels, 12, groups=4, seed=0)
 
 
-def run_federation(url, clients, passwords=None, rounds=3, protocol="3.1.1"):
+def run_federation(url, clients, passwords=None, rounds=3, protocol="3.1.1", fraction=1.0, eval_fraction=1.0):
     threads, edge = [], []
     for i, c in enumerate(clients):
         cfg = BrokerConfig.from_url(url, username=c.cid if passwords else None,
@@ -61,17 +61,28 @@ def run_federation(url, clients, passwords=None, rounds=3, protocol="3.1.1"):
                                 password=(passwords or {}).get("server"), protocol=protocol)
     server = MqttTransport(cfg, "server", federation=FED)
     server.connect(timeout=10)
+    published = []  # (topic, what): a command's op, or the message kind
+    publish = server.publish
+
+    def counted(topic, msg, **kw):
+        published.append((topic, msg.meta.get("op", msg.kind.name)))
+        return publish(topic, msg, **kw)
+
+    server.publish = counted
     try:
-        strategy = SketchClustered(settings=SETTINGS, min_cluster_size=3, seed=0)
+        strategy = SketchClustered(settings=SETTINGS, min_cluster_size=3, seed=0, fraction=fraction)
         config = ServerConfig(federation=FED, rounds=rounds, min_clients=len(clients), register_timeout_s=30,
                               sketch_timeout_s=30, round_timeout_s=60, eval_timeout_s=30,
-                              encoder="digits_encoder", architecture=ARCH, seed=0)
+                              encoder="digits_encoder", architecture=ARCH, seed=0, eval_fraction=eval_fraction)
         result = Orchestrator(strategy, server, config).run()
     finally:
         server.close()
     for th in threads:
         th.join(timeout=30)
     result["edge_models"] = [e.transport.stats()["received"]["MODEL"] for e in edge]
+    result["edge_trained"] = [e.handled.get("train", 0) for e in edge]
+    result["edge_metrics"] = [e.transport.stats()["sent"].get("METRICS", {}).get("messages", 0) for e in edge]
+    result["published"] = published
     return result
 
 
@@ -87,6 +98,17 @@ def check_result(result, clients, rounds=3):
     # through the broker each device got only its cluster's model: one per round and one to evaluate
     assert [m["messages"] for m in result["edge_models"]] == [rounds + 1] * len(clients)
     assert sum(m["bytes"] for m in result["edge_models"]) == result["delivered"]["MODEL"]
+    # each device follows its cluster's topic: the final evaluation's models went once per cluster, and so did
+    # the rounds' (every device trains every round), once the devices confirmed what they follow
+    k = len(set(labels))
+    topics = Topics("fedsketch", FED)
+    on_clusters = [t for t, what in result["published"] if what == "MODEL" and "/clusters/" in t]
+    assert sorted(on_clusters) == sorted([topics.model(f"c{j}") for j in range(k)] * (rounds + 1))
+    assert result["final"]["deliveries"] == {"cluster_topic": k, "per_device": 0}
+    # one evaluate command for the fleet, one sketch request
+    for op in ("evaluate", "sketch"):
+        assert [t for t, what in result["published"] if what == op] == [topics.broadcast()], op
+    assert result["final"]["asked"] == result["final"]["evaluated"] == len(clients)
 
 
 def test_federation_over_embedded_amqtt_broker(digits):
@@ -104,6 +126,37 @@ def test_federation_over_mosquitto_with_acl(digits, shipped_acl):
     with MosquittoBroker(acl=acl, passwords=passwords) as broker:
         result = run_federation(broker.url, digits, passwords=passwords, protocol="5")
     check_result(result, digits)
+
+
+@needs_mosquitto
+def test_sampled_rounds_and_evaluation_over_mosquitto_with_acl(digits, shipped_acl):
+    """Rounds of 2 of each cluster's 3 devices go per device, the evaluation of a seeded half of the
+    fleet is one broadcast, and each device downloads exactly what it needs (the ACL lets it follow its
+    cluster's topic and confirm it)."""
+    from edge_sdk.sampling import in_sample, sample_point
+
+    passwords = {c.cid: f"pw-{c.cid}" for c in digits} | {"server": "pw-server"}
+    with MosquittoBroker(acl=shipped_acl(FED), passwords=passwords) as broker:
+        result = run_federation(broker.url, digits, passwords=passwords, protocol="5", rounds=2, fraction=0.5,
+                                eval_fraction=0.5)
+    assignment = result["assignment"]
+    assert adjusted_rand_score([c.group for c in digits], [assignment[c.cid] for c in digits]) == 1.0
+    assert [h["deliveries"] for h in result["history"]] == [{"cluster_topic": 0, "per_device": 8}] * 2
+    sampled = {c for c in assignment if in_sample(c, 0.5, 0)}
+    expected = set(sampled)
+    for j in set(assignment.values()):
+        members = [c for c in assignment if assignment[c] == j]
+        if not sampled & set(members):
+            expected.add(min(members, key=lambda c: sample_point(c, 0)))
+    final = result["final"]
+    assert set(final["per_client"]) == expected and final["asked"] == final["evaluated"] == len(expected)
+    for c, models, trained, metrics in zip(digits, result["edge_models"], result["edge_trained"],
+                                           result["edge_metrics"]):
+        asked = c.cid in expected
+        assert (models["messages"], metrics) == (trained + int(asked), int(asked)), c.cid
+    assert sum(m["bytes"] for m in result["edge_models"]) == result["delivered"]["MODEL"]
+    assert [t for t, what in result["published"] if what == "evaluate"].count(Topics("fedsketch", FED).broadcast()) == 1
+    assert not result["rejected"]
 
 
 # ---------------------------------------------------------------- processes

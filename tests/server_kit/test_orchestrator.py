@@ -58,8 +58,14 @@ def test_clustered_federation_recovers_rotation_groups(digits12, start_edge_clie
     # each client downloads its own cluster's model and nothing else: 3 rounds + the final evaluation
     got = [e.transport.stats()["received"]["MODEL"] for e in edge]
     assert [g["messages"] for g in got] == [4] * 12
-    assert sum(g["bytes"] for g in got) == result["delivered"]["MODEL"] == stats["sent"]["MODEL"]["bytes"]
-    assert stats["sent"]["MODEL"]["messages"] == 12 * 4
+    assert sum(g["bytes"] for g in got) == result["delivered"]["MODEL"]
+    # every member of a cluster trains and is evaluated: each model goes once, on its cluster's topic
+    k = len(set(labels))
+    assert stats["sent"]["MODEL"]["messages"] == k * 4
+    assert [h["deliveries"] for h in result["history"]] == [{"cluster_topic": k, "per_device": 0}] * 3
+    assert result["final"]["deliveries"] == {"cluster_topic": k, "per_device": 0}
+    assert result["final"]["asked"] == result["final"]["evaluated"] == 12
+    assert stats["sent"]["MODEL"]["bytes"] * 3 == result["delivered"]["MODEL"]  # 3 devices per cluster
     assert not result["rejected"]
 
 
