@@ -48,8 +48,8 @@ def test_two_means_1d_is_the_best_cut():
     v = np.concatenate((rng.normal(0, 1, 7), rng.normal(6, 1, 5)))
     d, frac = two_means_1d(v)
     s = np.sort(v)
-    best = max(((s[:i].size * (s[:i].mean() - s.mean()) ** 2 + s[i:].size * (s[i:].mean() - s.mean()) ** 2)
-                / ((s - s.mean()) ** 2).sum() for i in range(1, s.size)))
+    best = max((s[:i].size * (s[:i].mean() - s.mean()) ** 2 + s[i:].size * (s[i:].mean() - s.mean()) ** 2)
+                / ((s - s.mean()) ** 2).sum() for i in range(1, s.size))
     assert frac == pytest.approx(best)
     lo, hi = s[s < 3], s[s >= 3]
     pooled = (((lo - lo.mean()) ** 2).sum() + ((hi - hi.mean()) ** 2).sum()) / (s.size - 2)
