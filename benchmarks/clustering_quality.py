@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _cli import csv_list
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data"
@@ -569,23 +570,12 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, desc="runs", leave=False, file=sys.stderr)
 
 
-def _csv(kind, choices=None):
-    def parse(text: str):
-        vals = [kind(v) for v in text.split(",") if v.strip()]
-        bad = [v for v in vals if choices is not None and v not in choices]
-        if bad or not vals:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {sorted(choices or [])}, "
-                                             f"got {text!r}")
-        return vals
-    return parse
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--datasets", type=_csv(str, {"mnist", "fmnist", "digits"}), default=["mnist", "fmnist"])
-    ap.add_argument("--clients", type=_csv(int), default=[15, 30])
-    ap.add_argument("--splits", type=_csv(str, set(SPLITS)), default=list(SPLITS))
-    ap.add_argument("--methods", type=_csv(str, set(METHODS)), default=None,
+    ap.add_argument("--datasets", type=csv_list(str, {"mnist", "fmnist", "digits"}), default=["mnist", "fmnist"])
+    ap.add_argument("--clients", type=csv_list(int), default=[15, 30])
+    ap.add_argument("--splits", type=csv_list(str, set(SPLITS)), default=list(SPLITS))
+    ap.add_argument("--methods", type=csv_list(str, set(METHODS)), default=None,
                     help=f"comma-separated, of {', '.join(METHODS)} (default: all; --quick: the fast ones)")
     ap.add_argument("--params", type=json.loads, default={},
                     help='JSON overrides of method parameters, e.g. \'{"cfl": {"eps1": 0.2}}\'')

@@ -62,6 +62,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from _cli import csv_list  # noqa: E402
+
 from edge_sdk.encoder import OnnxEncoder  # noqa: E402
 from edge_sdk.sketch import Sketcher  # noqa: E402
 from server_kit.clustering import SketchClustering  # noqa: E402
@@ -259,32 +261,21 @@ def run_scale(args) -> dict:
     return result
 
 
-def _csv(kind, choices=None):
-    def parse(text: str):
-        items = [kind(v) for v in text.split(",") if v]
-        bad = [v for v in items if choices is not None and v not in choices]
-        if not items or bad:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {sorted(choices or [])}, "
-                                             f"got {text!r}")
-        return items
-    return parse
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenarios", type=_csv(str, set(SCENARIOS)), default=list(SCENARIOS))
-    ap.add_argument("--sizes", type=_csv(int), default=[100, 300, 1000, 3550, 10000])
-    ap.add_argument("--ocfl-clients", type=_csv(int), default=[15, 30])
-    ap.add_argument("--readings", type=_csv(str, set(READINGS)), default=list(READINGS))
+    ap.add_argument("--scenarios", type=csv_list(str, set(SCENARIOS)), default=list(SCENARIOS))
+    ap.add_argument("--sizes", type=csv_list(int), default=[100, 300, 1000, 3550, 10000])
+    ap.add_argument("--ocfl-clients", type=csv_list(int), default=[15, 30])
+    ap.add_argument("--readings", type=csv_list(str, set(READINGS)), default=list(READINGS))
     ap.add_argument("--min-cluster-size", type=int, default=2, help="for the fleet scenarios (OCFL: 20 %%)")
     ap.add_argument("--flip-prob", type=float, default=0.1)
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help="folder with mnist/ and fashion-mnist/")
-    ap.add_argument("--seeds", type=_csv(int), default=[0, 1, 2], help="partitions and sketches (one row each)")
+    ap.add_argument("--seeds", type=csv_list(int), default=[0, 1, 2], help="partitions and sketches (one row each)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the scale part")
     ap.add_argument("--scale", action="store_true", help="also the sample-and-assign agreement and big sizes")
     ap.add_argument("--scale-only", action="store_true", help="only the scale part")
-    ap.add_argument("--agree-sizes", type=_csv(int), default=[20000, 30000])
-    ap.add_argument("--big-sizes", type=_csv(int), default=[100000, 1000000])
+    ap.add_argument("--agree-sizes", type=csv_list(int), default=[20000, 30000])
+    ap.add_argument("--big-sizes", type=csv_list(int), default=[100000, 1000000])
     ap.add_argument("--quick", action="store_true", help="digits at 100 and 300 devices, default reading")
     ap.add_argument("--out", type=Path, default=REPO / "reports" / "fleet_clustering")
     ap.add_argument("--scale-child", type=int, default=None, help=argparse.SUPPRESS)
