@@ -196,6 +196,39 @@ def cell_table(rows: list[dict]) -> list[dict]:
     return out
 
 
+def plot_ari(cells: list[dict], path: Path) -> Path | None:
+    """ari_vs_fleet.png: worst ARI over the seeds against the number of devices, one panel per fleet scenario."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    scenarios = [s for s in SCENARIOS if s != "fmnist-ocfl" and any(c["scenario"] == s for c in cells)]
+    if not scenarios:
+        return None
+    fig = Figure(figsize=(4.2 * len(scenarios), 3.6))
+    FigureCanvasAgg(fig)
+    styles = {"default": ("C0", "o", "-"), "before": ("C3", "s", "--"), "flat": ("C2", "^", ":"),
+              "paper": ("0.5", "x", ":")}
+    for i, scenario in enumerate(scenarios):
+        ax = fig.add_subplot(1, len(scenarios), i + 1)
+        for reading, (color, marker, ls) in styles.items():
+            pts = sorted((c["devices"], c["min_ari"]) for c in cells
+                         if c["scenario"] == scenario and c["reading"] == reading)
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, color=color, marker=marker, ls=ls, label=reading)
+        ax.axhline(0.95, color="0.7", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1.05)
+        ax.set_xlabel("devices")
+        ax.set_title(scenario, fontsize=10)
+        if i == 0:
+            ax.set_ylabel("ARI (worst of the seeds)")
+            ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
 # ----------------------------------------------------------------------------- scale
 
 
@@ -306,6 +339,8 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"rows": rows, "cells": cells, "scale": scale,
                                                        "summary": summary}, indent=1))
+    if plot_ari(cells, args.out / "ari_vs_fleet.png"):
+        print(f"plot: {args.out / 'ari_vs_fleet.png'}")
     print(json.dumps(summary))
     return 0
 
