@@ -75,6 +75,10 @@ class EdgeClient:
         of up to this many seconds, so that a fleet booting (or coming back
         after a broker restart) at once does not reach the broker in one
         instant. An answer to the server's own "hello" request is not delayed.
+    encoders : dict, optional
+        The cache of loaded ONNX encoders (name -> encoder). Clients in one
+        process may share one dict, and so one ONNX Runtime session per
+        encoder (an emulated fleet); by default each client has its own.
     """
 
     def __init__(
@@ -90,6 +94,7 @@ class EdgeClient:
         stay: bool = False,
         progress_interval_s: float = 10.0,
         hello_jitter_s: float = 0.0,
+        encoders: dict[str, Any] | None = None,
     ) -> None:
         self.transport = transport
         self.worker = worker
@@ -108,7 +113,7 @@ class EdgeClient:
         self._models: dict[str, tuple[int, dict[str, np.ndarray]]] = {}
         self._models_cv = threading.Condition()
         self._cmds: queue.Queue[Message] = queue.Queue(maxsize=1000)
-        self._encoders: dict[str, Any] = {}
+        self._encoders: dict[str, Any] = {} if encoders is None else encoders
         #: Encoders received from the server: name -> the folder holding it and its manifest.
         self.encoder_dirs: dict[str, Path] = {}
         self._encoder_root: Path | None = None

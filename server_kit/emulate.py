@@ -224,8 +224,8 @@ class _Shard:
                               will_topic=topics.status(c.cid), will_payload=will, loop=self.loops[i % s.loops])
             w = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, seed=s.seed + i)
             ec = EdgeClient(t, w, federation=s.federation, root=s.root, seed=s.seed + i,
-                            model_timeout_s=s.model_timeout_s, hello_jitter_s=s.hello_jitter_s)
-            ec._encoders = encoders  # the emulator's one liberty with the client: a shared session cache
+                            model_timeout_s=s.model_timeout_s, hello_jitter_s=s.hello_jitter_s,
+                            encoders=encoders)  # one ONNX Runtime session per encoder in the process
             t.on_delivered(partial(self._wake, i))
             self.transports.append(t)
             self.edges.append(ec)
