@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -110,5 +111,10 @@ def test_the_cli_jitters_a_few_seconds_by_default(capsys, tmp_path):
     assert build_parser().parse_args(["--client-id", "c1", "--data", "x.npz"]).hello_jitter == 3.0
     data = tmp_path / "d.npz"
     np.savez(data, x=np.zeros((2, 8, 8), np.float32), y=np.zeros(2, np.int64))
-    assert main(["--client-id", "c1", "--data", str(data), "--hello-jitter", "-2"]) == 2
+    paho = logging.getLogger("edge_sdk.transport.paho")
+    level = paho.level
+    try:  # main configures logging for its process: put it back for the other tests
+        assert main(["--client-id", "c1", "--data", str(data), "--hello-jitter", "-2"]) == 2
+    finally:
+        paho.setLevel(level)
     assert "--hello-jitter must be >= 0 seconds, got -2" in capsys.readouterr().err

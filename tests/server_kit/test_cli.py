@@ -162,6 +162,8 @@ def test_paho_not_connected_line_is_debug_only(caplog):
     from server_kit.cli import PAHO_LOGGER, _configure_logging, _PahoNotConnected
 
     paho = logging.getLogger(PAHO_LOGGER)
+    level = paho.level
+    paho.setLevel(logging.NOTSET)  # whatever an earlier in-process CLI run set (the client's main sets it)
     try:
         with caplog.at_level(logging.DEBUG):
             _configure_logging(0)
@@ -175,6 +177,7 @@ def test_paho_not_connected_line_is_debug_only(caplog):
             assert rec.levelno == logging.DEBUG
             assert sum(isinstance(f, _PahoNotConnected) for f in paho.filters) == 1
     finally:
+        paho.setLevel(level)
         for f in [f for f in paho.filters if isinstance(f, _PahoNotConnected)]:
             paho.removeFilter(f)
 
