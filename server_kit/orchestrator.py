@@ -104,6 +104,9 @@ from .strategy import ClientInfo, ClusteredFedAvg, Strategy
 
 __all__ = ["Orchestrator", "ServerConfig"]
 
+#: Admissions logged one by one at INFO while a fleet registers; the rest at DEBUG.
+ADMISSIONS_LOGGED = 20
+
 log = logging.getLogger(__name__)
 
 SERVER_ID = "server"
@@ -392,8 +395,13 @@ class Orchestrator:
             welcome["reason"] = why
         self._cmd(cid, "welcome", **welcome)
         if known is None:
-            log.info("client %s admitted (%d samples, %d classes%s)", cid, n, info.classes_present,
-                     "" if trains else f"; sketches and evaluates, never trains: {why}")
+            # a fleet registering at once: the first few, then DEBUG (the count closes registration)
+            loud = self._phase != "register" or len(self.clients) <= ADMISSIONS_LOGGED or not trains
+            log.log(logging.INFO if loud else logging.DEBUG, "client %s admitted (%d samples, %d classes%s)", cid,
+                    n, info.classes_present, "" if trains else f"; sketches and evaluates, never trains: {why}")
+            if self._phase == "register" and len(self.clients) == ADMISSIONS_LOGGED + 1:
+                log.info("more clients are registering: each one logged at DEBUG (-v), the count when "
+                         "registration closes")
         elif not known.online:
             log.info("client %s is back", cid)
         return True

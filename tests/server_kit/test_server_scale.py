@@ -407,3 +407,29 @@ def test_device_follows_its_cluster_topic_and_ignores_broadcasts_not_for_it(capl
         assert ("hello", {topics.cmd("c1"), topics.broadcast(), topics.model("+")}) in seen[n:]
         assert not any(isinstance(m, dict) and "follow" in m for m in seen[n:])
     ec.transport.close()
+
+
+def test_a_fleet_registering_logs_the_first_admissions_then_the_count(caplog):
+    import logging
+
+    from server_kit.orchestrator import ADMISSIONS_LOGGED
+
+    broker = MemoryBroker()
+    server = MemoryTransport(broker, "server", federation=FED)
+    server.connect()
+    n = ADMISSIONS_LOGGED + 10
+    config = ServerConfig(federation=FED, rounds=1, min_clients=n, register_timeout_s=30,
+                          encoder="digits_encoder", architecture=ARCH, seed=0)
+    orch = Orchestrator(SketchClustered(min_cluster_size=2, seed=0), server, config,
+                        template={"w": np.zeros((2, 3), np.float32)})
+    hello = {"n_samples": 10, "capabilities": ["train-torch"], "input_shape": [8, 8]}
+    for i in range(n):
+        orch._inbox.put_nowait((FED, Message(Kind.HELLO, FED, f"d{i:03d}", 0, hello)))
+    with caplog.at_level(logging.DEBUG, logger="server_kit.orchestrator"):
+        orch._register()
+    admitted = [r for r in caplog.records if "admitted (10 samples" in r.getMessage()]
+    assert [r.levelno for r in admitted] == [logging.INFO] * ADMISSIONS_LOGGED + [logging.DEBUG] * 10
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert info.count("more clients are registering: each one logged at DEBUG (-v), the count when "
+                      "registration closes") == 1
+    assert f"registration closed: {n} clients admitted ({n} train)" in info
