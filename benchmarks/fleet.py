@@ -168,7 +168,13 @@ def run_size(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     toml = d / "run.toml"
     toml.write_text(f"eval_timeout_s = {args.timeout:g}\n")
     row: dict[str, Any] = {"devices": n, "processes": args.processes}
-    broker = MosquittoBroker(deploy_conf=True, passwords={**passwords, "server": server_pw}, acl=acl)
+    conf: Any = True  # the shipped deploy/mosquitto.conf
+    if args.max_connections is not None:  # past the 12,000 it is sized for: say so in the results
+        shipped = (ROOT / "deploy" / "mosquitto.conf").read_text()
+        conf = d / "mosquitto.conf"
+        conf.write_text(re.sub(r"(?m)^max_connections .*$", f"max_connections {args.max_connections}", shipped))
+        row["max_connections"] = args.max_connections
+    broker = MosquittoBroker(deploy_conf=conf, passwords={**passwords, "server": server_pw}, acl=acl)
     broker.start(timeout=30)
     fleet = None
     try:
@@ -379,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hello-jitter", type=float, default=0.0,
                    help="devices' boot hello jitter (s); they answer the server's hello at once either way")
     p.add_argument("--timeout", type=float, default=300.0, help="the server's phase deadlines (s)")
+    p.add_argument("--max-connections", type=int, default=None,
+                   help="the broker's max_connections instead of the shipped 12,000 (for fleets past it)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--progress-s", type=float, default=5.0, help="seconds between progress lines (stderr)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
