@@ -233,7 +233,7 @@ def run_size(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
                 last = _last_line(d / "server.log")
                 _progress(n, now - t_setup, f"devices: hello {h.get('hello', 0)}, sketch {h.get('sketch', 0)}, "
                                             f"train {h.get('train', 0)}, evaluate {h.get('evaluate', 0)} | "
-                                            f"server: {last[:90]}")
+                                            f"server: {_clip(last, 90)}")
             time.sleep(0.2)
         row["server_wall_s"] = round(time.monotonic() - t0, 2)
         row["server_rc"] = rc
@@ -408,9 +408,18 @@ def main(argv: list[str] | None = None) -> int:
                                     f"cluster {row.get('cluster_s')} s, ARI {row.get('ari')}, lost {row.get('lost')}")
         (out / "results.json").write_text(json.dumps({"rows": rows, "args": vars(args)}, indent=1))
     print_table(rows)
+    print(f"results: {out / 'results.json'}; each size's server log, Mosquitto log and report: "
+          + ", ".join(str(out / f"n{r['devices']}" / "report" / "report.html") for r in rows))
     s = summary(rows)
     print(json.dumps(s))
     return 0 if all(r.get("server_rc") == 0 for r in rows) else 1
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` cut at a word before ``width`` characters, with an ellipsis when cut."""
+    if len(text) <= width:
+        return text
+    return text[: text.rfind(" ", 0, width - 1) if " " in text[: width - 1] else width - 1].rstrip(" ,;:(") + "…"
 
 
 if __name__ == "__main__":
