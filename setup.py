@@ -130,7 +130,9 @@ setup(
             "fedsketch-client=edge_sdk.client:main",
             "fedsketch-data=server_kit.data.split:main",
             "fedsketch-server=server_kit.cli:main",
-        ]
+        ],
+        # subcommands of `fedsketch` that live on the server side (edge_sdk.cli.COMMANDS_GROUP)
+        "fedsketch.commands": ["export=server_kit.export:main"],
     },
     zip_safe=False,
 )

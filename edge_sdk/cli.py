@@ -147,17 +147,45 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_export(args: argparse.Namespace, rest: list[str]) -> int:
+#: Entry-point group through which an installed package adds a subcommand: ``name = module:main``,
+#: ``main(argv) -> int``. The server side adds ``fedsketch export`` this way (setup.py), so that the
+#: device package never imports a server module.
+COMMANDS_GROUP = "fedsketch.commands"
+
+
+def _plugin_commands() -> dict[str, Any]:
+    """Subcommands other installed packages register (name -> entry point)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=COMMANDS_GROUP)}
+
+
+def _summary(entry: Any) -> str:
+    """First line of the docstring of an entry point's module, read without importing it (torch stays out)."""
+    import ast
+    from importlib.util import find_spec
+
+    module = entry.value.split(":")[0]
     try:
-        from server_kit import export
+        spec = find_spec(module)
+        with open(spec.origin, encoding="utf-8") as f:  # type: ignore[union-attr]
+            doc = ast.get_docstring(ast.parse(f.read())) or ""
+    except (ImportError, AttributeError, TypeError, OSError, SyntaxError, ValueError):
+        doc = ""
+    return doc.strip().splitlines()[0].rstrip(".") if doc.strip() else module
+
+
+def _run_plugin(name: str, entry: Any, rest: list[str]) -> int:
+    try:
+        run = entry.load()
     except ImportError as e:
         print(
-            f"fedsketch export needs the server extra ({e}); install it with: "
+            f"fedsketch {name} needs the server extra ({e}); install it with: "
             "pip install 'fedsketch[server]'",
             file=sys.stderr,
         )
         return 2
-    return int(export.main(rest) or 0)
+    return int(run(rest) or 0)
 
 
 def _version_line() -> str:
@@ -191,16 +219,18 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("keygen", help="make the server's Ed25519 signing key pair (server.key, server.pub)")
     k.add_argument("dir", help="folder to write server.key (mode 600) and server.pub into")
 
-    sub.add_parser("export", help="rebuild model artifacts (fedsketch export --help)", add_help=False)
+    for name, entry in sorted(_plugin_commands().items()):  # fedsketch export, from server_kit
+        sub.add_parser(name, help=f"{_summary(entry)} (fedsketch {name} --help)", add_help=False)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if argv and argv[0] == "export":
+    plugins = _plugin_commands()
+    if argv and argv[0] in plugins:  # its own arguments, its own --help
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-        return _cmd_export(argparse.Namespace(), argv[1:])
+        return _run_plugin(argv[0], plugins[argv[0]], argv[1:])
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
