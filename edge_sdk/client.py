@@ -30,11 +30,21 @@ from typing import Any
 
 import numpy as np
 
-from .protocol import Kind, Message, ProtocolError, Topics, parse_tensors, sketch_body, tensors_body
+from .protocol import (
+    SERVER_ID,
+    Kind,
+    Message,
+    ProtocolError,
+    Topics,
+    parse_tensors,
+    sketch_body,
+    tensors_body,
+)
 from .rejections import RejectionLog
 from .sampling import in_sample
 from .schema import check_meta
 from .sketch import Sketcher
+from .transport import BrokerConfig
 from .worker import LocalWorker, Task, TrainSettings
 
 __all__ = ["EdgeClient", "main"]
@@ -141,10 +151,10 @@ class EdgeClient:
 
     # -- transport callbacks (network thread: enqueue only) ---------------
     def _on_cmd(self, topic: str, msg: Message) -> None:
-        if msg.kind == Kind.MODEL and msg.sender == "server" and topic == self.topics.cmd(self.cid):
+        if msg.kind == Kind.MODEL and msg.sender == SERVER_ID and topic == self.topics.cmd(self.cid):
             self._on_model(topic, msg)  # a model for this client alone, ahead of the command that uses it
             return
-        if msg.kind != Kind.CMD or msg.sender != "server":
+        if msg.kind != Kind.CMD or msg.sender != SERVER_ID:
             self._rejections("sender", msg.sender, f"ignoring {msg.kind.name} on {topic}")
             return
         # which topic it came by (a broadcast may not concern this device); set here, never by the sender
@@ -156,7 +166,7 @@ class EdgeClient:
             self._rejections("queue-full", msg.sender, f"command queue full; dropping {msg.meta.get('op')!r}")
 
     def _on_model(self, topic: str, msg: Message) -> None:
-        if msg.kind != Kind.MODEL or msg.sender != "server":
+        if msg.kind != Kind.MODEL or msg.sender != SERVER_ID:
             return
         try:
             meta = check_meta(msg)
@@ -539,13 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="classifier architecture; default: the one the server says (recommended)")
     p.add_argument("--num-classes", type=int, default=None, help="default: the number the server says")
     p.add_argument("--seed", type=int, default=None, help="sketch and training seed (default: OS)")
-    p.add_argument("--username")
-    p.add_argument("--password-file", help="file holding the broker password")
-    p.add_argument("--ca-certs", help="CA bundle for mqtts://")
-    p.add_argument("--certfile")
-    p.add_argument("--keyfile")
-    p.add_argument("--protocol", default="3.1.1", choices=["3.1.1", "5"])
-    p.add_argument("--max-payload", type=int, default=1_000_000, help="chunk messages above this many bytes")
+    BrokerConfig.add_arguments(p)
     p.add_argument("--threads", type=int, default=1, help="torch threads for local training")
     p.add_argument("--max-idle", type=float, default=None, help="leave after this many idle seconds")
     p.add_argument("--hello-jitter", type=float, default=3.0, metavar="S",
@@ -613,15 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _broker_config(args: argparse.Namespace) -> Any:
-    from .transport import BrokerConfig
-
-    password = None
-    if args.password_file:
-        with open(args.password_file) as pf:
-            password = pf.read().strip()
-    return BrokerConfig.from_url(args.broker, username=args.username, password=password,
-                                 ca_certs=args.ca_certs, certfile=args.certfile, keyfile=args.keyfile,
-                                 protocol=args.protocol, max_payload=args.max_payload)
+    return BrokerConfig.from_args(args, args.broker)
 
 
 def _transport(args: argparse.Namespace, cfg: Any) -> Any:

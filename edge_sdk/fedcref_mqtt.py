@@ -47,14 +47,12 @@ from typing import Any, Optional
 import numpy as np
 
 from .fedcref import FedCRefClient
-from .protocol import Kind, Message, ProtocolError, Topics, parse_tensors, tensors_body
+from .protocol import SERVER_ID, Kind, Message, ProtocolError, Topics, parse_tensors, tensors_body
 
 __all__ = ["FedCRefEdge", "SERVER_ID"]
 
 log = logging.getLogger(__name__)
 
-#: The id the coordinator speaks as.
-SERVER_ID = "server"
 
 #: Serialises the FedCRefClient calls of the edges that share a process (see the module docstring).
 _COMPUTE_LOCK = threading.Lock()

@@ -58,6 +58,7 @@ __all__ = [
     "MAGIC",
     "MAX_ID_BYTES",
     "MAX_META_BYTES",
+    "SERVER_ID",
     "MAX_META_DEPTH",
     "MAX_META_INT",
     "PROTOCOL_VERSION",
@@ -88,6 +89,8 @@ HEADER_SIZE = _HEADER.size
 MAX_ID_BYTES = 64
 #: Largest JSON meta (the u16 length field's limit).
 MAX_META_BYTES = 0xFFFF
+#: The id the server speaks as (the sender of every command and model; its broker user name).
+SERVER_ID = "server"
 #: Bit of the flags byte: a 72-byte signature trailer follows the body (:mod:`edge_sdk.signing`).
 FLAG_SIGNED = 0x01
 #: Bytes of that trailer: u64 signed_at (ms) and a 64-byte Ed25519 signature.

@@ -217,6 +217,37 @@ class BrokerConfig:
             raise ValueError(f"port in url {self.url!r} must be an integer in [1, 65535]")
         return scheme, parts.hostname, port
 
+    @staticmethod
+    def add_arguments(parser: Any, *, defaults_in_help: bool = False) -> None:
+        """Add the broker options every program takes (not ``--broker``, whose default each program sets).
+
+        ``--username``, ``--password-file``, ``--ca-certs``, ``--certfile``,
+        ``--keyfile``, ``--protocol``, ``--max-payload``; read back with
+        :meth:`from_args`. ``defaults_in_help`` writes each default into its
+        help (for a parser whose formatter does not).
+        """
+        tail = " (default: %(default)s)" if defaults_in_help else ""
+        parser.add_argument("--username", metavar="USER",
+                            help="MQTT user name (with use_username_as_clientid, also the client id)" + tail)
+        parser.add_argument("--password-file", metavar="FILE", help="file holding the MQTT password" + tail)
+        parser.add_argument("--ca-certs", metavar="PEM", help="CA bundle for mqtts:// (none: the system's CAs)" + tail)
+        parser.add_argument("--certfile", metavar="PEM", help="client certificate for mutual TLS" + tail)
+        parser.add_argument("--keyfile", metavar="PEM", help="its private key" + tail)
+        parser.add_argument("--protocol", default="3.1.1", choices=["3.1.1", "5"], help="MQTT protocol version" + tail)
+        parser.add_argument("--max-payload", type=int, default=1_000_000, metavar="BYTES",
+                            help="largest MQTT packet sent, topic included; bigger messages go in chunks" + tail)
+
+    @classmethod
+    def from_args(cls, args: Any, url: str, **kw: Any) -> BrokerConfig:
+        """The config of the options :meth:`add_arguments` added (the password read from its file)."""
+        password = None
+        if args.password_file:
+            with open(args.password_file, encoding="utf-8") as f:
+                password = f.read().strip()
+        return cls.from_url(url, username=args.username, password=password, ca_certs=args.ca_certs,
+                            certfile=args.certfile, keyfile=args.keyfile, protocol=args.protocol,
+                            max_payload=args.max_payload, **kw)
+
     @classmethod
     def from_url(cls, url: str, **kw: Any) -> BrokerConfig:
         """Build a config from a broker URL and keyword overrides.

@@ -37,6 +37,8 @@ __all__ = ["build_parser", "known_architectures", "known_encoders", "known_strat
            "parse_params"]
 
 from edge_sdk.cli import parse_params
+from edge_sdk.protocol import SERVER_ID
+from edge_sdk.transport import BrokerConfig
 
 log = logging.getLogger(__name__)
 
@@ -244,14 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "clustering's ARI, AMI, completeness and homogeneity against it (default: none)")
     p.add_argument("--target-accuracy", type=float, default=0.8, metavar="A",
                    help="the report's rounds_to_target is the first round reaching it (default: %(default)s)")
-    p.add_argument("--username", help="MQTT user, also the server's client id (default: none; client id 'server')")
-    p.add_argument("--password-file", metavar="FILE", help="file holding the MQTT password (default: none)")
-    p.add_argument("--ca-certs", metavar="PEM",
-                   help="CA bundle for mqtts:// (default: none, the system's CAs)")
-    p.add_argument("--protocol", default="3.1.1", choices=["3.1.1", "5"],
-                   help="MQTT protocol version (default: %(default)s)")
-    p.add_argument("--max-payload", type=int, default=1_000_000, metavar="BYTES",
-                   help="largest MQTT payload sent; bigger messages go in chunks (default: %(default)s)")
+    BrokerConfig.add_arguments(p, defaults_in_help=True)  # the same broker options as fedsketch-client
     p.add_argument("--signing-key", default=None, metavar="PEM",
                    help="sign everything sent to devices with this Ed25519 private key (fedsketch keygen, "
                         "deploy/make_passwords.sh); devices given its public half (--server-key) obey nothing "
@@ -288,11 +283,7 @@ def _configure_logging(verbose: int) -> None:
 
 
 def _broker_config(args: argparse.Namespace, broker: str) -> Any:
-    from edge_sdk.transport import BrokerConfig
-
-    password = Path(args.password_file).read_text().strip() if args.password_file else None
-    return BrokerConfig.from_url(broker, username=args.username, password=password, ca_certs=args.ca_certs,
-                                 protocol=args.protocol, max_payload=args.max_payload)
+    return BrokerConfig.from_args(args, broker)
 
 
 def _unreachable(bcfg: Any) -> str | None:
@@ -312,7 +303,7 @@ def _with_broker(args: argparse.Namespace, config: Any, bcfg: Any, run: Any, *er
     if why is not None:
         print(f"fedsketch-server: cannot reach the broker at {bcfg.url}: {why}", file=sys.stderr)
         return None
-    transport = MqttTransport(bcfg, args.username or "server", federation=config.federation, root=config.root)
+    transport = MqttTransport(bcfg, args.username or SERVER_ID, federation=config.federation, root=config.root)
     if args.signing_key:
         from edge_sdk.signing import load_signer
 

@@ -49,6 +49,7 @@ def _spawn_clients(url: str, federation: str, paths: list[tuple[str, Path]], see
 def run_demo(args: argparse.Namespace) -> dict:
     from sklearn.metrics import adjusted_rand_score
 
+    from edge_sdk.protocol import SERVER_ID
     from edge_sdk.transport import BrokerConfig, MqttTransport
     from edge_sdk.worker import TrainSettings
 
@@ -97,7 +98,7 @@ def run_demo(args: argparse.Namespace) -> dict:
 
         strategy = SketchClustered(settings=settings, fraction=1.0, seed=args.seed,
                                    min_cluster_size=args.min_cluster_size)
-        transport = MqttTransport(BrokerConfig.from_url(url), "server", federation=federation)
+        transport = MqttTransport(BrokerConfig.from_url(url), SERVER_ID, federation=federation)
         transport.sign_with(load_signer(tmpdir / "server.key"))
         transport.connect()
         stack.callback(transport.close)

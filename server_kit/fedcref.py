@@ -88,6 +88,7 @@ from edge_sdk.fedcref import (
     split_models,
 )
 from edge_sdk.protocol import (
+    SERVER_ID,
     Kind,
     Message,
     ProtocolError,
@@ -864,7 +865,7 @@ def run_fedcref(
         commands = server.begin_iteration()
         it = server.iteration_
         for cid, cmd in commands.items():
-            commands[cid], _ = wire.send(Kind.CMD, (cmd, {}), sender="server", direction="down", round=it)
+            commands[cid], _ = wire.send(Kind.CMD, (cmd, {}), sender=SERVER_ID, direction="down", round=it)
         # phase 1: cluster models, relayed to every other client
         for c in clients:
             up = c.train_models(commands[c.cid])
@@ -876,7 +877,7 @@ def run_fedcref(
                 log.warning("cluster models of %s refused (%s); its previous models stay", c.cid, e)
                 continue
             relay = server.receive_cluster_models(meta, tensors)
-            meta, tensors = wire.send(Kind.MODEL, relay, sender="server", direction="down", recipients=n - 1,
+            meta, tensors = wire.send(Kind.MODEL, relay, sender=SERVER_ID, direction="down", recipients=n - 1,
                                       round=it)
             for other in clients:
                 if other.cid != c.cid:
@@ -896,7 +897,7 @@ def run_fedcref(
             for r in range(1, server.community_rounds + 1):
                 updates = []
                 for cid, payload in server.community_round(g, r, weights).items():
-                    meta, tensors = wire.send(Kind.MODEL, payload, sender="server", direction="down", round=it)
+                    meta, tensors = wire.send(Kind.MODEL, payload, sender=SERVER_ID, direction="down", round=it)
                     up = by_id[cid].community_update(meta, tensors)
                     try:
                         updates.append(wire.send(Kind.UPDATE, up, sender=cid, direction="up", round=it))
@@ -908,7 +909,7 @@ def run_fedcref(
         # phase 4: refinement by the active clients
         refining = [c for c in clients if c.cid in server.active_]
         if refining:
-            meta, tensors = wire.send(Kind.MODEL, server.community_models_payload(), sender="server",
+            meta, tensors = wire.send(Kind.MODEL, server.community_models_payload(), sender=SERVER_ID,
                                       direction="down", recipients=len(refining), round=it)
             for c in refining:
                 report, _ = wire.send(Kind.METRICS, c.refine(meta, tensors), sender=c.cid, direction="up", round=it)

@@ -46,15 +46,21 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from edge_sdk.fedcref import initial_ae_weights, node_key, split_models
-from edge_sdk.protocol import Kind, Message, ProtocolError, Topics, parse_tensors, tensors_body
+from edge_sdk.protocol import (
+    SERVER_ID,
+    Kind,
+    Message,
+    ProtocolError,
+    Topics,
+    parse_tensors,
+    tensors_body,
+)
 
 from .fedcref import FedCRefServer
 
 __all__ = ["FedCRefCoordinator", "FedCRefMqttResult", "SERVER_ID"]
 
 log = logging.getLogger(__name__)
-
-SERVER_ID = "server"
 
 Payload = tuple[dict[str, Any], dict[str, np.ndarray]]
 

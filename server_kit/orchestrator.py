@@ -86,6 +86,7 @@ from typing import Any, Callable
 import numpy as np
 
 from edge_sdk.protocol import (
+    SERVER_ID,
     Kind,
     Message,
     ProtocolError,
@@ -109,7 +110,6 @@ ADMISSIONS_LOGGED = 20
 
 log = logging.getLogger(__name__)
 
-SERVER_ID = "server"
 #: How models reach the clients (see the module docstring).
 MODEL_DELIVERY = ("auto", "client", "cluster")
 

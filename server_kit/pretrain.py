@@ -50,6 +50,7 @@ from typing import Any, Optional
 import numpy as np
 
 from edge_sdk.protocol import (
+    SERVER_ID,
     Kind,
     Message,
     decode_message,
@@ -78,8 +79,6 @@ log = logging.getLogger(__name__)
 
 #: Federation id written in the pre-training envelopes.
 FEDERATION = "pretrain"
-#: Sender id of the server's envelopes.
-SERVER_ID = "server"
 #: Model key of the autoencoder in the envelopes' meta.
 MODEL_KEY = "ae"
 

@@ -232,3 +232,23 @@ def test_bad_truth_file_is_refused_before_connecting(tmp_path, capsys):
     assert err.startswith(f"fedsketch-server: error: --truth {tmp_path / 'none.json'}: cannot read it: "), err
     assert main(["--target-accuracy", "1.5"]) == 2
     assert capsys.readouterr().err == "fedsketch-server: error: --target-accuracy must be in (0, 1], got 1.5\n"
+
+
+def test_server_and_client_take_the_same_broker_options(tmp_path):
+    """One definition (BrokerConfig.add_arguments / from_args): the server had no --certfile / --keyfile."""
+    from edge_sdk.client import _broker_config as client_config
+    from edge_sdk.client import build_parser as client_parser
+    from server_kit.cli import _broker_config as server_config
+    from server_kit.cli import build_parser as server_parser
+
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    common = ["--username", "u1", "--password-file", str(pw), "--ca-certs", "ca.pem", "--certfile", "c.pem",
+              "--keyfile", "k.pem", "--protocol", "5", "--max-payload", "500000"]
+    client_args = client_parser().parse_args(["--client-id", "u1", "--data", "d.npz",
+                                              "--broker", "mqtts://h:8883", *common])
+    server_args = server_parser().parse_args(common)
+    c, s = client_config(client_args), server_config(server_args, "mqtts://h:8883")
+    assert c == s
+    assert (s.username, s.password, s.certfile, s.keyfile, s.protocol, s.max_payload) == (
+        "u1", "s3cret", "c.pem", "k.pem", "5", 500000)
