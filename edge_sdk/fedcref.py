@@ -59,6 +59,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ._validation import check_int, check_positive
+
 __all__ = [
     "ARCHITECTURES",
     "DEFAULT_ENCODERS",
@@ -143,18 +145,6 @@ def check_tau(tau: Any) -> float:
             f"iterations (the paper uses 0.8), got {tau!r}"
         )
     return float(tau)
-
-
-def _check_int(value: Any, what: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
-        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_positive(value: Any, what: str) -> float:
-    if not _is_number(value) or not math.isfinite(float(value)) or float(value) <= 0.0:
-        raise ValueError(f"{what} must be a positive number, got {value!r}")
-    return float(value)
 
 
 def _check_k_range(k_range: Any) -> tuple[int, int]:
@@ -341,7 +331,7 @@ def refine_labels(errors: Any, n_clusters: int) -> tuple[np.ndarray, list[int]]:
         raise ValueError(f"errors must be a non-empty (n_samples, n_models) matrix, got shape {e.shape}")
     if not np.isfinite(e).all():
         raise ValueError("errors contain NaN or Inf")
-    k = _check_int(n_clusters, "n_clusters")
+    k = check_int(n_clusters, "n_clusters")
     if k > e.shape[1]:
         raise ValueError(f"n_clusters ({k}) exceeds the number of models ({e.shape[1]})")
     n, m = e.shape
@@ -549,7 +539,7 @@ def _threads(torch: Any, threads: int | None) -> Iterator[None]:
         yield
         return
     before = torch.get_num_threads()
-    torch.set_num_threads(_check_int(threads, "threads"))
+    torch.set_num_threads(check_int(threads, "threads"))
     try:
         yield
     finally:
@@ -626,9 +616,9 @@ def train_cluster_ae(
         Mean squared error per element over the last epoch.
     """
     torch = _import_torch()
-    n_epochs = _check_int(epochs, "epochs")
-    bs = _check_int(batch_size, "batch_size")
-    rate = _check_positive(lr, "lr")
+    n_epochs = check_int(epochs, "epochs")
+    bs = check_int(batch_size, "batch_size")
+    rate = check_positive(lr, "lr")
     if architecture not in ARCHITECTURES:
         raise ValueError(f"unknown FedCRef architecture {architecture!r}; known: {sorted(ARCHITECTURES)}")
     xa = _as_inputs(x, ARCHITECTURES[architecture][0])
@@ -843,7 +833,7 @@ class FedCRefClient:
         if init not in INIT_METHODS:
             raise ValueError(f"init must be one of {INIT_METHODS}, got {init!r}")
         self.init = init
-        self.n_clusters = None if n_clusters is None else _check_int(n_clusters, "n_clusters")
+        self.n_clusters = None if n_clusters is None else check_int(n_clusters, "n_clusters")
         self.k_range = _check_k_range(k_range)
         self.encoder = encoder
         self.latents = latents
@@ -860,17 +850,17 @@ class FedCRefClient:
                 f"architecture {self.architecture!r} takes {ARCHITECTURES[self.architecture][0]} features, "
                 f"x has {self.x.shape[1]}"
             )
-        self.epochs = _check_int(epochs, "epochs")
-        self.lr = _check_positive(lr, "lr")
-        self.batch_size = _check_int(batch_size, "batch_size")
-        self.community_epochs = _check_int(community_epochs, "community_epochs")
+        self.epochs = check_int(epochs, "epochs")
+        self.lr = check_positive(lr, "lr")
+        self.batch_size = check_int(batch_size, "batch_size")
+        self.community_epochs = check_int(community_epochs, "community_epochs")
         self.alpha = check_alpha(alpha)
         self.normalization = check_normalization(normalization)
         self.link_communities = bool(link_communities)
         self.warm_start = bool(warm_start)
         self.init_seed = int(init_seed)
         self.seed = int(seed)
-        self.threads = None if threads is None else _check_int(threads, "threads")
+        self.threads = None if threads is None else check_int(threads, "threads")
 
         self.labels_: Optional[np.ndarray] = None
         self.initial_labels_: Optional[np.ndarray] = None
@@ -1278,7 +1268,7 @@ class OnnxCommunityLabeler:
 
         from .artifacts import sha256_file
 
-        self.batch_size = _check_int(batch_size, "batch_size")
+        self.batch_size = check_int(batch_size, "batch_size")
         paths: list[Path]
         if isinstance(models, (str, os.PathLike)) and Path(models).is_dir():
             folder = Path(models)
@@ -1298,7 +1288,7 @@ class OnnxCommunityLabeler:
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         if threads is not None:
-            opts.intra_op_num_threads = _check_int(threads, "threads")
+            opts.intra_op_num_threads = check_int(threads, "threads")
             opts.inter_op_num_threads = 1
         self._sessions = [ort.InferenceSession(str(p), sess_options=opts, providers=["CPUExecutionProvider"])
                           for p in paths]

@@ -44,6 +44,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ._validation import check_positive_int
 from .artifacts import ArtifactSpec, artifact_path, load_manifest, sha256_file
 from .artifacts import models_dir as default_models_dir
 from .encoder import check_model_input
@@ -159,13 +160,6 @@ def state_spec(weights: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], s
     return out
 
 
-def _check_positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
-        raise ValueError(f"{what} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-
 def _check_lr(lr: Any) -> None:
     if (
         isinstance(lr, bool)
@@ -277,13 +271,13 @@ def _torch_threads(torch: Any, threads: int | None) -> Iterator[None]:
     from .cpu import torch_threads
 
     if threads is not None:
-        _check_positive_int(threads, "threads")
+        check_positive_int(threads, "threads")
     threads = torch_threads(threads)
     if threads is None:
         yield
         return
     before = torch.get_num_threads()
-    torch.set_num_threads(_check_positive_int(threads, "threads"))
+    torch.set_num_threads(check_positive_int(threads, "threads"))
     try:
         yield
     finally:
@@ -440,14 +434,14 @@ def train_local(
     ImportError
         If torch is not installed.
     """
-    n_epochs = _check_positive_int(epochs, "epochs")
-    bs = _check_positive_int(batch_size, "batch_size")
+    n_epochs = check_positive_int(epochs, "epochs")
+    bs = check_positive_int(batch_size, "batch_size")
     _check_lr(lr)
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {optimizer!r}")
     _check_seed(seed)
     if threads is not None:
-        _check_positive_int(threads, "threads")
+        check_positive_int(threads, "threads")
     torch = _import_torch()
     model, info = _build(architecture)
     w = _check_weights(info, weights)
@@ -587,12 +581,12 @@ def train_autoencoder_local(
     ImportError
         If torch is not installed.
     """
-    n_epochs = _check_positive_int(epochs, "epochs")
-    bs = _check_positive_int(batch_size, "batch_size")
+    n_epochs = check_positive_int(epochs, "epochs")
+    bs = check_positive_int(batch_size, "batch_size")
     _check_lr(lr)
     _check_seed(seed)
     if threads is not None:
-        _check_positive_int(threads, "threads")
+        check_positive_int(threads, "threads")
     torch = _import_torch()
     model, info, image_shape = _build_autoencoder(architecture)
     w = _check_weights(info, weights)
@@ -763,7 +757,7 @@ def _onnx_logits(
     # convolution weights were silently ignored (onnxruntime 1.31.1).
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     if threads is not None:
-        opts.intra_op_num_threads = _check_positive_int(threads, "threads")
+        opts.intra_op_num_threads = check_positive_int(threads, "threads")
         opts.inter_op_num_threads = 1
     # The OrtValues wrap these arrays without copying: both must outlive the session.
     keep: list[Any] = []
@@ -835,7 +829,7 @@ def evaluate(
         On an unknown architecture (or no template for it), weights that do
         not match, or bad data.
     """
-    bs = _check_positive_int(batch_size, "batch_size")
+    bs = check_positive_int(batch_size, "batch_size")
     if force_onnx or not torch_available():
         logits, ya = _onnx_logits(architecture, weights, x, y, bs, models_dir, threads)
     else:

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from edge_sdk._validation import check_int, check_number
 from edge_sdk.worker import Update
 
 from .clustering.updates import (
@@ -40,7 +41,7 @@ from .clustering.updates import (
     delta_gram,
     euclidean_distances_from_gram,
 )
-from .update_clustered import UpdateClustered, check_int, check_number
+from .update_clustered import UpdateClustered
 
 __all__ = ["Briggs", "LINKAGES", "METRICS", "hierarchical_labels"]
 

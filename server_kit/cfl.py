@@ -83,11 +83,11 @@ from typing import Any
 
 import numpy as np
 
+from edge_sdk._validation import check_int, check_number
 from edge_sdk.worker import Update
 
 from .clustering.updates import CHUNK, cosine_distances_from_gram, delta_chunks, delta_gram
 from .strategy import ClientInfo, ClusteredFedAvg, Weights, _copy
-from .update_clustered import check_int, check_number
 
 __all__ = ["CFL", "LINKAGES", "max_cross_similarity", "optimal_bipartition", "update_norm_stats"]
 

@@ -77,6 +77,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from edge_sdk._validation import check_int
 from edge_sdk.fedcref import (
     ARCHITECTURES,
     FedCRefClient,
@@ -311,12 +312,6 @@ class Wire:
 # --------------------------------------------------------------------------- the coordinator
 
 
-def _check_int(value: Any, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
-        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 class FedCRefServer:
     """The coordinator of a FedCRef federation (Algorithm 1 of the paper, server side).
 
@@ -387,14 +382,14 @@ class FedCRefServer:
     ) -> None:
         self.theta = check_theta(theta)
         self.tau = check_tau(tau)
-        self.community_rounds = _check_int(community_rounds, "community_rounds", 1)
-        self.max_iterations = _check_int(max_iterations, "max_iterations", 1)
+        self.community_rounds = check_int(community_rounds, "community_rounds", 1)
+        self.max_iterations = check_int(max_iterations, "max_iterations", 1)
         if (isinstance(stop_tolerance, bool) or not isinstance(stop_tolerance, (int, float))
                 or not 0.0 <= float(stop_tolerance) < 1.0):
             raise ValueError(f"stop_tolerance must be a fraction in [0, 1) (the paper uses 0.1), got {stop_tolerance!r}")
         self.stop_tolerance = float(stop_tolerance)
-        self.stop_patience = _check_int(stop_patience, "stop_patience", 1)
-        self.min_community_size = _check_int(min_community_size, "min_community_size", 2)
+        self.stop_patience = check_int(stop_patience, "stop_patience", 1)
+        self.min_community_size = check_int(min_community_size, "min_community_size", 2)
         self.clients_: dict[str, dict[str, Any]] = {}
         self.active_: set[str] = set()
         self.models_: dict[str, tuple[str, dict[str, np.ndarray], int]] = {}

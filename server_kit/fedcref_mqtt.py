@@ -36,7 +36,6 @@ commanded, and its last cluster models stay in the graph.
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import time
 from collections.abc import Mapping
@@ -45,6 +44,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from edge_sdk._validation import check_positive
 from edge_sdk.fedcref import initial_ae_weights, node_key, split_models
 from edge_sdk.protocol import (
     SERVER_ID,
@@ -125,12 +125,6 @@ class _Reject(Exception):
         self.reason = reason
 
 
-def _positive(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
 class FedCRefCoordinator:
     """Runs a FedCRef federation over MQTT. See the module docstring.
 
@@ -195,9 +189,9 @@ class FedCRefCoordinator:
         self.server = server
         self.transport = transport
         self.min_clients = min_clients
-        self.timeout_s = _positive(timeout_s, "timeout_s")
+        self.timeout_s = check_positive(timeout_s, "timeout_s", "number of seconds")
         self.register_timeout_s = (self.timeout_s if register_timeout_s is None
-                                   else _positive(register_timeout_s, "register_timeout_s"))
+                                   else check_positive(register_timeout_s, "register_timeout_s", "number of seconds"))
         self.stop_clients = bool(stop_clients)
         self.callback = callback
         self.topics: Topics = transport.topics

@@ -51,10 +51,11 @@ from typing import Any
 
 import numpy as np
 
+from edge_sdk._validation import check_int, check_number
 from edge_sdk.worker import Task, Update
 
 from .strategy import ClientInfo, ClusteredFedAvg, Strategy, Weights, _copy
-from .update_clustered import UpdateClustered, _finite, check_int, check_number
+from .update_clustered import UpdateClustered, _finite
 
 __all__ = [
     "CLUSTER_INITS",

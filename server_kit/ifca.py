@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from edge_sdk._validation import check_positive_int
 from edge_sdk.trainer import state_spec
 from edge_sdk.worker import Task, Update
 
@@ -48,12 +49,6 @@ def perturbed_copy(weights: Weights, rng: np.random.Generator) -> dict[str, np.n
     return {name: out[name] for name in weights}
 
 
-def _check_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be a positive integer, got {k!r}")
-    return int(k)
-
-
 class IFCA(Strategy):
     """Iterative Federated Clustering Algorithm with K models chosen by the clients.
 
@@ -80,7 +75,7 @@ class IFCA(Strategy):
 
     def __init__(self, *, k: int = 4, architecture: str | None = None, **kw: Any) -> None:
         super().__init__(**kw)
-        self.k = _check_k(k)
+        self.k = check_positive_int(k, "k")
         self.architecture = architecture
         self.keys = [ClusteredFedAvg.key(j) for j in range(self.k)]
         self.default_key = self.keys[0]

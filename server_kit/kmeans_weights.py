@@ -41,10 +41,11 @@ from typing import Any
 
 import numpy as np
 
+from edge_sdk._validation import check_int, check_number
 from edge_sdk.worker import Update
 
 from .clustering.updates import CHUNK, delta_chunks, delta_l1_distances
-from .update_clustered import UpdateClustered, check_int, check_number
+from .update_clustered import UpdateClustered
 
 __all__ = ["KMeansWeights", "l1_kmedians", "median_distances"]
 

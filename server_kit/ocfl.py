@@ -60,11 +60,12 @@ from typing import Any
 
 import numpy as np
 
+from edge_sdk._validation import check_int, check_number
 from edge_sdk.worker import Update
 
 from .clustering.updates import clustering_temperature, cosine_distances_from_gram, delta_gram
 from .strategy import ClientInfo, Weights
-from .update_clustered import UpdateClustered, check_int, check_number
+from .update_clustered import UpdateClustered
 
 __all__ = [
     "ALGORITHMS",

@@ -49,6 +49,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from edge_sdk._validation import check_positive_int
 from edge_sdk.protocol import (
     SERVER_ID,
     Kind,
@@ -187,12 +188,6 @@ class PretrainResult:
         return int(self.bytes_down + self.bytes_up)
 
 
-def _positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
-        raise ValueError(f"{what} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def _local_seed(seed: int, rnd: int, client: int) -> int:
     """A 63-bit training seed for one client in one round, derived from the run's seed."""
     state = np.random.SeedSequence([int(seed), int(rnd), int(client)]).generate_state(2, np.uint32)
@@ -277,10 +272,10 @@ def federated_ae_pretrain(
                 f"client_images[{i}] must be an array of at least one image, "
                 f"got {getattr(x, 'shape', type(x).__name__)}"
             )
-    n_rounds = _positive_int(rounds, "rounds")
-    per_round = _positive_int(clients_per_round, "clients_per_round")
-    n_epochs = _positive_int(epochs, "epochs")
-    bs = _positive_int(batch_size, "batch_size")
+    n_rounds = check_positive_int(rounds, "rounds")
+    per_round = check_positive_int(clients_per_round, "clients_per_round")
+    n_epochs = check_positive_int(epochs, "epochs")
+    bs = check_positive_int(batch_size, "batch_size")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     if per_round > len(images):

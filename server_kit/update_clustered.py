@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from edge_sdk._validation import check_int, check_number
 from edge_sdk.worker import Task, Update
 
 from .strategy import ClientInfo, ClusteredFedAvg
@@ -40,27 +41,6 @@ from .strategy import ClientInfo, ClusteredFedAvg
 __all__ = ["UpdateClustered", "check_int", "check_number"]
 
 log = logging.getLogger(__name__)
-
-
-def check_int(value: Any, name: str, minimum: int = 1) -> int:
-    """``value`` as an int >= ``minimum``, or a ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def check_number(value: Any, name: str, *, low: float | None = None, high: float | None = None,
-                 low_open: bool = False) -> float:
-    """``value`` as a finite float within the bounds, or a ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(float(value)):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    v = float(value)
-    if low is not None and (v <= low if low_open else v < low):
-        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value!r}")
-    if high is not None and v > high:
-        raise ValueError(f"{name} must be <= {high}, got {value!r}")
-    return v
 
 
 class UpdateClustered(ClusteredFedAvg):

@@ -36,6 +36,7 @@ from sklearn.utils import check_random_state
 from threadpoolctl import threadpool_limits
 
 from edge_sdk import bits as _bits
+from edge_sdk._validation import check_int
 
 from .separation import MIN_SEPARATION, MIN_SIDE, merge_inseparable
 
@@ -316,15 +317,6 @@ def _max_valid_ch(bits: np.ndarray, n_bits: int, min_cluster_size: int) -> float
 # --------------------------------------------------------------------------
 
 
-def _check_int(name: str, value: Any, low: int) -> None:
-    if (
-        isinstance(value, (bool, np.bool_))
-        or not isinstance(value, numbers.Integral)
-        or value < low
-    ):
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-
-
 class SketchClustering:
     """Cluster clients from packed bit sketches; the number of clusters is found.
 
@@ -553,12 +545,12 @@ class SketchClustering:
     # ---------------------------------------------------------------- checks
 
     def _validate_params(self) -> None:
-        _check_int("min_cluster_size", self.min_cluster_size, 1)
-        _check_int("n_calls", self.n_calls, 1)
-        _check_int("max_depth", self.max_depth, 0)
+        check_int(self.min_cluster_size, "min_cluster_size", 1)
+        check_int(self.n_calls, "n_calls", 1)
+        check_int(self.max_depth, "max_depth", 0)
         if not isinstance(self.refine, (bool, np.bool_)):
             raise ValueError(f"refine must be True or False, got {self.refine!r}")
-        _check_int("n_initial_points", self.n_initial_points, 1)
+        check_int(self.n_initial_points, "n_initial_points", 1)
         if self.n_initial_points > self.n_calls:
             raise ValueError(
                 f"n_initial_points must be at most n_calls ({self.n_calls}), "
@@ -585,21 +577,21 @@ class SketchClustering:
         alpha = self.single_cluster_alpha
         if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 < alpha < 1:
             raise ValueError(f"single_cluster_alpha must be a number in (0, 1), got {alpha!r}")
-        _check_int("n_null", self.n_null, 0)
+        check_int(self.n_null, "n_null", 0)
         if self.n_null and (self.n_null + 1) * alpha < 1 - 1e-9:
             need = int(np.ceil(1 / alpha - 1 - 1e-9))
             raise ValueError(
                 f"n_null must be 0 (no test) or at least {need} for single_cluster_alpha={alpha}: "
                 f"the smallest p-value is 1 / (n_null + 1), got n_null={self.n_null}"
             )
-        _check_int("null_max_clients", self.null_max_clients, 10)
+        check_int(self.null_max_clients, "null_max_clients", 10)
         sep = self.min_separation
         if sep is not None and (isinstance(sep, bool) or not isinstance(sep, numbers.Real)
                                 or not 0 <= sep < np.inf):
             raise ValueError(f"min_separation must be None or a finite number >= 0, got {sep!r}")
-        _check_int("consolidate", self.consolidate, 0)
+        check_int(self.consolidate, "consolidate", 0)
         if self.max_exact_clients is not None:
-            _check_int("max_exact_clients", self.max_exact_clients, 100)
+            check_int(self.max_exact_clients, "max_exact_clients", 100)
 
     def _check_packed(self, packed: Any, n_bits: int | None) -> np.ndarray:
         p = np.asarray(packed)
@@ -630,7 +622,7 @@ class SketchClustering:
         self
         """
         self._validate_params()
-        _check_int("n_bits", n_bits, 1)
+        check_int(n_bits, "n_bits", 1)
         n_bits = int(n_bits)
         p = self._check_packed(packed, n_bits)
         n = p.shape[0]
