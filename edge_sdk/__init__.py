@@ -19,9 +19,11 @@ from .bits import (
     quantize_pack,
     unpack_bits,
 )
+from .client import EdgeClient
 from .encoder import OnnxEncoder
 from .info import info
-from .protocol import Kind, Message, ProtocolError, Topics
+from .netloop import NetworkLoop
+from .protocol import SERVER_ID, Kind, Message, ProtocolError, Topics
 from .sketch import Sketch, Sketcher, pairwise_hamming, stack_sketches
 from .transport import BrokerConfig, MemoryBroker, MemoryTransport, MqttTransport
 from .worker import LocalWorker, Task, TrainSettings, Update
@@ -30,14 +32,17 @@ __all__ = [
     "ArtifactHashError",
     "BACKEND",
     "BrokerConfig",
+    "EdgeClient",
     "Kind",
     "LocalWorker",
     "MemoryBroker",
     "MemoryTransport",
     "Message",
     "MqttTransport",
+    "NetworkLoop",
     "OnnxEncoder",
     "ProtocolError",
+    "SERVER_ID",
     "Sketch",
     "Sketcher",
     "Task",

@@ -1,6 +1,53 @@
-"""FedSketch server kit: torch architectures, the export recipe and the server side.
+"""FedSketch server kit: the server side (clustering, strategies, drivers, brokers, data, reports).
 
-This package builds on :mod:`edge_sdk`. Importing it stays cheap: torch and
-the other heavy dependencies are imported only by the submodules that need
-them (:mod:`server_kit.nets`, :mod:`server_kit.export`).
+This package builds on :mod:`edge_sdk`. Importing it stays cheap: every
+public name below is imported from its module on first use (PEP 562), so
+``import server_kit`` loads neither torch nor scikit-learn::
+
+    from server_kit import Orchestrator, ServerConfig, SketchClustered
+    from server_kit import SketchClustering, make_strategy, Simulator
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Public name -> the module that defines it.
+_EXPORTS: dict[str, str] = {
+    "ClientInfo": "strategy",
+    "ClusteredFedAvg": "strategy",
+    "EmbeddedBroker": "broker",
+    "EmulatedFleet": "emulate",
+    "FedAvg": "strategy",
+    "FedCRefCoordinator": "fedcref_mqtt",
+    "FedCRefServer": "fedcref",
+    "MosquittoBroker": "broker",
+    "Orchestrator": "orchestrator",
+    "STRATEGIES": "strategy",
+    "ServerConfig": "orchestrator",
+    "Simulator": "simulate",
+    "SketchClustered": "strategy",
+    "SketchClustering": "clustering",
+    "Strategy": "strategy",
+    "clustering_scores": "metrics",
+    "make_strategy": "strategy",
+    "plot_search": "clustering",
+    "run_fedcref": "fedcref",
+    "write_report": "report",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'server_kit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -75,3 +75,31 @@ def test_the_shared_checks_say_what_they_refuse():
     assert check_positive(np.float32(0.5), "lr") == 0.5
     with pytest.raises(ValueError, match=r"^timeout_s must be a positive number of seconds, got nan$"):
         check_positive(float("nan"), "timeout_s", "number of seconds")
+
+
+def test_public_faces_are_pinned_sorted_and_cheap_to_import():
+    import subprocess
+    import sys
+
+    import edge_sdk
+    import server_kit
+
+    assert edge_sdk.__all__ == sorted(edge_sdk.__all__, key=str)
+    assert server_kit.__all__ == sorted(server_kit.__all__)
+    assert set(server_kit.__all__) == {
+        "ClientInfo", "ClusteredFedAvg", "EmbeddedBroker", "EmulatedFleet", "FedAvg", "FedCRefCoordinator",
+        "FedCRefServer", "MosquittoBroker", "Orchestrator", "STRATEGIES", "ServerConfig", "Simulator",
+        "SketchClustered", "SketchClustering", "Strategy", "clustering_scores", "make_strategy", "plot_search",
+        "run_fedcref", "write_report"}
+    assert {"EdgeClient", "NetworkLoop", "SERVER_ID", "OnnxEncoder", "Sketcher", "MqttTransport"} <= set(
+        edge_sdk.__all__)
+    code = ("import sys, edge_sdk, server_kit\n"
+            "heavy = [m for m in ('torch', 'sklearn', 'scipy', 'matplotlib') if m in sys.modules]\n"
+            "[getattr(edge_sdk, n) for n in edge_sdk.__all__]\n"
+            "print(heavy, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.split() == ["[]", "False"], out.stdout + out.stderr  # neither import pulls a heavy package
+    for name in server_kit.__all__:
+        assert getattr(server_kit, name) is not None
+    with __import__("pytest").raises(AttributeError, match="module 'server_kit' has no attribute 'nope'"):
+        server_kit.nope  # noqa: B018
