@@ -62,8 +62,8 @@ def make_method(name, args, clients, arch, tmp):
     from edge_sdk import OnnxEncoder
     from edge_sdk.nets import BASE_LAYERS
     from edge_sdk.worker import TrainSettings
-    from server_kit.ifca import IFCA
-    from server_kit.ladd import LADD
+    from server_kit.strategies.ifca import IFCA
+    from server_kit.strategies.ladd import LADD
     from server_kit.strategy import FedAvg, SketchClustered
 
     settings = TrainSettings(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size)

@@ -103,3 +103,22 @@ def test_public_faces_are_pinned_sorted_and_cheap_to_import():
         assert getattr(server_kit, name) is not None
     with __import__("pytest").raises(AttributeError, match="module 'server_kit' has no attribute 'nope'"):
         server_kit.nope  # noqa: B018
+
+
+def test_the_methods_of_the_literature_live_in_one_package_and_old_paths_still_work():
+    import importlib
+    import sys
+
+    import pytest
+
+    from server_kit.strategy import LAZY_STRATEGIES
+
+    assert {m for m, _ in LAZY_STRATEGIES.values()} == {
+        f"server_kit.strategies.{m}" for m in ("ifca", "ladd", "ocfl", "cfl", "briggs", "kmeans_weights", "flis")}
+    for old in ("ifca", "ladd", "ocfl", "cfl", "briggs", "kmeans_weights", "flis", "update_clustered"):
+        sys.modules.pop(f"server_kit.{old}", None)
+        with pytest.warns(DeprecationWarning, match=f"server_kit.{old} has moved to server_kit.strategies.{old}"):
+            shim = importlib.import_module(f"server_kit.{old}")
+        new = importlib.import_module(f"server_kit.strategies.{old}")
+        assert shim.__all__ == new.__all__
+        assert all(getattr(shim, name) is getattr(new, name) for name in new.__all__)

@@ -12,11 +12,16 @@ from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import TrainSettings, Update
-from server_kit.cfl import CFL, max_cross_similarity, optimal_bipartition, update_norm_stats
 from server_kit.clustering.updates import delta_gram, mean_update_norm, update_norms
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.orchestrator import Orchestrator, ServerConfig
 from server_kit.simulate import Simulator
+from server_kit.strategies.cfl import (
+    CFL,
+    max_cross_similarity,
+    optimal_bipartition,
+    update_norm_stats,
+)
 from server_kit.strategy import ClientInfo, make_strategy
 
 pytest.importorskip("torch")
@@ -137,7 +142,7 @@ def test_opposite_updates_split_exactly_and_children_average_their_own_members(c
     assert s.clusters() == dict.fromkeys("abcd", 0) and sorted(s.models) == ["c0"]
     tasks = s.configure_round(1, list("abcd"))
     assert [(t.cid, *t.models) for t in tasks] == [(c, "c0") for c in "abcd"]
-    with caplog.at_level(logging.INFO, logger="server_kit.cfl"):
+    with caplog.at_level(logging.INFO, logger="server_kit.strategies.cfl"):
         summary = s.aggregate_round(1, [upd("a", V), upd("b", 2 * V), upd("c", -V), upd("d", -2 * V)])
     assert s.clusters() == {"a": 1, "b": 1, "c": 2, "d": 2}
     assert sorted(s.models) == ["c1", "c2"]
@@ -249,7 +254,7 @@ def test_a_nan_update_is_ignored_and_its_client_joins_the_larger_child(caplog):
     s = cfl("abcde")
     bad = V.copy()
     bad[3] = np.nan
-    with caplog.at_level(logging.INFO, logger="server_kit.cfl"):
+    with caplog.at_level(logging.INFO, logger="server_kit.strategies.cfl"):
         summary = s.aggregate_round(1, [upd("a", V), upd("b", V), upd("c", -V), upd("d", -V), upd("e", bad)])
     assert "update of e for c0 not used (tensor 'fc.w' holds NaN or Inf)" in caplog.text
     assert "client e of cluster 0 sent no usable update; it joins the larger child 1" in caplog.text

@@ -9,10 +9,10 @@ from edge_sdk.features import ladd_features
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import LocalWorker, TrainSettings, Update
 from server_kit.data.partition import ClientData, load_digits_images, rotation_partition
-from server_kit.ifca import IFCA, perturbed_copy
-from server_kit.ladd import LADD, nearest_center
 from server_kit.orchestrator import Orchestrator, ServerConfig
 from server_kit.simulate import Simulator
+from server_kit.strategies.ifca import IFCA, perturbed_copy
+from server_kit.strategies.ladd import LADD, nearest_center
 from server_kit.strategy import ClientInfo
 
 pytest.importorskip("torch")

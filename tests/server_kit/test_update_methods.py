@@ -12,19 +12,19 @@ from scipy.spatial.distance import cdist
 from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.worker import TrainSettings, Update
-from server_kit.briggs import Briggs
 from server_kit.clustering.updates import (
     clustering_temperature,
     cosine_distances_from_gram,
     delta_gram,
 )
 from server_kit.data.partition import load_digits_images, rotation_partition
-from server_kit.kmeans_weights import KMeansWeights, l1_kmedians, median_distances
 from server_kit.metrics import weighted_purity
-from server_kit.ocfl import OCFL, absorb_noise, merge_small_clusters, unit_embedding
 from server_kit.simulate import Simulator
+from server_kit.strategies.briggs import Briggs
+from server_kit.strategies.kmeans_weights import KMeansWeights, l1_kmedians, median_distances
+from server_kit.strategies.ocfl import OCFL, absorb_noise, merge_small_clusters, unit_embedding
+from server_kit.strategies.update_clustered import UpdateClustered
 from server_kit.strategy import ClientInfo, make_strategy
-from server_kit.update_clustered import UpdateClustered
 
 pytest.importorskip("torch")
 
