@@ -36,6 +36,7 @@ import numpy as np
 from edge_sdk._validation import check_int, check_number
 from edge_sdk.worker import Update
 
+from ..clustering.hierarchy import cut_tree
 from ..clustering.updates import (
     cosine_distances_from_gram,
     delta_gram,
@@ -43,7 +44,7 @@ from ..clustering.updates import (
 )
 from .update_clustered import UpdateClustered
 
-__all__ = ["Briggs", "LINKAGES", "METRICS", "hierarchical_labels"]
+__all__ = ["Briggs", "LINKAGES", "METRICS"]
 
 log = logging.getLogger(__name__)
 
@@ -58,22 +59,6 @@ LINKAGES = ("average", "complete", "single", "ward")
 
 #: Default threshold per metric (None: must be given).
 DEFAULT_THRESHOLDS: dict[str, float | None] = {"cosine": 0.5, "euclidean": None}
-
-
-def hierarchical_labels(distances: np.ndarray, threshold: float, linkage: str) -> tuple[np.ndarray, np.ndarray]:
-    """Flat clusters of the tree of ``distances`` cut at ``threshold``; returns ``(labels, linkage_matrix)``.
-
-    Labels start at 0; a single point gets label 0 and an empty linkage matrix.
-    """
-    from scipy.cluster.hierarchy import fcluster
-    from scipy.cluster.hierarchy import linkage as scipy_linkage
-    from scipy.spatial.distance import squareform
-
-    n = distances.shape[0]
-    if n < 2:
-        return np.zeros(n, dtype=np.int64), np.zeros((0, 4))
-    z = scipy_linkage(squareform(distances, checks=False), method=linkage)
-    return fcluster(z, t=threshold, criterion="distance").astype(np.int64) - 1, z
 
 
 class Briggs(UpdateClustered):
@@ -152,7 +137,7 @@ class Briggs(UpdateClustered):
             return None
         gram = delta_gram([u.weights for u in updates], reference)
         d = METRICS[self.metric](gram)
-        labels, z = hierarchical_labels(d, self.distance_threshold_, self.linkage)
+        labels, z = cut_tree(d, self.distance_threshold_, self.linkage)
         self.distances_, self.linkage_ = d, z
         heights = np.round(z[-3:, 2], 4).tolist() if len(z) else []
         log.info("Briggs round %d: %s %s linkage of %d updates cut at %.4g -> %d clusters (top merges at %s)",

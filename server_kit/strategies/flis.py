@@ -54,6 +54,7 @@ import numpy as np
 from edge_sdk._validation import check_int, check_number
 from edge_sdk.worker import Task, Update
 
+from ..clustering.hierarchy import cut_tree
 from ..strategy import ClientInfo, ClusteredFedAvg, Strategy, Weights, _copy
 from .update_clustered import UpdateClustered, _finite
 
@@ -183,22 +184,14 @@ def hierarchical_labels(similarity: np.ndarray, distance_threshold: float, linka
     largest pairwise distance; average; single: the smallest) is at most the
     threshold. Labels are 0-based, numbered by first appearance.
     """
-    from scipy.cluster.hierarchy import fcluster
-    from scipy.cluster.hierarchy import linkage as scipy_linkage
-    from scipy.spatial.distance import squareform
-
     if linkage not in LINKAGES:
         raise ValueError(f"linkage must be one of {LINKAGES}, got {linkage!r}")
     s = np.asarray(similarity, dtype=np.float64)
     if s.ndim != 2 or s.shape[0] != s.shape[1]:
         raise ValueError(f"similarity must be a square matrix, got shape {s.shape}")
-    n = s.shape[0]
-    if n < 2:
-        return np.zeros(n, dtype=np.int64)
     d = np.clip(1.0 - (s + s.T) / 2.0, 0.0, 1.0)
     np.fill_diagonal(d, 0.0)
-    z = scipy_linkage(squareform(d, checks=False), method=linkage)
-    raw = fcluster(z, t=float(distance_threshold), criterion="distance")
+    raw, _ = cut_tree(d, distance_threshold, linkage)
     order = {lab: k for k, lab in enumerate(dict.fromkeys(raw.tolist()))}
     return np.array([order[lab] for lab in raw.tolist()], dtype=np.int64)
 
