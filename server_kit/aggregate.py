@@ -142,7 +142,8 @@ def merge(base: Weights, override: Weights) -> dict[str, np.ndarray]:
     return {k: override[k] if k in override else v for k, v in base.items()}
 
 
-def _check_n(n_samples: Any, what: str) -> int:
+def check_n_samples(n_samples: Any, what: str) -> int:
+    """A sample count (an update's weight) as a non-negative int, or a ValueError naming ``what``."""
     if isinstance(n_samples, bool) or not isinstance(n_samples, (int, np.integer)) or n_samples < 0:
         raise ValueError(f"{what}: n_samples must be a non-negative integer, got {n_samples!r}")
     return int(n_samples)
@@ -160,7 +161,8 @@ def _kind(dtype: np.dtype, name: str, what: str) -> str:
 _Spec = tuple[tuple[int, ...], np.dtype, str]
 
 
-def _spec_of(weights: Weights, what: str) -> dict[str, _Spec]:
+def spec_of(weights: Weights, what: str) -> dict[str, _Spec]:
+    """Name -> (shape, kind) of a model's tensors: what every update of it must match."""
     if not isinstance(weights, Mapping):
         raise ValueError(
             f"{what} must be a mapping of tensor names to arrays, got {type(weights).__name__}"
@@ -172,7 +174,7 @@ def _spec_of(weights: Weights, what: str) -> dict[str, _Spec]:
     return out
 
 
-def _check_update(
+def check_update(
     weights: Weights, spec: Mapping[str, _Spec], what: str, ignored: Iterable[str] = ()
 ) -> dict[str, np.ndarray]:
     """Arrays of ``weights`` for the names of ``spec``, checked; ``ignored`` names may be present."""
@@ -230,12 +232,12 @@ def fedavg(updates: Sequence[tuple[Weights, int]]) -> dict[str, np.ndarray]:
     for i, item in enumerate(updates):
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise ValueError(f"update {i} must be a (weights, n_samples) pair")
-    spec = _spec_of(updates[0][0], "update 0")
+    spec = spec_of(updates[0][0], "update 0")
     checked = []
     total = 0
     for i, (weights, n) in enumerate(updates):
-        n = _check_n(n, f"update {i}")
-        arrays = _check_update(weights, spec, f"update {i}")
+        n = check_n_samples(n, f"update {i}")
+        arrays = check_update(weights, spec, f"update {i}")
         for name, a in arrays.items():
             if spec[name][2] == "f" and not np.isfinite(a).all():
                 raise ValueError(f"update {i}: tensor {name!r} contains NaN or Inf")
@@ -317,7 +319,7 @@ class StreamingFedAvg:
         import torch
 
         inc, exc = _prefixes(include, "include"), _prefixes(exclude, "exclude")
-        full = _spec_of(template, "template")
+        full = spec_of(template, "template")
         self._spec = {k: v for k, v in full.items() if _selected(k, inc, exc)}
         if not self._spec:
             raise ValueError(
@@ -381,8 +383,8 @@ class StreamingFedAvg:
             shape or dtype kind, or NaN or Inf; or on a bad ``n_samples``.
             Nothing is added then.
         """
-        n = _check_n(n_samples, "update")
-        arrays = _check_update(weights, self._spec, "update", self._ignored)
+        n = check_n_samples(n_samples, "update")
+        arrays = check_update(weights, self._spec, "update", self._ignored)
         if self.kernels == "numpy":
             self._add_numpy(arrays, n)
         else:

@@ -56,7 +56,7 @@ import numpy as np
 
 from edge_sdk.worker import Update
 
-from .aggregate import StreamingFedAvg, _check_n, _check_update, _spec_of
+from .aggregate import StreamingFedAvg, check_n_samples, check_update, spec_of
 
 __all__ = [
     "AGGREGATORS",
@@ -363,7 +363,7 @@ class CoordinateAggregator:
                  include: Sequence[str] | None = None) -> None:
         if rule not in ("trimmed-mean", "median"):
             raise ValueError(f"rule must be 'trimmed-mean' or 'median', got {rule!r}")
-        full = _spec_of(template, "template")
+        full = spec_of(template, "template")
         inc = tuple(include) if include is not None else None
         self._spec = {k: v for k, v in full.items() if inc is None or k.startswith(inc)}
         if not self._spec:
@@ -381,8 +381,8 @@ class CoordinateAggregator:
 
     def add(self, weights: Weights, n_samples: int) -> None:
         """Check one update and keep it; a ``ValueError`` naming the tensor refuses it."""
-        n = _check_n(n_samples, "update")
-        arrays = _check_update(weights, self._spec, "update", self._ignored)
+        n = check_n_samples(n_samples, "update")
+        arrays = check_update(weights, self._spec, "update", self._ignored)
         for name, a in arrays.items():
             if self._spec[name][2] == "f" and not np.isfinite(a).all():
                 raise ValueError(f"update: tensor {name!r} contains NaN or Inf")

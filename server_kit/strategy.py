@@ -120,7 +120,8 @@ def pretrain_config(pretrain: Mapping[str, Any], encoder: Any = None) -> dict[st
     return cfg
 
 
-def _copy(w: Weights) -> dict[str, np.ndarray]:
+def copy_weights(w: Weights) -> dict[str, np.ndarray]:
+    """A deep copy of a model's tensors (the strategies' models never share arrays with updates)."""
     return {k: np.array(v, copy=True) for k, v in w.items()}
 
 
@@ -182,8 +183,8 @@ class Strategy(ABC):
     def setup(self, clients: Sequence[ClientInfo], template: Weights) -> None:
         """Register the clients known at the start and the initial weights."""
         self.clients = {c.cid: c for c in clients}
-        self._template = _copy(template)
-        self.models = {self.default_key: _copy(template)}
+        self._template = copy_weights(template)
+        self.models = {self.default_key: copy_weights(template)}
 
     default_key: str = "global"
 
@@ -300,14 +301,14 @@ class FedAvg(Strategy):
 
     def aggregate_round(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
         agg = self.new_aggregator(self.models[self.default_key])
-        accepted = _add_all(agg, updates, self.default_key)
+        accepted = add_updates(agg, updates, self.default_key)
         if accepted:
             self.models[self.default_key] = agg.result()
         return {"updates": accepted, "rejected": len(updates) - accepted}
 
 
-def _add_all(agg: StreamingFedAvg | CoordinateAggregator, updates: Sequence[Update], key: str,
-             only: Sequence[str] | None = None) -> int:
+def add_updates(agg: StreamingFedAvg | CoordinateAggregator, updates: Sequence[Update], key: str,
+                only: Sequence[str] | None = None) -> int:
     """Add the updates for model ``key`` (restricted to parameter names ``only``); returns how many."""
     n = 0
     for u in updates:
@@ -347,7 +348,7 @@ class ClusteredFedAvg(Strategy):
         self.assignment = {cid: int(k) for cid, k in assignment.items()}
         base = self.models.get(self.default_key) or next(iter(self.models.values()))
         for k in sorted(set(self.assignment.values())):
-            self.models.setdefault(self.key(k), _copy(base))
+            self.models.setdefault(self.key(k), copy_weights(base))
         self.models.pop(self.default_key, None)
 
     def clusters(self) -> dict[str, int]:
@@ -379,7 +380,7 @@ class ClusteredFedAvg(Strategy):
         accepted = 0
         for key in sorted(self.models):
             agg = self.new_aggregator(self.models[key])
-            n = _add_all(agg, updates, key)
+            n = add_updates(agg, updates, key)
             accepted += n
             if n:
                 self.models[key] = agg.result()
@@ -388,7 +389,7 @@ class ClusteredFedAvg(Strategy):
         if shared and len(self.models) > 1:
             template = {n: next(iter(self.models.values()))[n] for n in shared}
             agg = self.new_aggregator(template)
-            n_shared = sum(_add_all(agg, updates, key, shared) for key in sorted(self.models))
+            n_shared = sum(add_updates(agg, updates, key, shared) for key in sorted(self.models))
             if n_shared:
                 avg = agg.result()
                 for key in self.models:

@@ -87,7 +87,7 @@ from edge_sdk._validation import check_int, check_number
 from edge_sdk.worker import Update
 
 from ..clustering.updates import CHUNK, cosine_distances_from_gram, delta_chunks, delta_gram
-from ..strategy import ClientInfo, ClusteredFedAvg, Weights, _copy
+from ..strategy import ClientInfo, ClusteredFedAvg, Weights, copy_weights
 
 __all__ = ["CFL", "LINKAGES", "max_cross_similarity", "optimal_bipartition", "update_norm_stats"]
 
@@ -394,7 +394,7 @@ class CFL(ClusteredFedAvg):
                         "child %d", rnd, cid, parent, kids[larger])
         ref = self.models.pop(key)
         for k in kids:
-            self.models[self.key(k)] = _copy(ref)
+            self.models[self.key(k)] = copy_weights(ref)
         self.split_history_.append({"round": int(rnd), "parent": parent, "children": kids, "sizes": sizes,
                                     "mean_norm": float(mean_norm), "max_norm": float(max_norm),
                                     "cross_similarity": float(cross)})

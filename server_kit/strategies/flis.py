@@ -55,8 +55,8 @@ from edge_sdk._validation import check_int, check_number
 from edge_sdk.worker import Task, Update
 
 from ..clustering.hierarchy import cut_tree
-from ..strategy import ClientInfo, ClusteredFedAvg, Strategy, Weights, _copy
-from .update_clustered import UpdateClustered, _finite
+from ..strategy import ClientInfo, ClusteredFedAvg, Strategy, Weights, copy_weights
+from .update_clustered import UpdateClustered, finite_update
 
 __all__ = [
     "CLUSTER_INITS",
@@ -457,7 +457,7 @@ class FLISHC(_AuxInference, UpdateClustered):
         summary = super().aggregate_round(rnd, updates)
         if self.clustered and not was and self.cluster_init == "initial":
             for key in self.models:  # Algorithm 3, line 7: every cluster starts from the initial model
-                self.models[key] = _copy(self._template)
+                self.models[key] = copy_weights(self._template)
         return summary
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -591,7 +591,7 @@ class FLISDC(_AuxInference, Strategy):
             if u.model_key not in self.models:
                 log.warning("%s round %d: update of %s names unknown model %r; ignored", self.name, rnd, u.cid,
                             u.model_key)
-            elif not _finite(u):
+            elif not finite_update(u):
                 log.warning("%s round %d: update of %s has non-finite weights; ignored", self.name, rnd, u.cid)
             else:
                 usable.append(u)
@@ -616,7 +616,7 @@ class FLISDC(_AuxInference, Strategy):
                     added += 1
                 except ValueError as e:
                     log.warning("%s round %d: update of %s rejected for cluster %d: %s", self.name, rnd, u.cid, k, e)
-            models[ClusteredFedAvg.key(k)] = agg.result() if added else _copy(template)
+            models[ClusteredFedAvg.key(k)] = agg.result() if added else copy_weights(template)
             members.append([reduced[j][0].cid for j in rows])
         self.models, self.members_ = models, members
         self.similarity_, self.similarity_cids_ = s, [u.cid for u, _ in reduced]

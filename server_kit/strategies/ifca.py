@@ -23,7 +23,7 @@ from edge_sdk._validation import check_positive_int
 from edge_sdk.trainer import state_spec
 from edge_sdk.worker import Task, Update
 
-from ..strategy import ClientInfo, ClusteredFedAvg, Strategy, Weights, _add_all
+from ..strategy import ClientInfo, ClusteredFedAvg, Strategy, Weights, add_updates
 
 __all__ = ["IFCA", "perturbed_copy"]
 
@@ -119,7 +119,7 @@ class IFCA(Strategy):
         accepted = 0
         for key in self.keys:
             agg = self.new_aggregator(self.models[key])
-            n = _add_all(agg, updates, key)
+            n = add_updates(agg, updates, key)
             if n:
                 self.models[key] = agg.result()
             summary[key] = n

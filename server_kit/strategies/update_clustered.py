@@ -107,7 +107,7 @@ class UpdateClustered(ClusteredFedAvg):
         if self.clustered:
             return super().aggregate_round(rnd, updates)
         reference = self.models[self.default_key]
-        usable = [u for u in updates if u.model_key == self.default_key and _finite(u)]
+        usable = [u for u in updates if u.model_key == self.default_key and finite_update(u)]
         kept = {id(u) for u in usable}
         for u in updates:
             if id(u) not in kept:
@@ -167,6 +167,7 @@ class UpdateClustered(ClusteredFedAvg):
         self.clustering_seconds_ = float(meta.get("clustering_seconds", 0.0))
 
 
-def _finite(u: Update) -> bool:
+def finite_update(u: Update) -> bool:
+    """Whether every floating tensor of an update is finite (no NaN, no infinity)."""
     return all(np.isfinite(np.asarray(v)).all() for v in u.weights.values()
                if np.issubdtype(np.asarray(v).dtype, np.floating))
