@@ -161,18 +161,17 @@ def _plugin_commands() -> dict[str, Any]:
 
 
 def _summary(entry: Any) -> str:
-    """First line of the docstring of an entry point's module, read without importing it (torch stays out)."""
-    import ast
+    """First line of an entry point's module docstring, read from its first line (no import: torch stays out)."""
     from importlib.util import find_spec
 
     module = entry.value.split(":")[0]
     try:
         spec = find_spec(module)
         with open(spec.origin, encoding="utf-8") as f:  # type: ignore[union-attr]
-            doc = ast.get_docstring(ast.parse(f.read())) or ""
-    except (ImportError, AttributeError, TypeError, OSError, SyntaxError, ValueError):
-        doc = ""
-    return doc.strip().splitlines()[0].rstrip(".") if doc.strip() else module
+            first = f.readline().strip().strip('"').strip()
+    except (ImportError, AttributeError, TypeError, OSError, ValueError):
+        first = ""
+    return first.rstrip(".") or module
 
 
 def _run_plugin(name: str, entry: Any, rest: list[str]) -> int:
@@ -194,7 +193,7 @@ def _version_line() -> str:
     return f"fedsketch {__version__} (bit kernel: {bits.BACKEND})"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedsketch", description=__doc__.splitlines()[0])
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     p.add_argument("--version", action="version", version=_version_line())
@@ -219,15 +218,15 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("keygen", help="make the server's Ed25519 signing key pair (server.key, server.pub)")
     k.add_argument("dir", help="folder to write server.key (mode 600) and server.pub into")
 
-    for name, entry in sorted(_plugin_commands().items()):  # fedsketch export, from server_kit
+    for name, entry in sorted((_plugin_commands() if plugins is None else plugins).items()):  # export
         sub.add_parser(name, help=f"{_summary(entry)} (fedsketch {name} --help)", add_help=False)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    plugins = _plugin_commands()
+    plugins = _plugin_commands()  # one look at the installed entry points per run
+    parser = build_parser(plugins)
     if argv and argv[0] in plugins:  # its own arguments, its own --help
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         return _run_plugin(argv[0], plugins[argv[0]], argv[1:])

@@ -121,8 +121,8 @@ def merge_inseparable(bits: np.ndarray, labels: np.ndarray, min_separation: floa
     Pairs are examined in order of the squared distance between their mean
     bit vectors; the first pair whose :func:`separation` is below
     ``min_separation`` is merged and the order recomputed, until every pair
-    examined is separated. Returns the labels (renumbered in order of first
-    appearance) and one ``{"clusters", "sizes", "separation", "merged"}`` per
+    examined is separated. Returns the labels (a merged cluster keeps the
+    label of its first part: renumber them if 0..k-1 is needed) and one ``{"clusters", "sizes", "separation", "merged"}`` per
     pair examined.
     """
     lab = np.asarray(labels).copy()
@@ -152,7 +152,4 @@ def merge_inseparable(bits: np.ndarray, labels: np.ndarray, min_separation: floa
                 break
         if not merged:
             break
-    _, first, inverse = np.unique(lab, return_index=True, return_inverse=True)
-    rank = np.empty(first.size, dtype=np.intp)
-    rank[np.argsort(first)] = np.arange(first.size)
-    return rank[inverse.reshape(-1)], log
+    return lab, log

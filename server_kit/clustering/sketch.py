@@ -693,8 +693,9 @@ class SketchClustering:
                 f"fcluster gave {k} clusters where the dendrogram gives {best['n_clusters']}"
             )
         if self.min_separation and (np.bincount(labels) >= MIN_SIDE).sum() >= 2:  # else nothing to measure
-            labels, pairs = merge_inseparable(bits, labels, float(self.min_separation),
+            merged, pairs = merge_inseparable(bits, labels, float(self.min_separation),
                                               np.random.default_rng(rs.randint(2**31 - 1)))
+            labels = _relabel(merged)
             self.separations_.extend({"depth": self._depth, **pair} for pair in pairs)
             k = int(labels.max()) + 1
             if k == 1:
