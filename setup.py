@@ -17,7 +17,7 @@ import os
 import platform
 import sys
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -111,8 +111,9 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.9",
-    packages=["edge_sdk", "edge_sdk.artifacts_data", "server_kit", "server_kit.clustering", "server_kit.data",
-              "server_kit.strategies"],
+    # every package under edge_sdk/ and server_kit/ (a test checks the wheel holds them all)
+    packages=find_packages(include=["edge_sdk", "edge_sdk.*", "server_kit", "server_kit.*"])
+    + ["edge_sdk.artifacts_data"],
     package_dir={"edge_sdk.artifacts_data": "models"},
     package_data={"edge_sdk.artifacts_data": ["*.onnx", "*.safetensors", "manifest.json", "README.md"]},
     ext_modules=_extensions(),

@@ -49,7 +49,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .sketch import Sketch
+from ..sketch import Sketch
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE",
