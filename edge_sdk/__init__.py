@@ -22,10 +22,9 @@ from .bits import (
 from .client import EdgeClient
 from .encoder import OnnxEncoder
 from .info import info
-from .netloop import NetworkLoop
 from .protocol import SERVER_ID, Kind, Message, ProtocolError, Topics
 from .sketch import Sketch, Sketcher, pairwise_hamming, stack_sketches
-from .transport import BrokerConfig, MemoryBroker, MemoryTransport, MqttTransport
+from .transport import BrokerConfig, MemoryBroker, MemoryTransport, MqttTransport, NetworkLoop
 from .worker import LocalWorker, Task, TrainSettings, Update
 
 __all__ = [

@@ -54,6 +54,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
         for key, value in data.items():
             if isinstance(value, list):
                 value = ", ".join(value) if value else "-"
+            elif value is None:
+                value = "not installed" if key != "models_dir" else "not found"
             print(f"{key:18s} {value}")
     return 0
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk.protocol import Kind, Message, encode_message, split_payload, tensors_body
+from edge_sdk.protocol import Kind, Message, tensors_body
 
 __all__ = ["CommLedger", "clustering_scores", "final_accuracy", "message_bytes", "rounds_to_target",
            "weighted_purity", "weights_message_bytes"]
@@ -51,11 +51,7 @@ def clustering_scores(truth: Sequence[int], labels: Sequence[int]) -> dict[str, 
 def message_bytes(kind: Kind, body: bytes = b"", meta: Mapping[str, Any] | None = None, *,
                   sender: str = "c000", federation: str = "sim", max_payload: int = 1_000_000) -> int:
     """Bytes a message takes on the wire, chunk envelopes included."""
-    payload = encode_message(Message(kind, federation, sender, 1, dict(meta or {}), body))
-    if len(payload) <= max_payload:
-        return len(payload)
-    return sum(map(len, split_payload(payload, max_payload=max_payload, federation=federation,
-                                      sender=sender, round=1)))
+    return Message(kind, federation, sender, 1, dict(meta or {}), body).wire_size(max_payload)
 
 
 def weights_message_bytes(kind: Kind, weights: Mapping[str, np.ndarray], meta: Mapping[str, Any] | None = None,

@@ -10,11 +10,14 @@ import os
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import edge_sdk
+import server_kit
 from edge_sdk import cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,6 +95,17 @@ def test_wheel_installs_and_sketches_without_torch(tmp_path):
     assert Path(where[0]).is_relative_to(venv), where  # the installed copy, not the checkout
     assert where[1] == "cython", where
 
+    info = _run([str(venv / "bin" / "fedsketch"), "info"], env=env, cwd=tmp_path).stdout
+    rows = dict(line.split(None, 1) for line in info.splitlines() if line.strip())
+    assert (rows["kernel"], rows["torch"]) == ("cython", "not installed"), info
+    assert Path(rows["models_dir"]).is_relative_to(venv), info  # the wheel carries the ONNX artifacts
+    # every public name of edge_sdk imports without torch; server_kit's face is importable (lazy, no torch)
+    faces = _faces(py, ["edge_sdk"], env, tmp_path)
+    assert faces == {"edge_sdk": len(edge_sdk.__all__)}
+    lazy = _run([str(py), "-c", "import server_kit, sys; print(len(server_kit.__all__), 'torch' in sys.modules)"],
+                env=env, cwd=tmp_path).stdout.split()
+    assert lazy == [str(len(server_kit.__all__)), "False"], lazy
+
     data = _digits_npz(tmp_path / "local.npz")
     res = _run([str(venv / "bin" / "fedsketch"), "sketch", str(data), "--seed", "1"], env=env, cwd=tmp_path)
     out = json.loads(res.stdout)
@@ -99,3 +113,39 @@ def test_wheel_installs_and_sketches_without_torch(tmp_path):
     assert len(bytes.fromhex(out["sketch_hex"])) == 25
     assert "encoder digits_encoder" in res.stderr
     assert time.perf_counter() - t0 < 240
+
+    # the server's public names need torch and the server extra: this venv has them, so import each one
+    # from the wheel's own files (unpacked and put first on the path) to show the wheel holds every module
+    unpacked = tmp_path / "unpacked"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(unpacked)
+    env_dev = dict(env, PYTHONPATH=str(unpacked))
+    faces = _faces(Path(sys.executable), ["edge_sdk", "server_kit"], env_dev, tmp_path, root=unpacked)
+    assert faces == {"edge_sdk": len(edge_sdk.__all__), "server_kit": len(server_kit.__all__)}
+
+
+def _faces(py: Path, packages: list[str], env: dict[str, str], cwd: Path, root: Path | None = None) -> dict:
+    """Import every name of each package's ``__all__`` with ``py``; the packages must load from ``root``
+    (default: ``cwd``'s venv), not from the checkout. Returns {package: number of names imported}."""
+    code = ("import importlib, json, sys\n"
+            "out = {}\n"
+            f"for name in {packages!r}:\n"
+            "    pkg = importlib.import_module(name)\n"
+            "    for n in pkg.__all__: getattr(pkg, n)\n"
+            "    out[name] = [len(pkg.__all__), pkg.__file__]\n"
+            "print(json.dumps(out))\n")
+    out = json.loads(_run([str(py), "-c", code], env=env, cwd=cwd).stdout)
+    base = root if root is not None else cwd / "venv"
+    for name, (_, where) in out.items():
+        assert Path(where).is_relative_to(base), (name, where)  # the installed copy, not the checkout
+    return {name: n for name, (n, _) in out.items()}
+
+
+def test_wheel_lists_every_package():
+    """setup.py finds every package under edge_sdk/ and server_kit/: a folder left out would be missing."""
+    import setuptools
+
+    found = set(setuptools.find_packages(str(REPO), include=["edge_sdk", "edge_sdk.*", "server_kit", "server_kit.*"]))
+    on_disk = {str(p.parent.relative_to(REPO)).replace("/", ".")
+               for root in ("edge_sdk", "server_kit") for p in (REPO / root).rglob("__init__.py")}
+    assert on_disk and on_disk == found

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from edge_sdk.netloop import NetworkLoop, OrderedPool, raise_nofile_limit
 from edge_sdk.protocol import Kind, Message
 from edge_sdk.transport import BrokerConfig, MqttTransport
+from edge_sdk.transport.netloop import NetworkLoop, OrderedPool, raise_nofile_limit
 from server_kit.broker import MosquittoBroker, find_mosquitto
 
 FED = "loop"

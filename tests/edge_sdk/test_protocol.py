@@ -423,6 +423,34 @@ def test_split_needs_room_for_data():
         split_payload(bytes(500), max_payload=100, federation="demo", sender="c07")
 
 
+WIRE_MESSAGES = [
+    Message(Kind.STATUS, "f", "s"),
+    Message(Kind.SKETCH, "demo", "c07", 0, {}, sketch_body(demo_sketch())),
+    Message(Kind.CMD, "demo", "server", 7, {"op": "train", "lr": 0.001, "models": ["k0"], "note": "é"}),
+    Message(Kind.UPDATE, "demo", "c07", 2**32 - 1, {"n_samples": 10}, bytes(range(256)) * 300),
+]
+
+
+@pytest.mark.parametrize("msg", WIRE_MESSAGES, ids=lambda m: m.kind.name)
+def test_wire_size_is_the_encoded_length(msg):
+    assert msg.wire_size() == len(encode_message(msg))
+
+
+@pytest.mark.parametrize("max_payload", [200, 999, 4096, 10**6])
+@pytest.mark.parametrize("msg", WIRE_MESSAGES, ids=lambda m: m.kind.name)
+def test_wire_size_with_max_payload_counts_the_chunk_envelopes(msg, max_payload):
+    frames = split_payload(encode_message(msg), max_payload=max_payload, federation=msg.federation,
+                           sender=msg.sender, round=msg.round)
+    assert msg.wire_size(max_payload) == sum(map(len, frames))
+
+
+def test_wire_size_refuses_what_encode_refuses():
+    with pytest.raises(ProtocolError, match="round must be an integer"):
+        Message(Kind.STATUS, "f", "s", -1).wire_size()
+    with pytest.raises(ValueError, match="leaves no room for data"):
+        Message(Kind.UPDATE, "demo", "c07", 0, {}, bytes(500)).wire_size(max_payload=100)
+
+
 # -- topics -------------------------------------------------------------------
 
 

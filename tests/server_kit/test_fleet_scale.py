@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-from edge_sdk.netloop import NetworkLoop
 from edge_sdk.protocol import Kind, Message
 from edge_sdk.transport import BrokerConfig, MqttTransport
+from edge_sdk.transport.netloop import NetworkLoop
 from edge_sdk.worker import LocalWorker, TrainSettings
 from server_kit.broker import DEPLOY_CONF, MosquittoBroker, adapt_deploy_conf, find_mosquitto
 from server_kit.emulate import EmulatedFleet, fleet_partition
 from server_kit.orchestrator import Orchestrator, ServerConfig
-from server_kit.strategy import SketchClustered
+from server_kit.strategies.fedsketch import SketchClustered
 
 FED = "fleet"
 needs_mosquitto = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")

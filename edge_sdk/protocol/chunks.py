@@ -1,0 +1,427 @@
+"""Chunks: payloads above a broker's message limit, cut up and put back together.
+
+Payloads above a broker's message limit are cut by :func:`split_payload` into
+``CHUNK`` envelopes and put back together by a :class:`Reassembler`, which
+checks the whole payload's sha256 and forgets partial transfers that stall.
+:func:`chunked_size` tells how many bytes those envelopes take, without
+cutting anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .envelope import HEADER_SIZE, MAGIC, Kind, Message, ProtocolError, encode_message
+
+__all__ = [
+    "DEFAULT_CHUNK_DEADLINE",
+    "DEFAULT_CHUNK_MEMORY",
+    "DEFAULT_CHUNK_PENDING_PER_SENDER",
+    "DEFAULT_CHUNK_TIMEOUT",
+    "Reassembler",
+    "chunked_size",
+    "split_payload",
+]
+
+log = logging.getLogger(__name__)
+
+_CHUNK_KEYS = frozenset({"id", "i", "n", "size", "sha256", "k"})
+_MAX_TRANSFER_ID = 64
+_MAX_DONE = 1024
+#: Reassembler defaults: a transfer idle this long is dropped (seconds).
+DEFAULT_CHUNK_TIMEOUT = 60.0
+#: ... and one not complete this long after its first chunk (seconds; a 45 MB
+#: model needs about 10 minutes at 0.6 Mbit/s).
+DEFAULT_CHUNK_DEADLINE = 600.0
+#: ... most transfers in progress per (federation, sender).
+DEFAULT_CHUNK_PENDING_PER_SENDER = 2
+#: ... most bytes all pending transfers may declare together.
+DEFAULT_CHUNK_MEMORY = 512 * 1024 * 1024
+_INNER_KINDS = frozenset(int(k) for k in Kind if k != Kind.CHUNK)
+
+
+# -- chunking ---------------------------------------------------------------
+
+
+def split_payload(
+    payload: bytes, *, max_payload: int, federation: str, sender: str, round: int = 0
+) -> list[bytes]:
+    """Cut a payload into CHUNK envelopes of at most ``max_payload`` bytes each.
+
+    Parameters
+    ----------
+    payload : bytes
+        Usually an encoded envelope that is too large for the broker.
+    max_payload : int
+        Largest encoded chunk, in bytes.
+    federation, sender : str
+        Ids written into every chunk (the receiver checks the sender against
+        the topic, as for any message).
+    round : int
+        Round written into every chunk.
+
+    Returns
+    -------
+    list of bytes
+        ``[payload]`` unchanged when it fits; otherwise encoded CHUNK messages
+        whose meta holds the transfer ``id``, index ``i``, count ``n``, total
+        ``size``, the whole payload's ``sha256`` and, for an envelope, the
+        inner message kind ``k`` (so byte counts can be attributed).
+    """
+    payload = bytes(payload)
+    if len(payload) <= max_payload:
+        return [payload]
+    total = len(payload)
+    digest = hashlib.sha256(payload).hexdigest()
+    transfer = secrets.token_hex(8)
+    inner_kind = payload[3] if payload[:2] == MAGIC and len(payload) >= HEADER_SIZE else None
+    step = _chunk_step(max_payload, _chunk_meta(transfer, total, total, total, digest, inner_kind),
+                       federation=federation, sender=sender, round=round)
+    n = math.ceil(total / step)
+    chunks = []
+    for i in range(n):
+        piece = payload[i * step : (i + 1) * step]
+        meta = _chunk_meta(transfer, i, n, total, digest, inner_kind)
+        chunk = encode_message(Message(Kind.CHUNK, federation, sender, round, meta, piece))
+        chunks.append(chunk)
+    log.debug("split %d bytes into %d chunks of at most %d bytes (transfer %s)", total, n, max_payload, transfer)
+    return chunks
+
+
+def chunked_size(
+    total: int, *, max_payload: int, federation: str, sender: str, round: int = 0, inner_kind: int | None = None
+) -> int:
+    """Bytes :func:`split_payload` would send for a ``total``-byte payload, computed without cutting it.
+
+    Parameters
+    ----------
+    total : int
+        Length of the payload, in bytes.
+    max_payload, federation, sender, round
+        As for :func:`split_payload`.
+    inner_kind : int, optional
+        The payload's message kind when it is an envelope (its byte 3), as
+        :func:`split_payload` writes it into every chunk's meta.
+
+    Returns
+    -------
+    int
+        ``total`` when it fits in ``max_payload``; otherwise the sum of the
+        lengths of the CHUNK envelopes. :meth:`Message.wire_size` uses it.
+
+    Raises
+    ------
+    ValueError
+        When ``max_payload`` leaves no room for data after a chunk header.
+    """
+    if total <= max_payload:
+        return total
+    # The transfer id and the sha256 have fixed widths: placeholders of those widths size the real ones.
+    transfer, digest = "0" * 16, "0" * 64
+    step = _chunk_step(max_payload, _chunk_meta(transfer, total, total, total, digest, inner_kind),
+                       federation=federation, sender=sender, round=round)
+    n = math.ceil(total / step)
+    # Every chunk's header is the first one's, except for the digits of its index ``i``.
+    first = Message(Kind.CHUNK, federation, sender, round, _chunk_meta(transfer, 0, n, total, digest, inner_kind))
+    return n * (first.wire_size() - 1) + sum(len(str(i)) for i in range(n)) + total
+
+
+def _chunk_meta(transfer: str, i: int, n: int, total: int, digest: str, inner_kind: int | None) -> dict[str, Any]:
+    """The meta of chunk ``i`` of ``n`` of a transfer."""
+    m: dict[str, Any] = {"id": transfer, "i": i, "n": n, "size": total, "sha256": digest}
+    if inner_kind is not None:
+        m["k"] = inner_kind
+    return m
+
+
+def _chunk_step(max_payload: int, worst_meta: dict[str, Any], *, federation: str, sender: str, round: int) -> int:
+    """Bytes of payload each chunk carries, given the widest chunk meta."""
+    # Upper bound of the envelope overhead: index and count as wide as the payload's length.
+    worst = Message(Kind.CHUNK, federation, sender, round, worst_meta).wire_size()
+    step = max_payload - worst
+    if step < 1:
+        raise ValueError(f"max_payload={max_payload} leaves no room for data after the {worst}-byte chunk header")
+    return step
+
+
+def _int_field(meta: Mapping[str, Any], key: str) -> int:
+    v = meta.get(key)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ProtocolError("chunk", f"chunk meta field {key!r} must be an integer, got {v!r}")
+    return v
+
+
+@dataclass
+class _Partial:
+    n: int
+    size: int
+    sha256: str
+    kind: int | None
+    started: float
+    touched: float
+    parts: dict[int, bytes] = field(default_factory=dict)
+    received: int = 0
+
+
+class Reassembler:
+    """Puts chunked payloads back together.
+
+    Partial transfers are keyed by (federation, sender, transfer id), so one
+    sender cannot complete or spoil another's. Each sender also has its own
+    budget (``max_pending_per_sender`` transfers, ``max_sender_bytes``
+    declared bytes), checked after the global ones: a sender over its budget
+    is refused without taking a slot or a byte from anyone else. A transfer
+    is dropped when it stalls (``timeout_s`` since its last chunk) and at its
+    deadline (``deadline_s`` since its first chunk), even while chunks keep
+    dripping in. Expiry runs at every :meth:`feed`; call :meth:`expire`
+    from a timer to free stalled transfers when no chunk comes. Not
+    thread-safe: feed and expire it from one thread, or under one lock.
+
+    Parameters
+    ----------
+    max_total_bytes : int
+        Most bytes all pending transfers may declare together; a transfer that
+        would exceed it is refused (reason ``oversized``).
+    timeout_s : float
+        A transfer that receives no chunk for this long is dropped (logged).
+    max_pending : int
+        Most transfers in progress at once (reason ``pending`` above it).
+    max_size : int, optional
+        Largest single transfer (reason ``oversized`` above it).
+    clock : callable
+        Monotonic time source, replaceable in tests.
+    deadline_s : float
+        A transfer not complete this long after its first chunk is dropped.
+    max_pending_per_sender : int
+        Most transfers in progress per (federation, sender) (reason ``pending``).
+    max_sender_bytes : int, optional
+        Most bytes the pending transfers of one (federation, sender) may
+        declare together (reason ``oversized``). Default: ``max_size``, else
+        ``max_total_bytes``.
+    """
+
+    def __init__(
+        self,
+        max_total_bytes: int = DEFAULT_CHUNK_MEMORY,
+        timeout_s: float = DEFAULT_CHUNK_TIMEOUT,
+        max_pending: int = 64,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        max_size: int | None = None,
+        deadline_s: float = DEFAULT_CHUNK_DEADLINE,
+        max_pending_per_sender: int = DEFAULT_CHUNK_PENDING_PER_SENDER,
+        max_sender_bytes: int | None = None,
+    ) -> None:
+        if max_total_bytes < 1 or max_pending < 1 or not timeout_s > 0:
+            raise ValueError(
+                "max_total_bytes and max_pending must be positive and timeout_s > 0, got "
+                f"{max_total_bytes}, {max_pending}, {timeout_s}"
+            )
+        if not deadline_s > 0:
+            raise ValueError(f"deadline_s must be > 0, got {deadline_s!r}")
+        if max_pending_per_sender < 1:
+            raise ValueError(f"max_pending_per_sender must be positive, got {max_pending_per_sender!r}")
+        if max_sender_bytes is not None and max_sender_bytes < 1:
+            raise ValueError(f"max_sender_bytes must be positive, got {max_sender_bytes!r}")
+        self.max_total_bytes = int(max_total_bytes)
+        self.timeout_s = float(timeout_s)
+        self.max_pending = int(max_pending)
+        self.max_size = None if max_size is None else int(max_size)
+        self.clock = clock
+        self.deadline_s = float(deadline_s)
+        self.max_pending_per_sender = int(max_pending_per_sender)
+        if max_sender_bytes is None:
+            max_sender_bytes = self.max_size if self.max_size is not None else self.max_total_bytes
+        self.max_sender_bytes = int(max_sender_bytes)
+        self._partials: dict[tuple[str, str, str], _Partial] = {}
+        # Recently completed transfers: late duplicates (QoS 1 redeliveries) are ignored.
+        self._done: OrderedDict[tuple[str, str, str], float] = OrderedDict()
+        #: Transfers dropped because they stalled (``timeout_s``), since creation.
+        self.expired = 0
+        #: Transfers dropped at their deadline (``deadline_s``), since creation.
+        self.expired_deadline = 0
+        #: Chunks refused by :meth:`feed` (every ProtocolError it raised), per reason.
+        self.refused: dict[str, int] = {}
+
+    def pending(self) -> int:
+        """Number of transfers in progress."""
+        return len(self._partials)
+
+    def pending_bytes(self) -> int:
+        """Bytes declared by the transfers in progress."""
+        return sum(p.size for p in self._partials.values())
+
+    def held_bytes(self) -> int:
+        """Bytes of chunks actually held by the transfers in progress."""
+        return sum(p.received for p in self._partials.values())
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: ``pending``, ``pending_bytes``, ``held_bytes``, ``expired``
+        (idle), ``expired_deadline`` and ``refused`` (per reason)."""
+        return {
+            "pending": self.pending(),
+            "pending_bytes": self.pending_bytes(),
+            "held_bytes": self.held_bytes(),
+            "expired": self.expired,
+            "expired_deadline": self.expired_deadline,
+            "refused": dict(self.refused),
+        }
+
+    def _sender_load(self, federation: str, sender: str) -> tuple[int, int]:
+        """Transfers in progress and bytes they declare, for one (federation, sender)."""
+        count = nbytes = 0
+        for (fed, snd, _), p in self._partials.items():
+            if fed == federation and snd == sender:
+                count += 1
+                nbytes += p.size
+        return count, nbytes
+
+    def expire(self) -> int:
+        """Drop transfers idle for longer than ``timeout_s`` or older than
+        ``deadline_s`` (counted from their first chunk); returns how many.
+
+        Each dropped transfer is logged once, with its sender, the chunks
+        received and its age.
+        """
+        now = self.clock()
+        dropped = 0
+        for key, p in list(self._partials.items()):
+            if now - p.started > self.deadline_s:
+                why = f"not complete {self.deadline_s:g} s after its first chunk"
+                self.expired_deadline += 1
+            elif now - p.touched > self.timeout_s:
+                why = f"{now - p.touched:.1f} s without progress"
+                self.expired += 1
+            else:
+                continue
+            del self._partials[key]
+            dropped += 1
+            log.warning(
+                "dropped incomplete transfer %s from %s/%s: %d of %d chunks (%d of %d bytes), "
+                "age %.1f s, %s",
+                key[2], key[0], key[1], len(p.parts), p.n, p.received, p.size, now - p.started, why,
+            )
+        while self._done and (now - next(iter(self._done.values())) > self.timeout_s
+                              or len(self._done) > _MAX_DONE):
+            self._done.popitem(last=False)
+        return dropped
+
+    def _validate(self, msg: Message) -> tuple[str, int, int, int, str, int | None]:
+        if msg.kind != Kind.CHUNK:
+            raise ProtocolError("kind", f"expected a CHUNK message, got {msg.kind.name}")
+        m = msg.meta
+        unknown = sorted(set(m) - _CHUNK_KEYS)
+        if unknown:
+            raise ProtocolError("chunk", f"chunk meta has unknown fields {unknown}")
+        tid = m.get("id")
+        if not isinstance(tid, str) or not 0 < len(tid) <= _MAX_TRANSFER_ID or not (tid.isascii() and tid.isalnum()):
+            raise ProtocolError("chunk", f"chunk transfer id must be 1-{_MAX_TRANSFER_ID} alphanumerics, got {tid!r}")
+        i, n, size = _int_field(m, "i"), _int_field(m, "n"), _int_field(m, "size")
+        if not (n >= 1 and 0 <= i < n):
+            raise ProtocolError("chunk", f"chunk index {i} of {n} is out of range")
+        if size < 0 or n > max(size, 1):
+            raise ProtocolError("chunk", f"chunk count {n} is impossible for a total of {size} bytes")
+        if self.max_size is not None and size > self.max_size:
+            raise ProtocolError("oversized", f"chunked payload of {size} bytes exceeds the limit of {self.max_size}")
+        digest = m.get("sha256")
+        if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ProtocolError("chunk", f"chunk sha256 must be 64 lowercase hex digits, got {digest!r}")
+        k = m.get("k")
+        if k is not None and (isinstance(k, bool) or k not in _INNER_KINDS):
+            raise ProtocolError("chunk", f"chunk inner kind {k!r} is not a message kind other than CHUNK")
+        return tid, i, n, size, digest, k
+
+    def feed(self, msg: Message) -> bytes | None:
+        """Take one CHUNK message.
+
+        Returns
+        -------
+        bytes or None
+            The original payload once every chunk has arrived and its sha256
+            matches; ``None`` while chunks are missing (and for an exact
+            duplicate).
+
+        Raises
+        ------
+        ProtocolError
+            Reasons: ``kind``, ``chunk`` (malformed or inconsistent chunks;
+            the transfer is dropped), ``oversized`` (too large for the limit
+            on one transfer, on all pending transfers or on one sender's),
+            ``pending`` (too many transfers in progress, in all or from this
+            sender), ``checksum``. Each is counted in :attr:`refused`.
+        """
+        try:
+            return self._feed(msg)
+        except ProtocolError as e:
+            self.refused[e.reason] = self.refused.get(e.reason, 0) + 1
+            raise
+
+    def _feed(self, msg: Message) -> bytes | None:
+        self.expire()
+        tid, i, n, size, digest, k = self._validate(msg)
+        key = (msg.federation, msg.sender, tid)
+        now = self.clock()
+        if key in self._done:
+            log.debug("late duplicate chunk %d of completed transfer %s ignored", i, tid)
+            return None
+        part = self._partials.get(key)
+        if part is None:
+            if len(self._partials) >= self.max_pending:
+                raise ProtocolError(
+                    "pending", f"too many transfers in progress ({self.max_pending}); refusing transfer {tid}"
+                )
+            if self.pending_bytes() + size > self.max_total_bytes:
+                raise ProtocolError(
+                    "oversized",
+                    f"transfer {tid} of {size} bytes would exceed the {self.max_total_bytes} bytes "
+                    "allowed for pending transfers",
+                )
+            count, nbytes = self._sender_load(msg.federation, msg.sender)
+            if count >= self.max_pending_per_sender:
+                raise ProtocolError(
+                    "pending",
+                    f"sender {msg.sender!r} already has {count} transfers in progress (limit "
+                    f"{self.max_pending_per_sender} per sender); refusing transfer {tid}",
+                )
+            if nbytes + size > self.max_sender_bytes:
+                raise ProtocolError(
+                    "oversized",
+                    f"transfer {tid} of {size} bytes from sender {msg.sender!r} would exceed the "
+                    f"{self.max_sender_bytes} bytes allowed per sender ({nbytes} pending)",
+                )
+            part = _Partial(n=n, size=size, sha256=digest, kind=k, started=now, touched=now)
+            self._partials[key] = part
+        elif (n, size, digest, k) != (part.n, part.size, part.sha256, part.kind):
+            del self._partials[key]
+            raise ProtocolError("chunk", f"chunk {i} of transfer {tid} disagrees with the earlier chunks; dropped")
+        if i in part.parts:
+            if part.parts[i] == msg.body:
+                log.debug("duplicate chunk %d of transfer %s ignored", i, tid)
+                return None
+            del self._partials[key]
+            raise ProtocolError("chunk", f"chunk {i} of transfer {tid} arrived twice with different bytes; dropped")
+        if part.received + len(msg.body) > part.size:
+            del self._partials[key]
+            raise ProtocolError("chunk", f"transfer {tid} received more than its declared {part.size} bytes; dropped")
+        part.parts[i] = msg.body
+        part.received += len(msg.body)
+        part.touched = now
+        if len(part.parts) < part.n:
+            return None
+        del self._partials[key]
+        self._done[key] = now
+        payload = b"".join(part.parts[j] for j in range(part.n))
+        if len(payload) != part.size:
+            raise ProtocolError("chunk", f"transfer {tid} has {len(payload)} bytes, {part.size} declared")
+        if hashlib.sha256(payload).hexdigest() != part.sha256:
+            raise ProtocolError("checksum", f"transfer {tid} of {part.size} bytes fails its sha256 check")
+        log.debug("reassembled transfer %s: %d chunks, %d bytes", tid, part.n, part.size)
+        return payload

@@ -1,0 +1,204 @@
+"""The receive path shared by both transports: validate, reassemble, count, route to the handlers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from ..protocol import (
+    DEFAULT_CHUNK_DEADLINE,
+    DEFAULT_CHUNK_MEMORY,
+    DEFAULT_CHUNK_PENDING_PER_SENDER,
+    DEFAULT_CHUNK_TIMEOUT,
+    Kind,
+    Message,
+    ProtocolError,
+    Reassembler,
+    Topics,
+    decode_message,
+)
+from ..rejections import RejectionLog
+from .filters import topic_matches
+
+__all__ = ["Delivery", "Handler", "Inbox", "Meter"]
+
+log = logging.getLogger(__name__)
+
+#: A subscription handler: called with the topic and the validated message.
+Handler = Callable[[str, Message], None]
+
+
+class Meter:
+    """Thread-safe counters: messages, bytes and chunks per kind; rejections per reason."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.sent: dict[str, dict[str, int]] = {}
+        self.received: dict[str, dict[str, int]] = {}
+        self.rejected: dict[str, int] = {}
+        self.errors: dict[str, int] = {}
+
+    def add(self, table: dict[str, dict[str, int]], kind: str, *, messages: int = 0, nbytes: int = 0,
+            chunks: int = 0) -> None:
+        with self._lock:
+            row = table.setdefault(kind, {"messages": 0, "bytes": 0, "chunks": 0})
+            row["messages"] += messages
+            row["bytes"] += nbytes
+            row["chunks"] += chunks
+
+    def bump(self, table: dict[str, int], key: str) -> None:
+        with self._lock:
+            table[key] = table.get(key, 0) + 1
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "sent": {k: dict(v) for k, v in self.sent.items()},
+                "received": {k: dict(v) for k, v in self.received.items()},
+                "rejected": dict(self.rejected),
+                "errors": dict(self.errors),
+            }
+
+
+#: One handler call an incoming message earns: the handler, the topic, the validated message.
+Delivery = tuple[Handler, str, Message]
+
+
+def _chunk_label(k: Any) -> str:
+    """The kind a chunk announces, for byte counts ("CHUNK" when it names none)."""
+    if isinstance(k, int) and not isinstance(k, bool):
+        try:
+            return Kind(k).name
+        except ValueError:
+            pass
+    return "CHUNK"
+
+
+class Inbox:
+    """The receive path shared by both transports: validate, reassemble, route."""
+
+    def __init__(
+        self,
+        topics: Topics,
+        meter: Meter,
+        max_message: int,
+        *,
+        chunk_timeout_s: float = DEFAULT_CHUNK_TIMEOUT,
+        chunk_deadline_s: float = DEFAULT_CHUNK_DEADLINE,
+        chunk_pending_per_sender: int = DEFAULT_CHUNK_PENDING_PER_SENDER,
+        chunk_memory_bytes: int = DEFAULT_CHUNK_MEMORY,
+        chunk_sender_bytes: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.topics = topics
+        self.meter = meter
+        self.max_message = int(max_message)
+        self._reassembler = Reassembler(
+            max_total_bytes=chunk_memory_bytes,
+            timeout_s=chunk_timeout_s,
+            clock=clock,
+            max_size=self.max_message,
+            deadline_s=chunk_deadline_s,
+            max_pending_per_sender=chunk_pending_per_sender,
+            max_sender_bytes=chunk_sender_bytes,
+        )
+        self._lock = threading.Lock()
+        self._subs: dict[str, tuple[int, list[Handler]]] = {}
+        self._log = RejectionLog(log)
+        #: Checks that every incoming envelope is signed by the server (a device's inbox), or None.
+        self.verifier: Any = None
+
+    def expire(self) -> int:
+        """Drop stalled or overdue partial transfers now; returns how many (thread-safe)."""
+        with self._lock:  # the reassembler is not thread-safe
+            return self._reassembler.expire()
+
+    def chunk_stats(self) -> dict[str, Any]:
+        """The reassembler's counters (thread-safe)."""
+        with self._lock:
+            return self._reassembler.stats()
+
+    def partials(self) -> int:
+        """Chunked transfers in progress (a cheap look, for timers)."""
+        return self._reassembler.pending()
+
+    def add(self, topic_filter: str, handler: Handler, qos: int) -> None:
+        with self._lock:
+            old_qos, handlers = self._subs.get(topic_filter, (qos, []))
+            self._subs[topic_filter] = (max(old_qos, qos), [*handlers, handler])
+
+    def remove(self, topic_filter: str) -> bool:
+        with self._lock:
+            return self._subs.pop(topic_filter, None) is not None
+
+    def filters(self) -> list[tuple[str, int]]:
+        with self._lock:
+            return [(f, q) for f, (q, _) in self._subs.items()]
+
+    def _reject(self, topic: str, err: ProtocolError) -> None:
+        self.meter.bump(self.meter.rejected, err.reason)
+        self._log(err.reason, topic, str(err))
+
+    def process(self, topic: str, payload: bytes, retained: bool = False) -> list[Delivery]:
+        """Validate one incoming payload; return the handler calls it earns (none when rejected).
+
+        ``retained``: the broker delivered it from its retained store (on
+        subscribing). FedSketch retains nothing but, at most, the server's
+        own status: a retained message anywhere else (a device's hello, a
+        command) is somebody's attempt to be replayed to every later server or
+        device, and is refused (reason ``retained``).
+        """
+        if retained:
+            parsed = self.topics.parse(topic)
+            if parsed is None or parsed[0] != "server":
+                self._reject(topic, ProtocolError("retained", "retained message ignored (FedSketch retains "
+                                                              "nothing on this topic)"))
+                return []
+        check = {
+            "max_size": self.max_message,
+            "expected_sender": self.topics.required_sender(topic),
+            "expected_federation": self.topics.federation,
+        }
+        try:
+            msg = decode_message(payload, **check)
+            if self.verifier is not None:
+                self.verifier.check(payload)
+            if msg.kind == Kind.CHUNK:
+                label = _chunk_label(msg.meta.get("k"))
+                with self._lock:  # the reassembler is not thread-safe
+                    whole = self._reassembler.feed(msg)
+                self.meter.add(self.meter.received, label, nbytes=len(payload), chunks=1)
+                if whole is None:
+                    return []
+                inner = decode_message(whole, **check)
+                if self.verifier is not None:
+                    self.verifier.check(whole)
+                if inner.kind == Kind.CHUNK:
+                    raise ProtocolError("kind", "a chunked payload holds another CHUNK message")
+                if inner.sender != msg.sender:
+                    raise ProtocolError(
+                        "sender", f"chunks from {msg.sender!r} carry a message from {inner.sender!r}"
+                    )
+                if label != "CHUNK" and inner.kind.name != label:
+                    raise ProtocolError("chunk", f"chunks announced {label} but carry {inner.kind.name}")
+                self.meter.add(self.meter.received, inner.kind.name, messages=1)
+                msg = inner
+            else:
+                self.meter.add(self.meter.received, msg.kind.name, messages=1, nbytes=len(payload))
+        except ProtocolError as e:
+            self._reject(topic, e)
+            return []
+        with self._lock:
+            subs = list(self._subs.items())
+        return [(h, topic, msg) for f, (_, handlers) in subs if topic_matches(f, topic) for h in handlers]
+
+    def deliver(self, deliveries: list[Delivery]) -> None:
+        for handler, topic, msg in deliveries:
+            try:
+                handler(topic, msg)
+            except Exception:
+                self.meter.bump(self.meter.errors, "handler")
+                log.exception("handler %r failed on %s message from %s (topic %s)",
+                              handler, msg.kind.name, msg.sender, topic)

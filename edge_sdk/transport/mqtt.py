@@ -1,0 +1,460 @@
+"""MqttTransport: the one class that owns paho.
+
+It wraps a paho-mqtt 2.x client (it never subclasses it nor lets paho types
+escape): persistent sessions, QoS 1, subscriptions remade on every connect,
+reconnects with back-off, an optional last will, TLS for ``mqtts://``. It runs
+its own network and dispatcher threads, or, given ``loop=``, a shared
+:class:`~edge_sdk.transport.netloop.NetworkLoop`. The package docstring
+(:mod:`edge_sdk.transport`) tells the whole story.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import random
+import threading
+import time
+from typing import Any
+
+from ..protocol import Message, encode_message
+from .base import TransportBase
+from .config import BrokerConfig
+from .filters import check_filter, check_topic
+from .inbox import Delivery, Handler
+
+__all__ = ["MqttTransport"]
+
+log = logging.getLogger(__name__)
+
+#: The logger paho writes to (``enable_logger``); the programs set its level by this name.
+_PAHO_LOGGER = "edge_sdk.transport.paho"
+#: Seconds between two expiry passes over partial chunked transfers, while idle.
+_EXPIRY_PERIOD_S = 1.0
+
+
+class MqttTransport(TransportBase):
+    """A paho-mqtt 2.x client speaking the FedSketch protocol.
+
+    Parameters
+    ----------
+    config : BrokerConfig
+        Broker address, credentials, TLS, limits.
+    client_id : str
+        MQTT client id; also the id this side speaks as (use the broker user
+        name, which the ACL ties to ``clients/<id>/``).
+    federation : str
+        Federation whose topics are used and whose messages are accepted.
+    root : str
+        Topic root.
+    will_topic : str, optional
+        Last-will topic, published by the broker if the connection is lost
+        without a clean disconnect (usually ``topics.status(client_id)``).
+    will_payload : Message or bytes, optional
+        The last will: a :class:`Message` (encoded here) or an encoded one.
+    will_retain : bool
+        Retain the will on the broker.
+    dispatch_queue : int
+        Validated messages waiting for the handler thread; when full, paho's
+        network thread waits (back-pressure to the broker). Not used with
+        ``loop``.
+    loop : NetworkLoop, optional
+        Run this connection on a shared :class:`~edge_sdk.transport.netloop.NetworkLoop`
+        (many connections per process) instead of its own network and
+        dispatcher threads. Reconnections then wait a randomised back-off
+        (half to all of the exponential delay), so that a fleet that lost
+        its broker does not come back in one instant. Messages wait for the
+        loop's pool without bound (no back-pressure to the broker).
+    """
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        client_id: str,
+        *,
+        federation: str,
+        root: str = "fedsketch",
+        will_topic: str | None = None,
+        will_payload: Message | bytes | None = None,
+        will_retain: bool = False,
+        dispatch_queue: int = 1000,
+        loop: Any = None,
+    ) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        super().__init__(client_id, federation, root, config.max_payload, config.max_message,
+                         chunk_timeout_s=config.chunk_timeout_s, chunk_deadline_s=config.chunk_deadline_s,
+                         chunk_pending_per_sender=config.chunk_pending_per_sender,
+                         chunk_memory_bytes=config.chunk_memory_bytes,
+                         chunk_sender_bytes=config.chunk_sender_bytes)
+        self.config = config
+        v5 = config.protocol == "5"
+        kwargs: dict[str, Any] = {"client_id": self.client_id,
+                                  "protocol": mqtt.MQTTv5 if v5 else mqtt.MQTTv311}
+        if not v5:
+            kwargs["clean_session"] = False
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, **kwargs)
+        client.enable_logger(logging.getLogger(_PAHO_LOGGER))
+        if config.username is not None:
+            client.username_pw_set(config.username, config.password)
+        if config.tls:
+            client.tls_set(ca_certs=config.ca_certs, certfile=config.certfile, keyfile=config.keyfile)
+            if config.tls_insecure:
+                client.tls_insecure_set(True)
+        client.reconnect_delay_set(config.reconnect_min_s, config.reconnect_max_s)
+        if (will_topic is None) != (will_payload is None):
+            raise ValueError("will_topic and will_payload go together")
+        if will_topic is not None:
+            payload = encode_message(will_payload) if isinstance(will_payload, Message) else bytes(will_payload)
+            client.will_set(check_topic(will_topic), payload, qos=1, retain=will_retain)
+        client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        client.on_publish = self._on_publish
+        client.on_subscribe = self._on_subscribe
+        self._client = client
+        self._v5 = v5
+        self._connected = threading.Event()
+        self._connack = threading.Event()
+        self._refused: str | None = None
+        self._closing = False
+        self._stopping = False
+        self._started = False
+        self._acks = threading.Condition()
+        self._unacked: set[int] = set()
+        self._early_acks: set[int] = set()
+        self._queue: queue.Queue[list[Delivery] | None] = queue.Queue(maxsize=dispatch_queue)
+        self._worker: threading.Thread | None = None
+        self._loop = loop
+        self._lane = loop.pool.lane(self.client_id) if loop is not None else None
+        #: With a loop: whether the connection is wanted (reconnect after a loss), and failed attempts in a row.
+        self._want = False
+        self._attempts = 0
+        self._next_expiry = 0.0
+        self._gone = threading.Event()
+
+    def __repr__(self) -> str:
+        return (f"MqttTransport(url={self.config.url!r}, client_id={self.client_id!r}, "
+                f"federation={self.federation!r}, connected={self.is_connected})")
+
+    # -- paho callbacks (network thread) --
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
+        if reason_code.is_failure:
+            self._refused = str(reason_code)
+            log.error("broker %s refused %s: %s", self.config.url, self.client_id, reason_code)
+            self._connack.set()
+            return
+        self._refused = None
+        self._attempts = 0
+        self._connected.set()
+        self._connack.set()
+        filters = self._inbox.filters()
+        if filters:
+            client.subscribe(filters)
+        log.info("connected to %s as %s (session present: %s, %d subscriptions)", self.config.url,
+                 self.client_id, bool(getattr(flags, "session_present", False)), len(filters))
+        self._notify_connected()
+
+    def _on_connect_fail(self, client: Any, userdata: Any) -> None:
+        log.debug("connection attempt to %s failed; retrying with back-off", self.config.url)
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
+        self._connected.clear()
+        self._gone.set()
+        if self._closing or self._stopping:
+            log.info("disconnected from %s", self.config.url)
+        else:
+            self._meter.bump(self._meter.errors, "connection-lost")
+            log.warning("lost connection to %s (%s); reconnecting with back-off", self.config.url, reason_code)
+            if self._loop is not None and self._want:
+                self._retry_later()
+
+    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        if self._lane is not None:  # validated and handled on the loop's pool, in order
+            self._loop.submit(self._lane, functools.partial(
+                self._receive, message.topic, message.payload, bool(getattr(message, "retain", False))))
+            return
+        try:
+            deliveries = self._inbox.process(message.topic, message.payload, bool(getattr(message, "retain", False)))
+        except Exception:  # never raise into paho's thread
+            self._meter.bump(self._meter.errors, "receive")
+            log.exception("failed to process a message on %s", getattr(message, "topic", "?"))
+            return
+        while deliveries and not self._closing:
+            try:
+                self._queue.put(deliveries, timeout=0.5)
+                break
+            except queue.Full:
+                log.warning("handlers are behind: %d messages waiting", self._queue.qsize())
+
+    def _on_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
+        if getattr(reason_code, "is_failure", False):
+            self._meter.bump(self._meter.errors, "publish")
+            log.warning("broker did not accept message %d: %s", mid, reason_code)
+        with self._acks:
+            if mid in self._unacked:
+                self._unacked.discard(mid)
+            else:
+                self._early_acks.add(mid)
+            self._acks.notify_all()
+
+    def _on_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
+        for rc in reason_codes:
+            if rc.is_failure:
+                self._meter.bump(self._meter.errors, "subscribe")
+                log.warning("broker refused a subscription of %s: %s", self.client_id, rc)
+
+    def _receive(self, topic: str, payload: bytes, retained: bool) -> None:
+        """With a loop: validate and deliver one message (on the loop's pool)."""
+        if self._closing:
+            return
+        try:
+            deliveries = self._inbox.process(topic, payload, retained)
+        except Exception:
+            self._meter.bump(self._meter.errors, "receive")
+            log.exception("failed to process a message on %s", topic)
+            return
+        if deliveries:
+            self._deliver(deliveries)
+
+    # -- with a loop: connecting, reconnecting, timers (network thread) --
+    def _try_connect(self) -> None:
+        if not self._want or self._closing or self._client.socket() is not None:
+            return
+        try:
+            self._client.reconnect()
+        except (OSError, ValueError) as e:
+            self._attempts += 1
+            log.debug("connection attempt %d of %s to %s failed (%s); retrying with back-off", self._attempts,
+                      self.client_id, self.config.url, e)
+            self._retry_later()
+
+    def _retry_later(self) -> None:
+        lo, hi = float(self.config.reconnect_min_s), float(self.config.reconnect_max_s)
+        delay = min(hi, lo * 2 ** min(self._attempts, 30)) * random.uniform(0.5, 1.0)
+        self._loop.call_later(delay, self._try_connect)
+
+    def _tick(self) -> None:
+        """Called by the loop about once a second: expiry of stalled chunked transfers."""
+        if self._inbox.partials() and time.monotonic() >= self._next_expiry:
+            self._next_expiry = time.monotonic() + _EXPIRY_PERIOD_S
+            self._loop.submit(self._lane, self._expire)
+
+    def _expire(self) -> None:
+        try:
+            self._inbox.expire()
+        except Exception:
+            self._meter.bump(self._meter.errors, "expire")
+            log.exception("expiring partial transfers failed")
+
+    # -- dispatcher thread --
+    def _dispatch(self) -> None:
+        # Also the timer that frees stalled partial transfers when no chunk comes.
+        next_expiry = time.monotonic() + _EXPIRY_PERIOD_S
+        while True:
+            try:
+                item = self._queue.get(timeout=max(0.0, next_expiry - time.monotonic()))
+            except queue.Empty:
+                item = []
+            if item is None:
+                return
+            if time.monotonic() >= next_expiry:
+                try:
+                    self._inbox.expire()
+                except Exception:  # keep the dispatcher alive
+                    self._meter.bump(self._meter.errors, "expire")
+                    log.exception("expiring partial transfers failed")
+                next_expiry = time.monotonic() + _EXPIRY_PERIOD_S
+            if item:
+                self._deliver(item)
+
+    # -- public API --
+    @property
+    def is_connected(self) -> bool:
+        """Whether the broker has accepted the connection and it is up."""
+        return self._connected.is_set()
+
+    def wait_connected(self, timeout: float | None = None) -> bool:
+        """Wait until connected (again); returns whether it is."""
+        return self._connected.wait(timeout)
+
+    def connect(self, timeout: float = 10.0, *, wait: bool = True) -> None:
+        """Connect and start the network thread; block until the broker answers.
+
+        After this returns, lost connections are retried in the background
+        with exponential back-off, and subscriptions are renewed.
+
+        Parameters
+        ----------
+        timeout : float
+            Seconds to wait for the broker's answer.
+        wait : bool
+            With ``False`` (a transport on a :class:`~edge_sdk.transport.netloop.NetworkLoop`
+            only), return at once: the connection is made, and retried with
+            back-off, in the background; :meth:`wait_connected` waits for it.
+
+        Raises
+        ------
+        ConnectionError
+            When the broker refuses (bad credentials: "Not authorized") or
+            does not answer within ``timeout`` seconds.
+        """
+        if not wait and self._loop is None:
+            raise ValueError("connect(wait=False) needs a transport on a NetworkLoop (loop=...)")
+        if self._closing:
+            raise ConnectionError("transport is closed")
+        if self._started:
+            if not self._connected.wait(timeout):
+                raise ConnectionError(f"not reconnected to {self.config.url} within {timeout:g} s")
+            return
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        kwargs: dict[str, Any] = {}
+        if self._v5:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = int(self.config.session_expiry_s)
+            kwargs = {"clean_start": False, "properties": props}
+        self._connack.clear()
+        self._client.connect_async(self.config.host, self.config.port, int(self.config.keepalive), **kwargs)
+        if self._loop is not None:
+            self._loop.attach(self, self._client)
+            self._want = True
+            self._started = True
+            self._loop.call_soon(self._try_connect)
+            if not wait:
+                return
+        else:
+            self._client.loop_start()
+            self._started = True
+        if self._worker is None and self._loop is None:
+            self._worker = threading.Thread(target=self._dispatch, name=f"fedsketch-{self.client_id}",
+                                            daemon=True)
+            self._worker.start()
+        if not self._connack.wait(timeout):
+            self._stop_network()
+            raise ConnectionError(
+                f"no answer from broker {self.config.url} within {timeout:g} s "
+                "(is it running, and is the address reachable?)"
+            )
+        if self._refused is not None:
+            reason = self._refused
+            self._stop_network(refused=True)
+            raise ConnectionError(f"broker {self.config.url} refused {self.client_id}: {reason}")
+
+    def _stop_network(self, *, refused: bool = False, timeout: float = 5.0) -> None:
+        self._stopping = True
+        if self._loop is not None:
+            self._want = False
+            try:
+                self._gone.clear()
+                connected = self._client.socket() is not None
+                self._client.disconnect()  # the loop writes it, then paho closes the socket there
+                if connected and self._loop.running and not self._loop.in_loop():
+                    self._gone.wait(timeout)
+                self._loop.detach(self._client)  # after the close, in the loop's thread
+            finally:
+                self._stopping = False
+                self._started = False
+                self._connected.clear()
+            return
+        try:
+            if refused:  # stop the retries first: the broker said no
+                self._client.loop_stop()
+                self._client.disconnect()
+            else:
+                self._client.disconnect()
+                self._client.loop_stop()
+        finally:
+            self._stopping = False
+            self._started = False
+            self._connected.clear()
+
+    def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None:
+        """Route messages on ``topic_filter`` to ``handler(topic, message)``.
+
+        May be called before :meth:`connect`; the subscription is (re)made on
+        every connect. Avoid overlapping filters: a broker may deliver a
+        message once per matching subscription.
+        """
+        check_filter(topic_filter)
+        if qos not in (0, 1, 2):
+            raise ValueError(f"qos must be 0, 1 or 2, got {qos!r}")
+        self._inbox.add(topic_filter, handler, qos)
+        if self._connected.is_set():
+            self._client.subscribe(topic_filter, qos)
+
+    def unsubscribe(self, topic_filter: str) -> None:
+        """Forget a filter and its handlers."""
+        if self._inbox.remove(topic_filter) and self._connected.is_set():
+            self._client.unsubscribe(topic_filter)
+
+    def publish(self, topic: str, msg: Message, *, qos: int = 1, retain: bool = False, wait: bool = False,
+                timeout: float = 60.0) -> int:
+        """Send a message (chunked above ``max_payload``); returns the bytes sent.
+
+        While disconnected, QoS 1 messages are queued by paho and sent after
+        reconnecting. With ``wait`` this blocks until the broker acknowledged
+        every chunk (or raises ``TimeoutError`` after ``timeout`` seconds).
+        """
+        import paho.mqtt.client as mqtt
+
+        if self._closing:
+            raise ConnectionError("transport is closed")
+        frames = self._frames(topic, msg, retain)
+        mids = []
+        for frame in frames:
+            info = self._client.publish(topic, frame, qos=qos, retain=retain)
+            if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
+                raise ConnectionError(f"paho could not queue a message on {topic}: {mqtt.error_string(info.rc)}")
+            with self._acks:
+                if info.mid in self._early_acks:
+                    self._early_acks.discard(info.mid)
+                else:
+                    self._unacked.add(info.mid)
+            mids.append(info.mid)
+        if wait:
+            self._wait_acks(set(mids), timeout)
+        return sum(map(len, frames))
+
+    def _wait_acks(self, mids: set[int] | None, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._acks:
+            while True:
+                left = self._unacked if mids is None else (mids & self._unacked)
+                if not left:
+                    return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    if mids is not None:
+                        raise TimeoutError(f"{len(left)} message(s) not acknowledged within {timeout:g} s")
+                    return False
+                self._acks.wait(min(remaining, 0.5))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Flush unacknowledged messages (up to ``timeout`` s), disconnect cleanly, stop threads.
+
+        A clean disconnect does not trigger the last will.
+        """
+        if self._closing:
+            return
+        if self._started and self._connected.is_set() and not self._wait_acks(None, timeout):
+            log.warning("closing with %d unacknowledged message(s)", len(self._unacked))
+        self._closing = True
+        if self._started:
+            self._stop_network(timeout=timeout)
+        if self._worker is not None:
+            self._queue.put(None)
+            if self._worker is not threading.current_thread():
+                self._worker.join(timeout)
+            self._worker = None
+
+    def __enter__(self) -> MqttTransport:
+        self.connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
