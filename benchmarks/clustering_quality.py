@@ -85,7 +85,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data"
 SPLITS = ("nonoverlap_balanced", "nonoverlap_imbalanced", "overlap_balanced", "overlap_imbalanced", "rotation")
 
-#: Method label -> strategy name of :func:`server_kit.strategy.make_strategy` and its parameters.
+#: Method label -> strategy name of :func:`server_kit.strategies.make_strategy` and its parameters.
 #: ``"auto"`` values are filled per federation (see :func:`resolve_params`).
 METHODS: dict[str, dict[str, Any]] = {
     "fedsketch": {"strategy": "fedsketch", "params": {"min_cluster_size": "auto"}},
@@ -181,13 +181,11 @@ def build_clients(split: str, x: np.ndarray, y: np.ndarray, n: int, spc: int | N
 
 def available(strategy: str) -> str | None:
     """None if ``strategy`` can be built here, else why not (its module is missing)."""
-    from server_kit.strategy import LAZY_STRATEGIES, STRATEGIES
+    from server_kit.strategies import REGISTRY
 
-    if strategy in STRATEGIES:
-        return None
-    if strategy not in LAZY_STRATEGIES:
+    if strategy not in REGISTRY:
         return f"unknown strategy {strategy!r}"
-    module, attr = LAZY_STRATEGIES[strategy]
+    module, attr = REGISTRY[strategy]
     try:
         getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
@@ -210,7 +208,7 @@ def resolve_params(params: dict[str, Any], n_clients: int) -> dict[str, Any]:
 def make_method(label: str, spec: dict[str, Any], *, n_clients: int, settings, seed: int, architecture: str,
                 aux: tuple[np.ndarray, np.ndarray]):
     """The strategy of one method for one federation."""
-    from server_kit.strategy import make_strategy
+    from server_kit.strategies import make_strategy
 
     params = resolve_params(spec.get("params", {}), n_clients)
     if spec["strategy"].startswith("flis"):
@@ -340,7 +338,7 @@ def replay_one(label: str, spec: dict[str, Any], clients, aux, args, architectur
     """
     from edge_sdk.trainer import initial_weights
     from edge_sdk.worker import TrainSettings
-    from server_kit.strategy import ClientInfo
+    from server_kit.strategies.base import ClientInfo
 
     settings = TrainSettings(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, optimizer=args.optimizer)
     t0 = time.perf_counter()

@@ -62,9 +62,10 @@ def make_method(name, args, clients, arch, tmp):
     from edge_sdk import OnnxEncoder
     from edge_sdk.nets import BASE_LAYERS
     from edge_sdk.worker import TrainSettings
+    from server_kit.strategies.fedavg import FedAvg
+    from server_kit.strategies.fedsketch import SketchClustered
     from server_kit.strategies.ifca import IFCA
     from server_kit.strategies.ladd import LADD
-    from server_kit.strategy import FedAvg, SketchClustered
 
     settings = TrainSettings(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size)
     common = dict(settings=settings, fraction=args.fraction, seed=args.seed)

@@ -127,7 +127,7 @@ def setup(args) -> dict[str, Any]:
 
 
 def make_strategy(env, args, **robust):
-    from server_kit.strategy import SketchClustered
+    from server_kit.strategies.fedsketch import SketchClustered
 
     return SketchClustered(settings=env["settings"], fraction=args.fraction, seed=args.seed,
                            min_cluster_size=args.min_cluster_size, **robust)
@@ -218,7 +218,7 @@ def orchestrated(env, args, attack: str | None) -> dict[str, Any]:
     """
     from edge_sdk.client import EdgeClient
     from edge_sdk.transport import MemoryBroker, MemoryTransport
-    from server_kit.orchestrator import Orchestrator, ServerConfig
+    from server_kit.drivers import Orchestrator, ServerConfig
 
     fed, broker = "robust", MemoryBroker()
     threads = []

@@ -8,7 +8,8 @@ exported encoder arrives as raw ONNX bytes, checked against its sha256 and
 kept in a private models folder), and keeps going across broker
 restarts (paho reconnects with back-off; the persistent session keeps its
 subscriptions and queued QoS 1 messages). All work is done by an
-:class:`edge_sdk.worker.LocalWorker`; this module only speaks the protocol.
+:class:`edge_sdk.worker.LocalWorker`; this module only speaks the protocol,
+and what each command does is in :mod:`edge_sdk.client_commands`.
 """
 
 from __future__ import annotations
@@ -30,33 +31,24 @@ from typing import Any
 
 import numpy as np
 
-from .protocol import (
-    SERVER_ID,
-    Kind,
-    Message,
-    ProtocolError,
-    Topics,
-    parse_tensors,
-    sketch_body,
-    tensors_body,
-)
+from .client_commands import VIA, ClientCommands
+from .protocol import SERVER_ID, Kind, Message, ProtocolError, Topics, parse_tensors
 from .rejections import RejectionLog
-from .sampling import in_sample
 from .schema import check_meta
-from .sketch import Sketcher
 from .transport import BrokerConfig
-from .worker import LocalWorker, Task, TrainSettings
+from .worker import LocalWorker
 
 __all__ = ["EdgeClient", "main"]
 
 log = logging.getLogger(__name__)
 
-#: Meta key the device's own command callback adds: the topic a command came by ("cmd" or "broadcast").
-_VIA = "_via"
 
-
-class EdgeClient:
+class EdgeClient(ClientCommands):
     """Answers the server's commands for one :class:`LocalWorker`.
+
+    What each command does is in :class:`edge_sdk.client_commands.ClientCommands`
+    (:meth:`handle`); this class holds the connection, the models received and
+    the hello.
 
     Parameters
     ----------
@@ -158,7 +150,7 @@ class EdgeClient:
             self._rejections("sender", msg.sender, f"ignoring {msg.kind.name} on {topic}")
             return
         # which topic it came by (a broadcast may not concern this device); set here, never by the sender
-        msg = dataclasses.replace(msg, meta={**msg.meta, _VIA: "broadcast" if topic == self.topics.broadcast()
+        msg = dataclasses.replace(msg, meta={**msg.meta, VIA: "broadcast" if topic == self.topics.broadcast()
                                              else "cmd"})
         try:
             self._cmds.put_nowait(msg)
@@ -271,191 +263,6 @@ class EdgeClient:
             self.hello()
         except (ConnectionError, ValueError) as e:  # closed meanwhile: the next connection says it again
             log.warning("hello not sent: %s", e)
-
-    # -- commands -------------------------------------------------------------
-    def _encoder(self, name: str, wait: bool = False):
-        if wait and name not in self.encoder_dirs:
-            from .artifacts import load_manifest
-
-            try:
-                shipped = name in load_manifest()
-            except (OSError, ValueError):
-                shipped = False
-            if not shipped:  # a federated encoder: it may still be on its way
-                deadline = time.monotonic() + self.model_timeout_s
-                with self._models_cv:
-                    while name not in self.encoder_dirs and time.monotonic() < deadline:
-                        self._models_cv.wait(timeout=0.5)
-        if name not in self._encoders:
-            from .encoder import OnnxEncoder
-
-            self._encoders[name] = OnnxEncoder(name, models_dir=self.encoder_dirs.get(name))
-        return self._encoders[name]
-
-    def _do_sketch(self, m: Mapping[str, Any], rnd: int) -> None:
-        kind = m["summary"]
-        if kind != "sketch":
-            from .features import SUMMARIES
-
-            if kind not in SUMMARIES:
-                raise ValueError(f"unknown summary kind {kind!r}; this client knows {sorted(SUMMARIES)}")
-            feats = SUMMARIES[kind](self.worker.x, self.worker.y, num_classes=m["num_classes"], **m["params"])
-            self._send(self.topics.sketch(self.cid), Kind.FEATURES, rnd, {"summary": kind},
-                       tensors_body({"features": np.ascontiguousarray(feats, dtype=np.float32)}))
-            log.info("sent %s summary %s", kind, feats.shape)
-            return
-        sketcher = Sketcher(self._encoder(m["encoder"], wait=True), m["num_classes"], m["flip_prob"],
-                            seed=self.seed)
-        sk = self.worker.sketch(sketcher)
-        self._send(self.topics.sketch(self.cid), Kind.SKETCH, rnd, body=sketch_body(sk))
-        log.info("sent sketch (%d bits, %d bytes)", sk.n_bits, sk.nbytes)
-
-    def _use_architecture(self, m: Mapping[str, Any]) -> None:
-        arch = m.get("architecture")
-        if arch and arch != self.worker.architecture:
-            log.info("architecture %s (from the server)", arch)
-            self.worker.architecture = arch
-
-    def _report_progress(self, r: int, done: threading.Event) -> None:
-        """Say "training round r" now and every ``progress_interval_s`` until ``done``."""
-        while True:
-            try:
-                self._send(self.topics.status(self.cid), Kind.STATUS, r, {"state": "online", "working": r})
-            except (ConnectionError, ValueError) as e:  # offline for a while: the next one will do
-                log.debug("progress report for round %d not sent: %s", r, e)
-            if done.wait(self.progress_interval_s):
-                return
-
-    def _do_train(self, m: Mapping[str, Any], rnd: int) -> None:
-        r = m["round"]
-        keys = m["models"]
-        self._use_architecture(m)
-        done = threading.Event()
-        beat = threading.Thread(target=self._report_progress, args=(r, done), daemon=True,
-                                name=f"{self.cid}-progress")
-        beat.start()
-        try:
-            models = {k: self._wait_model(k, r) for k in keys}
-            task = Task(self.cid, r, models, TrainSettings.from_dict(m), m["evaluate_first"])
-            upd = self.worker.fit(task)
-        finally:
-            done.set()
-        meta = {"round": r, "model_key": upd.model_key, "n_samples": upd.n_samples, "loss": upd.loss,
-                "metrics": dict(upd.metrics)}
-        self._send(self.topics.update(self.cid), Kind.UPDATE, r, meta, tensors_body(upd.weights))
-        log.info("round %d: trained %s on %d samples, loss %.4f; update sent", r, upd.model_key, upd.n_samples,
-                 upd.loss)
-
-    def _do_train_ae(self, m: Mapping[str, Any], rnd: int) -> None:
-        from .trainer import train_autoencoder_local
-
-        r = m["round"]
-        weights = self._wait_model("ae", r)
-        seed = None if self.seed is None else int(self.seed) * 1000 + r
-        res = train_autoencoder_local(m["architecture"], weights, self.worker.x, epochs=m["epochs"],
-                                      lr=m["lr"], batch_size=m["batch_size"], seed=seed)
-        meta = {"round": r, "model_key": "ae", "n_samples": int(res.n_samples), "loss": float(res.loss)}
-        self._send(self.topics.update(self.cid), Kind.UPDATE, r, meta, tensors_body(res.weights))
-        log.info("AE round %d: trained, MSE %.5f", r, res.loss)
-
-    def _do_evaluate(self, m: Mapping[str, Any], rnd: int) -> None:
-        r, key = m["round"], m.get("model_key")
-        if key is None:  # for every device (a broadcast): its assigned model, if it is in the sample
-            if self.model_key is None:
-                log.debug("evaluate (round %d) for assigned devices: none assigned here, ignored", r)
-                return
-            if "fraction" in m and not in_sample(self.cid, m["fraction"], m.get("seed", 0)):
-                log.debug("evaluate (round %d): not in the sample of %g, ignored", r, m["fraction"])
-                return
-            key = self.model_key
-        self._use_architecture(m)
-        res = self.worker.evaluate(self._wait_model(key, r))
-        log.info("evaluated %s: accuracy %.4f on %d samples", key, res["accuracy"], res["n_test"])
-        self._send(self.topics.metrics(self.cid), Kind.METRICS, r, {"round": r, "model_key": key, **res})
-
-    def _follow(self, keys: Sequence[str], *, confirm: bool = True) -> None:
-        """Keep the model topics of ``keys`` ("+": every model), leave the others; say so on the status topic.
-
-        The status (``confirm``) goes out after the (un)subscriptions on the
-        same connection, so the broker has them when the server reads it: from
-        then on the server counts on this device getting exactly these topics.
-        The server's "hello" request (a new run) puts it back on every model,
-        unconfirmed: the new server assumes it of a device it has not assigned.
-        """
-        want = frozenset({self.topics.model("+")} if "+" in keys else {self.topics.model(k) for k in keys})
-        for f in sorted(want - self.followed):
-            self.transport.subscribe(f, self._on_model)
-        for f in sorted(self.followed - want):
-            self.transport.unsubscribe(f)
-        self.followed = want
-        follow = ["+"] if "+" in keys else sorted(set(keys))
-        if not confirm:
-            return
-        self._send(self.topics.status(self.cid), Kind.STATUS, meta={"state": "online", "follow": follow})
-        log.info("following the model topics of %s", ", ".join(follow) or "no model")
-
-    def handle(self, msg: Message) -> bool:
-        """Execute one command; returns False when told to stop.
-
-        A broadcast that does not concern this device (an evaluation of
-        devices it is not among, a sketch request before it was admitted) is
-        ignored, logged at DEBUG.
-        """
-        broadcast = msg.meta.get(_VIA) == "broadcast"
-        try:
-            m = check_meta(msg)  # every field checked: types, ranges, lengths; unknown ops refused
-        except ProtocolError as e:
-            self._rejections(e.reason, msg.sender, f"command {str(msg.meta.get('op'))[:32]!r}: {e}")
-            return True
-        op = m["op"]
-        self.handled[op] = self.handled.get(op, 0) + 1
-        if op == "stop":
-            if self.stay:
-                log.info("the server has finished (%s); staying for the next run", m["reason"])
-                return True
-            log.info("the server has finished (%s)", m["reason"])
-            return False
-        if op == "refused":
-            self.refused_reason = m["reason"]
-            self.exit_code = 4
-            log.error("the server refused this device: %s", m["reason"])
-            return False
-        try:
-            if op == "hello":  # asked by a (new) server: every model until it assigns this device again
-                self._follow(["+"], confirm=False)
-                self.hello()
-            elif op == "sketch" and broadcast and not self._welcomed:
-                log.debug("sketch request for admitted devices: not admitted yet, ignored")
-            elif op == "sketch":
-                self._do_sketch(m, msg.round)
-            elif op == "welcome":
-                self._welcomed = True
-                self._use_architecture(m)
-                if m.get("num_classes"):
-                    self.worker.num_classes = m["num_classes"]
-                log.info("admitted: architecture %s, encoder %s, %s classes%s", self.worker.architecture,
-                         m.get("encoder"), self.worker.num_classes,
-                         "" if m["train"] else f"; not training ({m.get('reason', 'the server says so')})")
-            elif op == "assign":
-                self.model_key = m["model_key"]
-                log.info("assigned to model %s", self.model_key)
-                if "follow" in m:
-                    self._follow(m["follow"])
-            elif op == "train":
-                self._do_train(m, msg.round)
-            elif op == "train_ae":
-                self._do_train_ae(m, msg.round)
-            elif op == "evaluate":
-                self._do_evaluate(m, msg.round)
-        except ImportError as e:  # e.g. a train command on a device without torch
-            log.error("command %s needs a missing package (%s); for local training: "
-                      "pip install 'fedsketch[train]'", op, e)
-        except (ValueError, KeyError, TypeError, TimeoutError, RuntimeError) as e:
-            log.error("command %s failed: %s", op, e)
-        except Exception as e:  # whatever a command triggers, the device keeps serving
-            log.debug("command %s raised", op, exc_info=True)
-            self._rejections("handler-error", msg.sender, f"command {op}: {type(e).__name__}: {e}")
-        return True
 
     def _on_connected(self) -> None:
         """Every (re)connection: schedule a hello, up to ``hello_jitter_s`` from now (network thread: no wait).
@@ -654,7 +461,7 @@ def _run_fedcref(args: argparse.Namespace) -> int:
     """``--fedcref``: this device in a FedCRef federation (unlabelled ``x`` from ``--data``)."""
     from .cli import parse_params
     from .fedcref import FedCRefClient
-    from .fedcref_mqtt import FedCRefEdge
+    from .fedcref.mqtt import FedCRefEdge
 
     try:
         with np.load(args.data, allow_pickle=False) as f:

@@ -16,7 +16,7 @@ raises :class:`~edge_sdk.protocol.ProtocolError` with reason ``meta-field``
 and a message naming the field, the rule and the value.
 
 FedCRef's messages (``meta["type"]``) keep their own checks in their
-handlers (:mod:`edge_sdk.fedcref_mqtt`, :mod:`server_kit.fedcref_mqtt`); the
+handlers (:mod:`edge_sdk.fedcref.mqtt`, :mod:`server_kit.fedcref.mqtt`); the
 global limits of the decoder apply to them too.
 """
 

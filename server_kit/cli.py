@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
-import inspect
 import json
 import logging
 import socket
 import sys
-import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +36,8 @@ __all__ = ["build_parser", "known_architectures", "known_encoders", "known_strat
 from edge_sdk.cli import parse_params
 from edge_sdk.protocol import SERVER_ID
 from edge_sdk.transport import BrokerConfig
+
+from .cli_options import build_parser, known_architectures, known_encoders, known_strategies
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ def load_config(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
         import tomllib  # Python 3.11+
     except ImportError:  # pragma: no cover
         import tomli as tomllib  # type: ignore[no-redef]
-    from .orchestrator import ServerConfig
+    from .drivers.config import ServerConfig
 
     try:
         raw = tomllib.loads(Path(path).read_text())
@@ -71,188 +70,12 @@ def load_config(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return raw, strategy
 
 
-# -- the names a user can pick ----------------------------------------------------
-
-
-def known_strategies() -> list[str]:
-    """Every ``--strategy`` name: those of :func:`server_kit.strategy.strategy_names` and ``fedcref``."""
-    from .strategy import strategy_names
-
-    return sorted({*strategy_names(), "fedcref"})
-
-
-@functools.lru_cache(maxsize=1)
-def _classifiers() -> tuple[str, ...]:
-    from edge_sdk.nets import ARCHITECTURES, build_model
-
-    names = []
-    for name in ARCHITECTURES:
-        model = build_model(name)
-        if hasattr(model, "num_classes") and hasattr(model, "input_shape"):
-            names.append(name)
-    return tuple(sorted(names))
-
-
-def known_architectures() -> list[str]:
-    """Every ``--architecture``: the classifiers of :data:`edge_sdk.nets.ARCHITECTURES` the clients train.
-
-    An architecture is a classifier when its model declares ``num_classes``
-    and ``input_shape`` (what :mod:`edge_sdk.trainer` trains); the
-    autoencoders are left out.
-    """
-    return list(_classifiers())
-
-
-def known_encoders() -> list[str]:
-    """Every ``--encoder``: the shipped artifacts of role ``encoder`` (:func:`edge_sdk.artifacts.load_manifest`)."""
-    from edge_sdk.artifacts import load_manifest
-
-    return sorted(name for name, spec in load_manifest().items() if spec.role == "encoder")
+# -- checks and logging ----------------------------------------------------------
 
 
 def _check_name(what: str, name: Any, known: Sequence[str]) -> None:
     if name not in known:
         raise ValueError(f"unknown {what} {name!r}; known: {list(known)}")
-
-
-# -- the command line -------------------------------------------------------------
-
-
-class _HelpFormatter(argparse.HelpFormatter):
-    """Wraps help at spaces only: names such as ``fedsketch-fedae`` stay whole."""
-
-    def _split_lines(self, text: str, width: int) -> list[str]:
-        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
-
-
-def _defaults() -> dict[str, Any]:
-    """Every option's default as --help shows it (those of ServerConfig, TrainSettings and the strategies)."""
-    from edge_sdk.worker import TrainSettings
-
-    from .orchestrator import ServerConfig
-    from .robust import DEFAULT_NORM_BOUND, DEFAULT_REFUSE_ABOVE, DEFAULT_TRIM_FRACTION
-    from .strategy import PRETRAIN_DEFAULTS, SketchClustered, Strategy
-
-    d: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ServerConfig)}
-    d.update({f"train_{f.name}": f.default for f in dataclasses.fields(TrainSettings)})
-    d.update({f"ae_{k}": v for k, v in PRETRAIN_DEFAULTS.items()})
-    d["fraction"] = inspect.signature(Strategy.__init__).parameters["fraction"].default
-    d["min_cluster_size"] = inspect.signature(SketchClustered.__init__).parameters["min_cluster_size"].default
-    d.update(norm_bound=DEFAULT_NORM_BOUND, refuse_above=DEFAULT_REFUSE_ABOVE, trim_fraction=DEFAULT_TRIM_FRACTION)
-    return d
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``fedsketch-server`` options; their help gives every default and the names to choose from."""
-    d = _defaults()
-
-    def dflt(key: str, none: str = "none") -> str:
-        v = d[key]
-        return f"(default: {none if v is None else v})"
-
-    def one_of(names: Sequence[str]) -> str:
-        return "one of: " + ", ".join(names)
-
-    p = argparse.ArgumentParser(prog="fedsketch-server", description=__doc__.splitlines()[0],
-                                formatter_class=_HelpFormatter)
-    p.add_argument("--config", metavar="TOML",
-                   help="TOML run config: ServerConfig keys plus a [strategy] table; options given here override "
-                        "it (default: none)")
-    p.add_argument("--broker", default=None, metavar="URL",
-                   help="mqtt://host:port or mqtts://host:port (default: mqtt://127.0.0.1:1883)")
-    p.add_argument("--federation", default=None, metavar="NAME",
-                   help=f"the federation's name, in every topic {dflt('federation')}")
-    p.add_argument("--strategy", default=None, metavar="NAME",
-                   help=f"{one_of(known_strategies())}. fedsketch is ours, fedsketch-fedae ours with federated AE "
-                        "pre-training; fedcref for unlabelled clients (fedsketch-client --fedcref; --set "
-                        "theta=0.2 --set community_rounds=15 ...) (default: fedsketch)")
-    p.add_argument("--k", type=int, default=None,
-                   help="number of clusters for ifca, ladd and kmeans-weights (default: 4 for ifca and ladd; "
-                        "kmeans-weights chooses it)")
-    p.add_argument("--aggregator", choices=["fedavg", "trimmed-mean", "median"], default=None,
-                   help="how each model's updates are combined: weighted FedAvg, or the unweighted "
-                        "coordinate-wise trimmed mean or median (robust to a few hostile devices; they hold a "
-                        "cluster's updates in memory) (default: fedavg)")
-    p.add_argument("--norm-bound", type=float, default=None, metavar="X",
-                   help="clip every update whose change exceeds X times the round's median update norm, refuse "
-                        f"non-finite ones; 0 = off, with --refuse-above {dflt('norm_bound')}")
-    p.add_argument("--refuse-above", type=float, default=None, metavar="R",
-                   help="with --norm-bound on, refuse every update whose change exceeds R times the round's "
-                        f"median update norm; 0 = clip it instead {dflt('refuse_above')}")
-    p.add_argument("--trim-fraction", type=float, default=None, metavar="B",
-                   help="fraction cut at each end of every coordinate by --aggregator trimmed-mean, in (0, 0.5) "
-                        f"{dflt('trim_fraction')}")
-    p.add_argument("--set", dest="params", action="append", default=[], metavar="KEY=VALUE",
-                   help="a strategy parameter, the value in TOML syntax (repeatable): --set algorithm=hdbscan "
-                        "--set eps1=0.4 (default: the strategy's own)")
-    p.add_argument("--rounds", type=int, help=f"training rounds {dflt('rounds')}")
-    p.add_argument("--min-clients", type=int, help=f"clients registration waits for {dflt('min_clients')}")
-    p.add_argument("--flip-prob", type=float,
-                   help=f"probability the clients flip each sketch bit (privacy) {dflt('flip_prob')}")
-    p.add_argument("--num-classes", type=int, help=f"classes of the clients' labels {dflt('num_classes')}")
-    p.add_argument("--encoder", metavar="NAME",
-                   help=f"shipped encoder the clients sketch with; {one_of(known_encoders())} "
-                        f"{dflt('encoder', 'chosen from the fleet')}")
-    p.add_argument("--architecture", metavar="NAME",
-                   help=f"classifier the clients train; {one_of(known_architectures())} "
-                        f"{dflt('architecture', 'chosen from the fleet')}")
-    p.add_argument("--epochs", type=int, default=None, help=f"local epochs per round {dflt('train_epochs')}")
-    p.add_argument("--lr", type=float, default=None, help=f"local learning rate {dflt('train_lr')}")
-    p.add_argument("--batch-size", type=int, default=None, help=f"local batch size {dflt('train_batch_size')}")
-    p.add_argument("--fraction", type=float, default=None,
-                   help=f"fraction of each cluster sampled per round {dflt('fraction')}")
-    p.add_argument("--min-cluster-size", type=int, default=None,
-                   help=f"smallest cluster the sketch clustering accepts (fedsketch) {dflt('min_cluster_size')}")
-    p.add_argument("--ae-rounds", type=int, default=None,
-                   help=f"federated AE pre-training rounds (fedsketch-fedae) {dflt('ae_rounds')}")
-    p.add_argument("--ae-epochs", type=int, default=None,
-                   help=f"local epochs per AE pre-training round (fedsketch-fedae) {dflt('ae_epochs')}")
-    p.add_argument("--shared-base", action="store_true",
-                   help="average the architecture's base layers (its convolutions) over all clients, "
-                        "the rest per cluster (the paper's LeNet-5 setting) (default: off)")
-    p.add_argument("--round-timeout", type=float, dest="round_timeout_s", metavar="S",
-                   help=f"seconds a round waits for its updates {dflt('round_timeout_s')}")
-    p.add_argument("--sketch-timeout", type=float, dest="sketch_timeout_s", metavar="S",
-                   help=f"seconds the server waits for the sketches {dflt('sketch_timeout_s')}")
-    p.add_argument("--register-timeout", type=float, dest="register_timeout_s", metavar="S",
-                   help=f"seconds registration waits for --min-clients {dflt('register_timeout_s')}")
-    p.add_argument("--register-quorum", type=float, metavar="Q",
-                   help="at the registration deadline, start if this fraction of --min-clients was admitted "
-                        f"{dflt('register_quorum')}")
-    p.add_argument("--first-round-timeout", type=float, dest="first_round_timeout_s", metavar="S",
-                   help="deadline of round 1, which includes every device's start-up (default: 3 x --round-timeout)")
-    p.add_argument("--progress-grace", type=float, dest="progress_grace_s", metavar="S",
-                   help="past its deadline, a round waits on while a device said this recently that it still "
-                        f"trains {dflt('progress_grace_s')}")
-    p.add_argument("--round-quorum", type=float, metavar="Q",
-                   help=f"fraction of a round's clients whose updates close it early {dflt('round_quorum')}")
-    p.add_argument("--model-delivery", choices=["auto", "client", "cluster"], default=None,
-                   help="models per client on its own topic (each device downloads only its models), once per "
-                        "cluster topic (every device downloads all), or auto: broadcast only when every client "
-                        f"needs every model {dflt('model_delivery')}")
-    p.add_argument("--eval-fraction", type=float, dest="eval_fraction", metavar="F",
-                   help="share of the assigned devices the final evaluation asks, in (0, 1]: a seeded sample, at "
-                        f"least one device per cluster {dflt('eval_fraction')}")
-    p.add_argument("--seed", type=int, help=f"seed of the initial models and of client sampling {dflt('seed')}")
-    p.add_argument("--checkpoint-dir", metavar="DIR",
-                   help="write the state after every round here (default: none, no checkpoints)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the checkpoint's last round (default: off)")
-    p.add_argument("--report-dir", default=None, metavar="DIR",
-                   help="write results.json, accuracy.png, threshold_search.png (sketch strategies), bytes.png "
-                        "and report.html here (default: none)")
-    p.add_argument("--truth", default=None, metavar="JSON",
-                   help="a JSON object client id -> true group (fedsketch-data split writes one): the final "
-                        "clustering's ARI, AMI, completeness and homogeneity against it (default: none)")
-    p.add_argument("--target-accuracy", type=float, default=0.8, metavar="A",
-                   help="the report's rounds_to_target is the first round reaching it (default: %(default)s)")
-    BrokerConfig.add_arguments(p, defaults_in_help=True)  # the same broker options as fedsketch-client
-    p.add_argument("--signing-key", default=None, metavar="PEM",
-                   help="sign everything sent to devices with this Ed25519 private key (fedsketch keygen, "
-                        "deploy/make_passwords.sh); devices given its public half (--server-key) obey nothing "
-                        "else (default: none)")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging (default: info)")
-    return p
 
 
 class _PahoNotConnected(logging.Filter):
@@ -334,7 +157,7 @@ def _run_fedcref(args: argparse.Namespace, config: Any, broker: str, params: dic
     import dataclasses as dc
 
     from .fedcref import FedCRefServer, export_communities
-    from .fedcref_mqtt import FedCRefCoordinator
+    from .fedcref.mqtt import FedCRefCoordinator
 
     if args.resume or config.checkpoint_dir:
         print("fedsketch-server: error: fedcref has no checkpoint or resume", file=sys.stderr)
@@ -358,7 +181,7 @@ def _run_fedcref(args: argparse.Namespace, config: Any, broker: str, params: dic
         out = Path(report_dir)
         write_json(out / "results.json", dc.asdict(result))
         if server.community_models_:
-            files = export_communities(server.community_models_, str(server._architecture), out / "communities",
+            files = export_communities(server.community_models_, str(server.architecture), out / "communities",
                                        members=dict(enumerate(result.communities)))
             summary["exported"] = [str(f) for f in files]
     print(json.dumps(summary))
@@ -375,80 +198,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``fedsketch-server``; returns the exit status (see the module docstring)."""
     args = build_parser().parse_args(argv)
     _configure_logging(args.verbose)
-    from edge_sdk.worker import TrainSettings
-
-    from .orchestrator import Orchestrator, ServerConfig
-    from .report import clustering_against_truth, load_truth
-    from .strategy import make_strategy
+    from .drivers.orchestrator import Orchestrator
 
     try:
-        if args.eval_fraction is not None and not 0.0 < args.eval_fraction <= 1.0:
-            raise ValueError(f"--eval-fraction must be in (0, 1], got {args.eval_fraction:g}")
-        conf, strat = load_config(args.config) if args.config else ({}, {})
-        for key in SERVER_KEYS:
-            v = getattr(args, key, None)
-            if v is not None:
-                conf[key] = v
-        broker = args.broker or conf.pop("broker", "mqtt://127.0.0.1:1883")
-        report_dir = args.report_dir or conf.pop("report_dir", None)
-        conf.pop("broker", None)
-        conf.pop("report_dir", None)
-        name = args.strategy or strat.pop("name", "fedsketch")
-        _check_name("strategy", name, known_strategies())
-        config = ServerConfig(**conf)
-        if config.architecture is not None:
-            _check_name("architecture", config.architecture, known_architectures())
-        if config.encoder is not None:
-            _check_name("encoder", config.encoder, known_encoders())
-        if not 0.0 < args.target_accuracy <= 1.0:
-            raise ValueError(f"--target-accuracy must be in (0, 1], got {args.target_accuracy:g}")
-        truth = load_truth(args.truth) if args.truth else None
-        robust = {"aggregator": args.aggregator, "norm_bound": args.norm_bound,
-                  "trim_fraction": args.trim_fraction, "refuse_above": args.refuse_above}
-        if name == "fedcref" and any(v is not None for v in robust.values()):
-            raise ValueError("--aggregator, --norm-bound, --refuse-above and --trim-fraction apply to the "
-                             "model-averaging strategies, not fedcref")
-        if name == "fedcref" and truth is not None:
-            raise ValueError("--truth applies to the model-averaging strategies, not fedcref")
+        config, strat, name, broker, report_dir = _server_settings(args)
+        truth, robust = _checked_extras(args, name)
         if name == "fedcref":
             return _run_fedcref(args, config, broker, {**strat, **parse_params(args.params)}, report_dir)
-        settings = TrainSettings(
-            epochs=args.epochs or strat.pop("epochs", 1), lr=args.lr or strat.pop("lr", 1e-3),
-            batch_size=args.batch_size or strat.pop("batch_size", 32),
-        )
-        if args.fraction is not None:
-            strat["fraction"] = args.fraction
-        if args.min_cluster_size is not None:
-            strat["min_cluster_size"] = args.min_cluster_size
-        if args.k is not None:
-            strat["k"] = args.k
-        strat.update({key: v for key, v in robust.items() if v is not None})
-        strat.update(parse_params(args.params))
-        for opt, key in ((args.ae_rounds, "rounds"), (args.ae_epochs, "epochs")):
-            if opt is not None:
-                if name != "fedsketch-fedae":
-                    raise ValueError("--ae-rounds and --ae-epochs apply to --strategy fedsketch-fedae")
-                pre = strat.get("pretrain") or {}
-                if not isinstance(pre, dict):
-                    raise ValueError("config: [strategy.pretrain] must be a table")
-                strat["pretrain"] = {**pre, key: opt}
-        if args.shared_base or strat.pop("shared_base", False):
-            from edge_sdk.nets import BASE_LAYERS
-
-            if name == "fedavg":
-                raise ValueError("--shared-base applies to clustered strategies; fedavg has one model")
-            if config.architecture is None:
-                raise ValueError("--shared-base needs --architecture (its base layers are the architecture's)")
-            if config.architecture not in BASE_LAYERS:
-                raise ValueError(f"--shared-base: architecture {config.architecture!r} declares no base layers")
-            strat["shared_prefixes"] = BASE_LAYERS[config.architecture]
-        strategy = make_strategy(name, settings=settings, seed=config.seed, architecture=config.architecture,
-                                 **strat)
-        if getattr(strategy, "pretrain", None) is not None:
-            from .strategy import pretrain_config
-
-            if config.encoder is not None or strategy.pretrain.get("architecture"):
-                pretrain_config(strategy.pretrain, config.encoder)  # refuse a bad setting before connecting
+        strategy = _build_strategy(args, name, config, strat, robust)
         bcfg = _broker_config(args, broker)
         if args.signing_key:
             from edge_sdk.signing import load_signer
@@ -462,8 +219,118 @@ def main(argv: Sequence[str] | None = None) -> int:
                           FileNotFoundError, RuntimeError)
     if result is None:
         return 3
+    _print_summary(args, result, strategy, report_dir, truth)
+    return 0
+
+
+def _server_settings(args: argparse.Namespace) -> tuple[Any, dict[str, Any], str, str, str | None]:
+    """The run's ServerConfig, ``[strategy]`` table, strategy name, broker URL and report folder, checked.
+
+    Options given on the command line override the ``--config`` file's keys.
+    """
+    from .drivers.config import ServerConfig
+
+    if args.eval_fraction is not None and not 0.0 < args.eval_fraction <= 1.0:
+        raise ValueError(f"--eval-fraction must be in (0, 1], got {args.eval_fraction:g}")
+    conf, strat = load_config(args.config) if args.config else ({}, {})
+    for key in SERVER_KEYS:
+        v = getattr(args, key, None)
+        if v is not None:
+            conf[key] = v
+    broker = args.broker or conf.pop("broker", "mqtt://127.0.0.1:1883")
+    report_dir = args.report_dir or conf.pop("report_dir", None)
+    conf.pop("broker", None)
+    conf.pop("report_dir", None)
+    name = args.strategy or strat.pop("name", "fedsketch")
+    _check_name("strategy", name, known_strategies())
+    config = ServerConfig(**conf)
+    if config.architecture is not None:
+        _check_name("architecture", config.architecture, known_architectures())
+    if config.encoder is not None:
+        _check_name("encoder", config.encoder, known_encoders())
+    return config, strat, name, broker, report_dir
+
+
+def _checked_extras(args: argparse.Namespace, name: str) -> tuple[Any, dict[str, Any]]:
+    """The ``--truth`` file (or None) and the robust-aggregation options, checked against strategy ``name``."""
+    from .report import load_truth
+
+    if not 0.0 < args.target_accuracy <= 1.0:
+        raise ValueError(f"--target-accuracy must be in (0, 1], got {args.target_accuracy:g}")
+    truth = load_truth(args.truth) if args.truth else None
+    robust = {"aggregator": args.aggregator, "norm_bound": args.norm_bound,
+              "trim_fraction": args.trim_fraction, "refuse_above": args.refuse_above}
+    if name == "fedcref" and any(v is not None for v in robust.values()):
+        raise ValueError("--aggregator, --norm-bound, --refuse-above and --trim-fraction apply to the "
+                         "model-averaging strategies, not fedcref")
+    if name == "fedcref" and truth is not None:
+        raise ValueError("--truth applies to the model-averaging strategies, not fedcref")
+    return truth, robust
+
+
+def _build_strategy(args: argparse.Namespace, name: str, config: Any, strat: dict[str, Any],
+                    robust: dict[str, Any]) -> Any:
+    """The strategy ``name`` with the ``[strategy]`` table and the options; a bad setting raises here."""
+    from edge_sdk.worker import TrainSettings
+
+    from .strategies import make_strategy
+
+    settings = TrainSettings(
+        epochs=args.epochs or strat.pop("epochs", 1), lr=args.lr or strat.pop("lr", 1e-3),
+        batch_size=args.batch_size or strat.pop("batch_size", 32),
+    )
+    _apply_strategy_options(args, name, strat, robust)
+    if args.shared_base or strat.pop("shared_base", False):
+        strat["shared_prefixes"] = _shared_prefixes(name, config.architecture)
+    strategy = make_strategy(name, settings=settings, seed=config.seed, architecture=config.architecture,
+                             **strat)
+    if getattr(strategy, "pretrain", None) is not None:
+        from .pretrain_settings import pretrain_config
+
+        if config.encoder is not None or strategy.pretrain.get("architecture"):
+            pretrain_config(strategy.pretrain, config.encoder)  # refuse a bad setting before connecting
+    return strategy
+
+
+def _apply_strategy_options(args: argparse.Namespace, name: str, strat: dict[str, Any],
+                            robust: dict[str, Any]) -> None:
+    """Put the strategy's command-line options (and every ``--set``) into ``strat``."""
+    if args.fraction is not None:
+        strat["fraction"] = args.fraction
+    if args.min_cluster_size is not None:
+        strat["min_cluster_size"] = args.min_cluster_size
+    if args.k is not None:
+        strat["k"] = args.k
+    strat.update({key: v for key, v in robust.items() if v is not None})
+    strat.update(parse_params(args.params))
+    for opt, key in ((args.ae_rounds, "rounds"), (args.ae_epochs, "epochs")):
+        if opt is not None:
+            if name != "fedsketch-fedae":
+                raise ValueError("--ae-rounds and --ae-epochs apply to --strategy fedsketch-fedae")
+            pre = strat.get("pretrain") or {}
+            if not isinstance(pre, dict):
+                raise ValueError("config: [strategy.pretrain] must be a table")
+            strat["pretrain"] = {**pre, key: opt}
+
+
+def _shared_prefixes(name: str, architecture: str | None) -> Any:
+    """``--shared-base``: the base layers of ``architecture``, which every cluster shares."""
+    from edge_sdk.nets import BASE_LAYERS
+
+    if name == "fedavg":
+        raise ValueError("--shared-base applies to clustered strategies; fedavg has one model")
+    if architecture is None:
+        raise ValueError("--shared-base needs --architecture (its base layers are the architecture's)")
+    if architecture not in BASE_LAYERS:
+        raise ValueError(f"--shared-base: architecture {architecture!r} declares no base layers")
+    return BASE_LAYERS[architecture]
+
+
+def _print_summary(args: argparse.Namespace, result: dict[str, Any], strategy: Any, report_dir: str | None,
+                   truth: Any) -> None:
+    """Print the run's one-line JSON summary; with ``--report-dir``, write the report first and name its page."""
     from .metrics import final_accuracy
-    from .report import accuracy_per_round
+    from .report import accuracy_per_round, clustering_against_truth
 
     # the same figures, under the same names, as results.json's (see its "definitions")
     summary = {"strategy": result["strategy"], "final_accuracy": _round(final_accuracy(accuracy_per_round(result))),
@@ -480,7 +347,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif truth is not None:
         summary["ari"] = _round(clustering_against_truth(result["assignment"], truth)["ari"])
     print(json.dumps(summary))
-    return 0
 
 
 def _round(v: float | None) -> float | None:

@@ -27,6 +27,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edge_sdk.worker import TrainSettings
+
+    from .strategies.fedsketch import SketchClustered
 
 log = logging.getLogger("fedsketch.demo")
 
@@ -47,24 +53,13 @@ def _spawn_clients(url: str, federation: str, paths: list[tuple[str, Path]], see
 
 
 def run_demo(args: argparse.Namespace) -> dict:
+    """Run the federation over MQTT and the FedAvg baseline; print both, write the report, return the summary."""
     from sklearn.metrics import adjusted_rand_score
 
-    from edge_sdk.protocol import SERVER_ID
-    from edge_sdk.transport import BrokerConfig, MqttTransport
     from edge_sdk.worker import TrainSettings
 
-    from .broker import start_broker
-    from .data.partition import load_digits_images, rotation_partition, save_client
-    from .orchestrator import Orchestrator, ServerConfig
-    from .report import (
-        accuracy_per_round,
-        plot_accuracy,
-        plot_bytes,
-        plot_threshold_search,
-        write_json,
-    )
-    from .simulate import Simulator
-    from .strategy import FedAvg, SketchClustered
+    from .data.partition import load_digits_images, rotation_partition
+    from .report import accuracy_per_round
 
     t0 = time.perf_counter()
     images, labels = load_digits_images()
@@ -73,8 +68,44 @@ def run_demo(args: argparse.Namespace) -> dict:
     settings = TrainSettings(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size)
     report = Path(args.report_dir)
     report.mkdir(parents=True, exist_ok=True)
-    federation = "demo"
 
+    result, strategy = _run_over_mqtt(args, clients, settings, report)
+    assignment = result["assignment"]
+    cids = sorted(truth)
+    ari = float(adjusted_rand_score([truth[c] for c in cids], [assignment.get(c, -1) for c in cids]))
+    # accuracy after round r = what round r+1's clients measured before training; the last from the final evaluation
+    clustered = accuracy_per_round(result)
+    fedavg = _run_baseline(args, clients, settings)
+    seconds = time.perf_counter() - t0
+
+    sketch_bytes = result["transport"]["received"].get("SKETCH", {}).get("bytes", 0) // max(1, len(cids))
+    _print_results(args, result, truth, ari, clustered, fedavg)
+    summary = {
+        "ari": round(ari, 4),
+        "clustered_acc": round(float(clustered[-1]), 4),
+        "fedavg_acc": round(float(fedavg[-1]), 4),
+        "seconds": round(seconds, 1),
+        "sketch_bytes": int(sketch_bytes),
+    }
+    _write_report(report, args, result, strategy, truth, clustered, fedavg, summary)
+    return summary
+
+
+def _run_over_mqtt(args: argparse.Namespace, clients: list, settings: TrainSettings,
+                   report: Path) -> tuple[dict, SketchClustered]:
+    """The clustered federation: a broker, one signed client process per client, the server in this process.
+
+    Returns the orchestrator's result and the fitted :class:`SketchClustered`.
+    """
+    from edge_sdk.protocol import SERVER_ID
+    from edge_sdk.transport import BrokerConfig, MqttTransport
+
+    from .broker import start_broker
+    from .data.partition import save_client
+    from .drivers import Orchestrator, ServerConfig
+    from .strategies.fedsketch import SketchClustered
+
+    federation = "demo"
     with tempfile.TemporaryDirectory(prefix="fedsketch-demo-") as tmp, contextlib.ExitStack() as stack:
         tmpdir = Path(tmp)
         paths = []
@@ -111,23 +142,28 @@ def run_demo(args: argparse.Namespace) -> dict:
                             on_round=lambda rec: _tick(bar, rec))
         result = orch.run()
         _close(bar)
+    return result, strategy
 
-    assignment = result["assignment"]
-    cids = sorted(truth)
-    ari = float(adjusted_rand_score([truth[c] for c in cids], [assignment.get(c, -1) for c in cids]))
-    # accuracy after round r = what round r+1's clients measured before training; the last from the final evaluation
-    clustered = accuracy_per_round(result)
+
+def _run_baseline(args: argparse.Namespace, clients: list, settings: TrainSettings) -> list[float]:
+    """Plain FedAvg on the same clients, seeds and settings, in the in-process simulator; its accuracies."""
+    from .simulate import Simulator
+    from .strategies.fedavg import FedAvg
 
     print("\nbaseline: plain FedAvg on the same clients (in-process simulator, same client code)")
     sim = Simulator(FedAvg(settings=settings, fraction=1.0, seed=args.seed), clients, architecture=ARCH,
                     seed=args.seed, progress=True)
     fed = sim.run(args.rounds)
-    fedavg = fed.accuracies
-    seconds = time.perf_counter() - t0
+    return fed.accuracies
 
+
+def _print_results(args: argparse.Namespace, result: dict, truth: dict, ari: float, clustered: list,
+                   fedavg: list) -> None:
+    """Print the clusters found, the accuracy per round of both runs and the bytes at the server."""
+    assignment = result["assignment"]
+    cids = sorted(truth)
     per_cluster = result["final"].get("per_model", {})
     delivered = result.get("delivered", {}).get("MODEL", 0)
-    sketch_bytes = result["transport"]["received"].get("SKETCH", {}).get("bytes", 0) // max(1, len(cids))
     print(f"\nclusters found: {len(set(assignment.values()))} for {args.groups} rotation groups; ARI {ari:.3f}")
     for k in sorted(set(assignment.values())):
         members = [c for c in cids if assignment[c] == k]
@@ -145,26 +181,26 @@ def run_demo(args: argparse.Namespace) -> dict:
               f"({s.get('messages', 0)} / {r.get('messages', 0)} messages)")
     print(f"  models the devices downloaded: {delivered:,} bytes (each only its own cluster's)")
 
+
+def _write_report(report: Path, args: argparse.Namespace, result: dict, strategy: SketchClustered, truth: dict,
+                  clustered: list, fedavg: list, summary: dict) -> None:
+    """The report folder: results.json, accuracy.png, threshold_search.png and bytes.png."""
+    from .report import plot_accuracy, plot_bytes, plot_threshold_search, write_json
+
+    stats = result["transport"]
     plot_accuracy(report / "accuracy.png", {"clustered (ours, over MQTT)": clustered, "FedAvg": fedavg})
     plot_bytes(report / "bytes.png", stats)
     plot_threshold_search(strategy, report / "threshold_search.png")
-    summary = {
-        "ari": round(ari, 4),
-        "clustered_acc": round(float(clustered[-1]), 4),
-        "fedavg_acc": round(float(fedavg[-1]), 4),
-        "seconds": round(seconds, 1),
-        "sketch_bytes": int(sketch_bytes),
-    }
     write_json(report / "results.json", {
         **summary, "clients": args.clients, "rounds": args.rounds, "groups": args.groups,
-        "flip_prob": args.flip_prob, "assignment": assignment, "truth": truth,
-        "clustered_accuracy": clustered, "fedavg_accuracy": fedavg, "per_cluster": per_cluster,
+        "flip_prob": args.flip_prob, "assignment": result["assignment"], "truth": truth,
+        "clustered_accuracy": clustered, "fedavg_accuracy": fedavg,
+        "per_cluster": result["final"].get("per_model", {}),
         "history": result["history"], "final": result["final"], "timings": result["timings"],
         "transport": stats, "rejected": result["rejected"],
         "threshold": getattr(strategy.model_, "threshold_", None) if strategy.model_ is not None else None,
     })
     print(f"\nreport written to {report}/ (results.json, accuracy.png, threshold_search.png, bytes.png)")
-    return summary
 
 
 def _reap(procs: list[subprocess.Popen]) -> None:

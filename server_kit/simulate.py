@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from edge_sdk.protocol import Kind, sketch_body
+from edge_sdk.protocol.commands import Op, build
 from edge_sdk.sketch import Sketch, Sketcher
 from edge_sdk.worker import LocalWorker
 
@@ -30,7 +31,7 @@ from .metrics import (
     message_bytes,
     weights_message_bytes,
 )
-from .strategy import ClientInfo, Strategy
+from .strategies.base import ClientInfo, Strategy
 
 __all__ = ["RoundRecord", "SimulationResult", "Simulator"]
 
@@ -214,8 +215,8 @@ class Simulator:
             self._pretrain_encoder(s, ledger)
         if s.needs_sketches:
             summaries = self._summaries(s)
-            ask = message_bytes(Kind.CMD, meta={"op": "sketch", "num_classes": self.num_classes,
-                                                "flip_prob": self.flip_prob, "summary": s.summary_kind})
+            ask = message_bytes(Kind.CMD, meta=build(Op.SKETCH, num_classes=self.num_classes,
+                                                     flip_prob=self.flip_prob, summary=s.summary_kind))
             ledger.add("CMD", "down", ask, len(summaries))
             for v in summaries.values():
                 if isinstance(v, Sketch):
@@ -261,7 +262,7 @@ class Simulator:
         from edge_sdk.encoder import OnnxEncoder
 
         from .pretrain import export_encoder, federated_ae_pretrain
-        from .strategy import pretrain_config
+        from .pretrain_settings import pretrain_config
 
         cfg = pretrain_config(s.pretrain or {}, self.encoder)
         if cfg["architecture"] is None:
@@ -274,9 +275,9 @@ class Simulator:
                                     lr=cfg["lr"], batch_size=cfg["batch_size"], seed=self.seed)
         ledger.add("AE_MODEL", "down", res.bytes_down, cfg["rounds"] * per_round)
         ledger.add("AE_UPDATE", "up", res.bytes_up, cfg["rounds"] * per_round)
-        ledger.add("CMD", "down", message_bytes(Kind.CMD, meta={
-            "op": "train_ae", "round": 1, "architecture": cfg["architecture"], "epochs": cfg["epochs"],
-            "lr": cfg["lr"], "batch_size": cfg["batch_size"]}) * cfg["rounds"] * per_round,
+        ledger.add("CMD", "down", message_bytes(Kind.CMD, meta=build(
+            Op.TRAIN_AE, round=1, architecture=cfg["architecture"], epochs=cfg["epochs"],
+            lr=cfg["lr"], batch_size=cfg["batch_size"])) * cfg["rounds"] * per_round,
             cfg["rounds"] * per_round)
         self._encoder_tmp = tempfile.TemporaryDirectory(prefix="fedsketch-fedae-sim-")
         exp = export_encoder(res.weights, cfg["architecture"], self._encoder_tmp.name, name="fedae_sim",
@@ -292,8 +293,8 @@ class Simulator:
     def _count_tasks(self, ledger: CommLedger, tasks) -> None:
         """A train command and every model offered, per client (IFCA offers K)."""
         for t in tasks:
-            ledger.add("CMD", "down", message_bytes(Kind.CMD, meta={
-                "op": "train", "round": t.round, "models": sorted(t.models), **t.settings.to_dict()}))
+            ledger.add("CMD", "down", message_bytes(Kind.CMD, meta=build(
+                Op.TRAIN, round=t.round, models=sorted(t.models), **t.settings.to_dict())))
             for key, w in t.models.items():
                 ledger.add("MODEL", "down", self._model_bytes(key, w))
 

@@ -111,7 +111,7 @@ def test_the_methods_of_the_literature_live_in_one_package_and_old_paths_still_w
 
     import pytest
 
-    from server_kit.strategy import LAZY_STRATEGIES
+    from server_kit.strategies import LAZY_STRATEGIES
 
     assert {m for m, _ in LAZY_STRATEGIES.values()} == {
         f"server_kit.strategies.{m}" for m in ("ifca", "ladd", "ocfl", "cfl", "briggs", "kmeans_weights", "flis")}

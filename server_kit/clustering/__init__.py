@@ -5,6 +5,15 @@
     from server_kit.clustering import SketchClustering
     model = SketchClustering(min_cluster_size=10, random_state=0).fit(packed, n_bits)
     model.labels_, model.n_clusters_, model.predict(late_joiners)
+
+The estimator (:mod:`.sketch`) runs the steps of the method, each in its own
+module: the dendrogram, its cuts and their CH (:mod:`.dendrogram`), the
+threshold search (:mod:`.threshold`), the permutation test
+(:mod:`.permutation`), the separation check (:mod:`.separation`), refinement
+and consolidation (:mod:`.refine`), the late-joiner rule (:mod:`.centroids`),
+large fleets (:mod:`.sampled`), the settings' checks (:mod:`.params`) and the
+report figure (:mod:`.plot`). :mod:`.updates` and :mod:`.hierarchy` serve the
+methods that cluster from model updates.
 """
 
 from .sketch import (

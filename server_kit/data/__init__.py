@@ -9,6 +9,12 @@ each client's true group; :func:`save_client` / :func:`load_client` write and
 read a client's ``.npz``. ``fedsketch-data split`` (:mod:`server_kit.data.split`)
 does both from the command line.
 
+Behind those two faces: :mod:`~server_kit.data.clients` (the record, its
+file), :mod:`~server_kit.data.shards` and :mod:`~server_kit.data.class_sets`
+(the seeded draws, the OCFL sets), :mod:`~server_kit.data.sources`,
+:mod:`~server_kit.data.split_partition` and :mod:`~server_kit.data.split_output`
+(the command's steps). Every name below is importable from ``partition`` or ``idx``.
+
 Only numpy is imported here; nothing in this package imports torch.
 """
 

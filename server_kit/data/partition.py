@@ -19,16 +19,39 @@ same transformation as the train split):
 Clients go to groups by ``i mod groups``, or in contiguous blocks of the given
 ``group_sizes`` (:func:`group_assignment`). :func:`summarize` tallies a
 partition (per-group client counts, per-client label histograms).
+
+This module checks every partitioner's arguments; the seeded draws they
+make live in :mod:`server_kit.data.shards` and :mod:`server_kit.data.class_sets`
+(with the OCFL sets), the client records and their files in
+:mod:`server_kit.data.clients`. All of those names are importable from here.
 """
 
 from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+
+from server_kit.data.class_sets import (
+    OCFL_CLASS_SETS,
+    OCFL_IMBALANCED_SHARES,
+    OCFL_OVERLAPPING_CLASS_SETS,
+    OCFL_SPLITS,
+    class_set_shards,
+    shares_to_sizes,
+)
+from server_kit.data.clients import (
+    ClientData,
+    build_clients,
+    load_client,
+    load_digits_images,
+    rotation_partition,
+    save_client,
+    tally_clients,
+)
+from server_kit.data.shards import class_shards, dirichlet_shards
 
 __all__ = [
     "ClientData",
@@ -49,75 +72,6 @@ __all__ = [
     "save_client",
     "summarize",
 ]
-
-
-@dataclass(frozen=True)
-class ClientData:
-    """One client's local train/test split and its true group."""
-
-    cid: str
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    group: int
-
-
-def load_digits_images() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's 1,797 digits as float32 (N, 8, 8) in [0, 1] and int64 labels."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    return (d.images / 16.0).astype(np.float32), d.target.astype(np.int64)
-
-
-def rotation_partition(
-    images: np.ndarray,
-    labels: np.ndarray,
-    n_clients: int,
-    *,
-    groups: int = 4,
-    test_fraction: float = 0.2,
-    seed: int = 0,
-    prefix: str = "c",
-) -> list[ClientData]:
-    """Split into ``n_clients`` disjoint shards; client ``i`` is rotated by ``90 * (i mod groups)`` degrees.
-
-    Train and test samples of a client are rotated alike. Client ids are
-    ``f"{prefix}{i:02d}"``.
-    """
-    if n_clients < 1:
-        raise ValueError(f"n_clients must be positive, got {n_clients}")
-    if not 1 <= groups <= 4:
-        raise ValueError(f"groups must be between 1 and 4 rotations, got {groups}")
-    if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
-    if len(images) < 2 * n_clients:
-        raise ValueError(f"{len(images)} samples are too few for {n_clients} clients")
-    order = np.random.default_rng(seed).permutation(len(images))
-    out = []
-    for i, shard in enumerate(np.array_split(order, n_clients)):
-        g = i % groups
-        x = np.rot90(images[shard], k=g, axes=(1, 2)).copy()
-        y = labels[shard]
-        n_test = int(round(test_fraction * len(shard)))
-        out.append(ClientData(f"{prefix}{i:02d}", x[n_test:], y[n_test:], x[:n_test], y[:n_test], g))
-    return out
-
-
-def save_client(path, data: ClientData) -> None:
-    """Write a client's data as an ``.npz`` (plain arrays, readable without pickle)."""
-    np.savez(path, x=data.x_train, y=data.y_train, x_test=data.x_test, y_test=data.y_test,
-             group=np.int64(data.group), cid=np.array(data.cid))
-
-
-def load_client(path) -> ClientData:
-    """Read what :func:`save_client` wrote (``allow_pickle=False``)."""
-    with np.load(path, allow_pickle=False) as f:
-        return ClientData(str(f["cid"]), f["x"], f["y"], f["x_test"], f["y_test"], int(f["group"]))
-
-
-# --------------------------------------------------------------------------- seeded partitioners
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -165,11 +119,6 @@ def _check_data(images: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def _client_ids(prefix: str, n_clients: int) -> list[str]:
-    width = 3 if n_clients >= 100 else 2
-    return [f"{prefix}{i:0{width}d}" for i in range(n_clients)]
-
-
 def group_assignment(
     n_clients: int, groups: int | None = None, group_sizes: Sequence[int] | None = None
 ) -> np.ndarray:
@@ -201,15 +150,8 @@ def _n_groups(groups: int | None, group_sizes: Sequence[int] | None) -> int:
     return 4 if groups is None else int(groups)
 
 
-def dirichlet_indices(
-    labels: np.ndarray,
-    n_clients: int,
-    alpha: float,
-    *,
-    min_size: int = 10,
-    seed: int = 0,
-    max_tries: int = 1000,
-) -> list[np.ndarray]:
+def dirichlet_indices(labels: np.ndarray, n_clients: int, alpha: float, *, min_size: int = 10, seed: int = 0,
+                      max_tries: int = 1000) -> list[np.ndarray]:
     """Label-skewed shards: for each class, Dirichlet(alpha) proportions over the clients.
 
     Small ``alpha`` concentrates each class on a few clients (skewed label
@@ -231,37 +173,7 @@ def dirichlet_indices(
     alpha = _check_alpha(alpha)
     min_size = _check_int("min_size", min_size, 0)
     max_tries = _check_int("max_tries", max_tries, 1)
-    if n_clients * min_size > len(y):
-        raise ValueError(
-            f"min_size={min_size} is infeasible: {n_clients} clients need "
-            f"{n_clients * min_size} samples, there are {len(y)}"
-        )
-    rng = np.random.default_rng(seed)
-    classes = np.unique(y)
-    per_class = [np.flatnonzero(y == c) for c in classes]
-    n_c = np.array([len(ix) for ix in per_class], dtype=np.int64)
-    conc = np.full(n_clients, alpha)
-    for _ in range(max_tries):
-        props = rng.dirichlet(conc, size=len(classes))  # (classes, clients)
-        if not np.all(np.isfinite(props)):
-            continue
-        cuts = np.floor(np.cumsum(props, axis=1) * n_c[:, None]).astype(np.int64)
-        cuts = np.minimum(cuts, n_c[:, None])
-        cuts[:, -1] = n_c
-        counts = np.diff(cuts, axis=1, prepend=0)
-        if counts.sum(axis=0).min() >= min_size:
-            break
-    else:
-        raise ValueError(
-            f"no Dirichlet(alpha={alpha}) draw in max_tries={max_tries} gave all {n_clients} "
-            f"clients at least min_size={min_size} of {len(y)} samples; raise alpha, "
-            "lower min_size or use fewer clients"
-        )
-    parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
-    for ix, cut in zip(per_class, cuts):
-        for client, piece in enumerate(np.split(rng.permutation(ix), cut[:-1])):
-            parts[client].append(piece)
-    return [rng.permutation(np.concatenate(p)).astype(np.int64) for p in parts]
+    return dirichlet_shards(y, n_clients, alpha, min_size, max_tries, seed)
 
 
 def _shards(
@@ -279,36 +191,10 @@ def _shards(
     return [a.astype(np.int64) for a in np.array_split(order, n_clients)]
 
 
-def _build(
-    images: np.ndarray,
-    labels: np.ndarray,
-    shards: list[np.ndarray],
-    groups: np.ndarray,
-    transform: Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]],
-    test_fraction: float,
-    prefix: str,
-) -> list[ClientData]:
-    """Clients from index shards: transform by group, then split off the test part."""
-    out = []
-    for cid, shard, g in zip(_client_ids(prefix, len(shards)), shards, groups):
-        x, y = transform(images[shard], labels[shard], int(g))
-        n_test = min(int(round(test_fraction * len(shard))), len(shard) - 1)
-        out.append(ClientData(cid, x[n_test:], y[n_test:], x[:n_test], y[:n_test], int(g)))
-    return out
-
-
 def rotation_groups(
-    images: np.ndarray,
-    labels: np.ndarray,
-    n_clients: int,
-    *,
-    groups: int | None = None,
-    group_sizes: Sequence[int] | None = None,
-    alpha: float | None = None,
-    min_size: int = 10,
-    test_fraction: float = 0.2,
-    seed: int = 0,
-    prefix: str = "c",
+    images: np.ndarray, labels: np.ndarray, n_clients: int, *,
+    groups: int | None = None, group_sizes: Sequence[int] | None = None, alpha: float | None = None,
+    min_size: int = 10, test_fraction: float = 0.2, seed: int = 0, prefix: str = "c",
 ) -> list[ClientData]:
     """Rotated groups: a client of group ``g`` sees its images rotated by ``90 * g`` degrees.
 
@@ -353,22 +239,13 @@ def rotation_groups(
     def rotate(xs: np.ndarray, ys: np.ndarray, g: int) -> tuple[np.ndarray, np.ndarray]:
         return np.ascontiguousarray(np.rot90(xs, k=g, axes=(1, 2))), ys
 
-    return _build(x, y, shards, assign, rotate, test_fraction, prefix)
+    return build_clients(x, y, shards, assign, rotate, test_fraction, prefix)
 
 
 def label_flip_groups(
-    images: np.ndarray,
-    labels: np.ndarray,
-    n_clients: int,
-    *,
-    groups: int | None = None,
-    group_sizes: Sequence[int] | None = None,
-    num_classes: int = 10,
-    alpha: float | None = None,
-    min_size: int = 10,
-    test_fraction: float = 0.2,
-    seed: int = 0,
-    prefix: str = "c",
+    images: np.ndarray, labels: np.ndarray, n_clients: int, *,
+    groups: int | None = None, group_sizes: Sequence[int] | None = None, num_classes: int = 10,
+    alpha: float | None = None, min_size: int = 10, test_fraction: float = 0.2, seed: int = 0, prefix: str = "c",
 ) -> list[ClientData]:
     """Label-permuted groups: a client of group ``k`` relabels ``y -> (y - k) mod num_classes``.
 
@@ -395,7 +272,7 @@ def label_flip_groups(
     def flip(xs: np.ndarray, ys: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return xs, ((ys.astype(np.int64) - k) % num_classes).astype(ys.dtype)
 
-    return _build(x, y, shards, assign, flip, test_fraction, prefix)
+    return build_clients(x, y, shards, assign, flip, test_fraction, prefix)
 
 
 def _check_class_sets(class_sets: Sequence[Sequence[int]], n_cls: int) -> list[tuple[int, ...]]:
@@ -416,18 +293,10 @@ def _check_class_sets(class_sets: Sequence[Sequence[int]], n_cls: int) -> list[t
 
 
 def pathological_partition(
-    images: np.ndarray,
-    labels: np.ndarray,
-    n_clients: int,
-    *,
-    classes_per_client: int = 2,
-    class_sets: Sequence[Sequence[int]] | None = None,
-    group_sizes: Sequence[int] | None = None,
-    num_classes: int | None = None,
-    min_size: int = 10,
-    test_fraction: float = 0.2,
-    seed: int = 0,
-    prefix: str = "c",
+    images: np.ndarray, labels: np.ndarray, n_clients: int, *,
+    classes_per_client: int = 2, class_sets: Sequence[Sequence[int]] | None = None,
+    group_sizes: Sequence[int] | None = None, num_classes: int | None = None,
+    min_size: int = 10, test_fraction: float = 0.2, seed: int = 0, prefix: str = "c",
 ) -> list[ClientData]:
     """Pathological non-IID: each client holds only a few classes.
 
@@ -468,54 +337,8 @@ def pathological_partition(
         assign = group_assignment(n_clients, len(given), group_sizes)
         sets = [given[g] for g in assign]
 
-    parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
-    for c in range(n_cls):
-        holders = [i for i, s in enumerate(sets) if c in s]
-        if not holders:
-            continue
-        ix = rng.permutation(np.flatnonzero(y == c))
-        if len(ix) < len(holders):
-            raise ValueError(
-                f"class {c} has {len(ix)} samples for {len(holders)} clients holding it; "
-                "lower n_clients or classes_per_client"
-            )
-        for i, piece in zip(holders, np.array_split(ix, len(holders))):
-            parts[i].append(piece)
-    shards = [rng.permutation(np.concatenate(p)).astype(np.int64) for p in parts]
-    smallest = min(len(s) for s in shards)
-    if smallest < min_size:
-        raise ValueError(
-            f"min_size={min_size}: some client gets only {smallest} samples; "
-            "lower n_clients or raise classes_per_client"
-        )
-    return _build(x, y, shards, assign, lambda xs, ys, g: (xs, ys), test_fraction, prefix)
-
-
-# --------------------------------------------------------------------------- the OCFL splits
-
-#: Class sets of the OCFL paper's three groups (Zuziak et al., 2024, Section IV-A).
-OCFL_CLASS_SETS: tuple[tuple[int, ...], ...] = ((0, 1, 2, 3), (4, 5, 6), (7, 8, 9))
-
-#: The overlapping variant. The paper only says that "the clients partially
-#: share some of the classes"; these are the sets of the authors' published data
-#: configurations (``ocfl-demo/datasets/data_configs.py`` of
-#: ``MKZuziak/OCFL_IEEE_BigData2024``): each pair of groups shares classes
-#: (groups 0 and 1 share 8 and 9, groups 0 and 2 share 0 to 3, groups 1 and 2
-#: share 4 and 5), and no group holds all ten.
-OCFL_OVERLAPPING_CLASS_SETS: tuple[tuple[int, ...], ...] = (
-    (0, 1, 2, 3, 8, 9), (4, 5, 6, 7, 8, 9), (0, 1, 2, 3, 4, 5))
-
-#: Shares of the clients per group in the imbalanced splits (the paper: 20 %, about 47 % and 33 %).
-OCFL_IMBALANCED_SHARES: tuple[float, ...] = (0.20, 0.47, 0.33)
-
-#: The paper's four splits by name: keyword arguments of :func:`class_set_groups`.
-#: Imbalanced means both uneven groups and Dirichlet(1) label skew inside each client.
-OCFL_SPLITS: dict[str, dict[str, Any]] = {
-    "nonoverlap_balanced": {"overlapping": False, "group_shares": None, "alpha": None},
-    "nonoverlap_imbalanced": {"overlapping": False, "group_shares": OCFL_IMBALANCED_SHARES, "alpha": 1.0},
-    "overlap_balanced": {"overlapping": True, "group_shares": None, "alpha": None},
-    "overlap_imbalanced": {"overlapping": True, "group_shares": OCFL_IMBALANCED_SHARES, "alpha": 1.0},
-}
+    shards = class_shards(y, n_cls, sets, min_size, rng)
+    return build_clients(x, y, shards, assign, lambda xs, ys, g: (xs, ys), test_fraction, prefix)
 
 
 def group_sizes_from_shares(n_clients: int, shares: Sequence[float]) -> list[int]:
@@ -528,38 +351,7 @@ def group_sizes_from_shares(n_clients: int, shares: Sequence[float]) -> list[int
     ``(0.20, 0.47, 0.33)`` this gives ``[3, 7, 5]``, for 30 ``[6, 14, 10]``.
     """
     n_clients = _check_int("n_clients", n_clients, 1)
-    try:
-        w = np.asarray(shares, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"group_shares must be a sequence of numbers, got {shares!r}") from None
-    if w.ndim != 1 or w.size == 0:
-        raise ValueError(f"group_shares must be a non-empty 1-D sequence, got {shares!r}")
-    if not np.all(np.isfinite(w)) or np.any(w <= 0):
-        raise ValueError(f"group_shares must be positive finite numbers, got {shares!r}")
-    if abs(w.sum() - 1.0) > 1e-6:
-        raise ValueError(f"group_shares must sum to 1, got {shares!r} (sum {w.sum():.6g})")
-    raw = w * n_clients
-    sizes = np.floor(raw + 1e-9).astype(np.int64)
-    left = n_clients - int(sizes.sum())
-    if left > 0:
-        order = np.argsort(-(raw - sizes), kind="stable")
-        sizes[order[:left]] += 1
-    if sizes.min() < 1:
-        raise ValueError(
-            f"n_clients={n_clients} is too few for group_shares={tuple(float(v) for v in w)}: "
-            f"group sizes {sizes.tolist()} leave a group empty"
-        )
-    return [int(v) for v in sizes]
-
-
-def _largest_remainder(total: int, props: np.ndarray) -> np.ndarray:
-    """Integer counts summing to ``total``, proportional to ``props`` (which sum to 1)."""
-    raw = props * total
-    counts = np.floor(raw).astype(np.int64)
-    left = total - int(counts.sum())
-    if left > 0:
-        counts[np.argsort(-(raw - counts), kind="stable")[:left]] += 1
-    return counts
+    return shares_to_sizes(n_clients, shares)
 
 
 def _ocfl_class_sets(class_sets: Any, overlapping: bool, n_cls: int) -> list[tuple[int, ...]]:
@@ -577,20 +369,11 @@ def _ocfl_class_sets(class_sets: Any, overlapping: bool, n_cls: int) -> list[tup
 
 
 def class_set_groups(
-    images: np.ndarray,
-    labels: np.ndarray,
-    n_clients: int,
-    *,
-    class_sets: Sequence[Sequence[int]] | None = None,
-    overlapping: bool = False,
-    group_shares: Sequence[float] | None = None,
-    alpha: float | None = None,
-    samples_per_client: int | None = None,
-    num_classes: int | None = None,
-    min_size: int = 10,
-    test_fraction: float = 0.2,
-    seed: int = 0,
-    prefix: str = "c",
+    images: np.ndarray, labels: np.ndarray, n_clients: int, *,
+    class_sets: Sequence[Sequence[int]] | None = None, overlapping: bool = False,
+    group_shares: Sequence[float] | None = None, alpha: float | None = None,
+    samples_per_client: int | None = None, num_classes: int | None = None,
+    min_size: int = 10, test_fraction: float = 0.2, seed: int = 0, prefix: str = "c",
 ) -> list[ClientData]:
     """The OCFL paper's splits: groups of clients that hold different sets of classes.
 
@@ -645,6 +428,20 @@ def class_set_groups(
     """
     x, y = _check_data(images, labels)
     n_clients = _check_int("n_clients", n_clients, 1)
+    n_cls, sets, assign = _class_set_plan(y, n_clients, class_sets, overlapping, group_shares, num_classes)
+    alpha = None if alpha is None else _check_alpha(alpha)
+    min_size = _check_int("min_size", min_size, 1)
+    test_fraction = _check_test_fraction(test_fraction)
+    if samples_per_client is not None:
+        samples_per_client = _check_int("samples_per_client", samples_per_client, min_size)
+    shards = class_set_shards(y, n_cls, sets, assign, alpha=alpha, samples_per_client=samples_per_client,
+                              min_size=min_size, seed=seed)
+    return build_clients(x, y, shards, assign, lambda xs, ys, g: (xs, ys), test_fraction, prefix)
+
+
+def _class_set_plan(y: np.ndarray, n_clients: int, class_sets: Any, overlapping: Any, group_shares: Any,
+                    num_classes: Any) -> tuple[int, list[tuple[int, ...]], np.ndarray]:
+    """The number of classes, the checked class sets and each client's group (:func:`class_set_groups`)."""
     if not isinstance(overlapping, (bool, np.bool_)):
         raise ValueError(f"overlapping must be True or False, got {overlapping!r}")
     n_cls = int(y.max()) + 1 if num_classes is None else _check_int("num_classes", num_classes, 1)
@@ -653,69 +450,11 @@ def class_set_groups(
     sets = _ocfl_class_sets(class_sets, bool(overlapping), n_cls)
     n_groups = len(sets)
     if group_shares is None:
-        assign = group_assignment(n_clients, n_groups)
-    else:
-        sizes = group_sizes_from_shares(n_clients, group_shares)
-        if len(sizes) != n_groups:
-            raise ValueError(f"group_shares has {len(sizes)} entries for {n_groups} class sets")
-        assign = group_assignment(n_clients, n_groups, sizes)
-    alpha = None if alpha is None else _check_alpha(alpha)
-    min_size = _check_int("min_size", min_size, 1)
-    test_fraction = _check_test_fraction(test_fraction)
-    if samples_per_client is not None:
-        samples_per_client = _check_int("samples_per_client", samples_per_client, min_size)
-    per_class = [np.flatnonzero(y == c) for c in range(n_cls)]
-    for c in sorted({c for s in sets for c in s}):
-        if len(per_class[c]) == 0:
-            raise ValueError(f"class {c} of class_sets has no samples")
-    rng = np.random.default_rng(seed)
-    counts = np.zeros((n_cls, n_clients), dtype=np.int64)  # samples of class c for client i
-    if samples_per_client is None:
-        holders = [[i for i in range(n_clients) if c in sets[assign[i]]] for c in range(n_cls)]
-        for _ in range(1000):
-            for c, hs in enumerate(holders):
-                if not hs:
-                    continue
-                n_c = len(per_class[c])
-                if alpha is None:
-                    # the remainder goes to different holders for different classes
-                    counts[c, hs] = n_c // len(hs) + ((np.arange(len(hs)) - c) % len(hs) < n_c % len(hs))
-                else:
-                    cuts = np.floor(np.cumsum(rng.dirichlet(np.full(len(hs), alpha))) * n_c).astype(np.int64)
-                    cuts[-1] = n_c
-                    counts[c, hs] = np.diff(cuts, prepend=0)
-            if counts.sum(axis=0).min() >= min_size or alpha is None:
-                break
-        smallest = int(counts.sum(axis=0).min())
-        if smallest < min_size:
-            more = "" if alpha is None else " in 1000 Dirichlet draws"
-            raise ValueError(f"min_size={min_size}: some client gets only {smallest} samples{more}; "
-                             "use fewer clients, a larger alpha or a lower min_size")
-    else:
-        for i in range(n_clients):
-            cs = np.array(sets[assign[i]])
-            props = np.full(len(cs), 1.0 / len(cs)) if alpha is None else rng.dirichlet(np.full(len(cs), alpha))
-            counts[cs, i] = _largest_remainder(samples_per_client, props)
-        need = counts.sum(axis=1)
-        short = [c for c in range(n_cls) if need[c] > len(per_class[c])]
-        if short:
-            c = short[0]
-            raise ValueError(
-                f"samples_per_client={samples_per_client}: the clients holding class {c} need "
-                f"{int(need[c])} of its samples, there are {len(per_class[c])}; "
-                "lower samples_per_client or n_clients"
-            )
-    parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
-    for c in range(n_cls):
-        if not counts[c].any():
-            continue
-        pool = rng.permutation(per_class[c])
-        cuts = np.cumsum(counts[c])
-        for i, piece in enumerate(np.split(pool[: cuts[-1]], cuts[:-1])):
-            if len(piece):
-                parts[i].append(piece)
-    shards = [rng.permutation(np.concatenate(p)).astype(np.int64) for p in parts]
-    return _build(x, y, shards, assign, lambda xs, ys, g: (xs, ys), test_fraction, prefix)
+        return n_cls, sets, group_assignment(n_clients, n_groups)
+    sizes = group_sizes_from_shares(n_clients, group_shares)
+    if len(sizes) != n_groups:
+        raise ValueError(f"group_shares has {len(sizes)} entries for {n_groups} class sets")
+    return n_cls, sets, group_assignment(n_clients, n_groups, sizes)
 
 
 def summarize(clients: Sequence[ClientData], num_classes: int | None = None) -> dict[str, Any]:
@@ -737,29 +476,4 @@ def summarize(clients: Sequence[ClientData], num_classes: int | None = None) -> 
         num_classes = max(top) + 1 if top else 0
     else:
         num_classes = _check_int("num_classes", num_classes, 1)
-    group_counts: dict[int, int] = {}
-    rows = []
-    for c in clients:
-        group_counts[int(c.group)] = group_counts.get(int(c.group), 0) + 1
-        train = np.bincount(np.asarray(c.y_train, dtype=np.int64), minlength=num_classes)
-        test = np.bincount(np.asarray(c.y_test, dtype=np.int64), minlength=num_classes)
-        if len(train) > num_classes or len(test) > num_classes:
-            raise ValueError(f"client {c.cid} has labels >= num_classes={num_classes}")
-        hist = train + test
-        rows.append({
-            "cid": c.cid,
-            "group": int(c.group),
-            "n_train": len(c.y_train),
-            "n_test": len(c.y_test),
-            "label_hist": [int(v) for v in hist],
-            "train_hist": [int(v) for v in train],
-            "classes": [int(v) for v in np.flatnonzero(hist)],
-        })
-    return {
-        "n_clients": len(clients),
-        "n_groups": len(group_counts),
-        "num_classes": num_classes,
-        "n_samples": sum(r["n_train"] + r["n_test"] for r in rows),
-        "group_counts": dict(sorted(group_counts.items())),
-        "clients": rows,
-    }
+    return tally_clients(clients, num_classes)

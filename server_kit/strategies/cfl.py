@@ -87,7 +87,8 @@ from edge_sdk._validation import check_int, check_number
 from edge_sdk.worker import Update
 
 from ..clustering.updates import CHUNK, cosine_distances_from_gram, delta_chunks, delta_gram
-from ..strategy import ClientInfo, ClusteredFedAvg, Weights, copy_weights
+from .base import ClientInfo, Weights, copy_weights
+from .clustered import ClusteredFedAvg
 
 __all__ = ["CFL", "LINKAGES", "max_cross_similarity", "optimal_bipartition", "update_norm_stats"]
 

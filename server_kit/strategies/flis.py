@@ -37,15 +37,16 @@ Two variants:
 The pure math (:func:`softmax`, :func:`prediction_matrix`,
 :func:`inference_similarity`, :func:`threshold_clusters`,
 :func:`distinct_clusters`, :func:`hierarchical_labels`) is outside the
-classes. Inference runs with torch when installed, else with ONNX Runtime on
-the architecture's shipped classifier template (:mod:`edge_sdk.trainer`).
+classes, in :mod:`server_kit.strategies.flis_math`. Inference runs with torch
+when installed, else with ONNX Runtime on the architecture's shipped
+classifier template (:mod:`edge_sdk.trainer`); the auxiliary set and the
+inference both variants share are in :mod:`server_kit.strategies.flis_aux`.
+Every public name of those two modules is importable from here.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,8 +55,20 @@ import numpy as np
 from edge_sdk._validation import check_int, check_number
 from edge_sdk.worker import Task, Update
 
-from ..clustering.hierarchy import cut_tree
-from ..strategy import ClientInfo, ClusteredFedAvg, Strategy, Weights, copy_weights
+from .base import ClientInfo, Strategy, Weights, copy_weights
+from .clustered import ClusteredFedAvg
+from .flis_aux import INFERENCE, AuxInference, aux_logits, check_aux, load_aux
+from .flis_math import (
+    LINKAGES,
+    PREDICTIONS,
+    cross_similarity,
+    distinct_clusters,
+    hierarchical_labels,
+    inference_similarity,
+    prediction_matrix,
+    softmax,
+    threshold_clusters,
+)
 from .update_clustered import UpdateClustered, finite_update
 
 __all__ = [
@@ -79,263 +92,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Runtimes for the server-side inference.
-INFERENCE: tuple[str, ...] = ("auto", "torch", "onnx")
-#: What ``B_k`` holds: one-hot predicted classes or softmax probabilities.
-PREDICTIONS: tuple[str, ...] = ("hard", "soft")
-#: Linkages of :class:`FLISHC` (scipy's names; the authors' code calls complete "maximum").
-LINKAGES: tuple[str, ...] = ("complete", "average", "single")
 #: Where FLIS-HC's clusters start: the initial model (paper) or the global model after the round.
 CLUSTER_INITS: tuple[str, ...] = ("initial", "global")
 
-#: Auxiliary samples per forward pass.
-_BATCH = 256
 _PREFIX = "_flis/"
-
-
-# --------------------------------------------------------------------------- pure math
-
-
-def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    """Row-wise ``softmax(logits / temperature)`` in float64 (max-subtracted, so no overflow)."""
-    z = np.asarray(logits, dtype=np.float64) / float(temperature)
-    z = z - z.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def prediction_matrix(probabilities: np.ndarray, kind: str = "hard") -> np.ndarray:
-    """``B``: one-hot of the argmax (``"hard"``) or the probabilities themselves (``"soft"``).
-
-    ``probabilities`` is ``(..., m, C)``; ties in the argmax go to the lower class.
-    """
-    p = np.asarray(probabilities, dtype=np.float64)
-    if kind == "soft":
-        return p
-    if kind != "hard":
-        raise ValueError(f"kind must be one of {PREDICTIONS}, got {kind!r}")
-    return np.eye(p.shape[-1], dtype=np.float64)[np.argmax(p, axis=-1)]
-
-
-def cross_similarity(b1: np.ndarray, b2: np.ndarray) -> np.ndarray:
-    """``(n1, n2)`` normalised Frobenius products of two stacks of ``(m, C)`` matrices.
-
-    An all-zero matrix (which neither kind of prediction produces) is at
-    similarity 0 from everything.
-    """
-    f1 = np.asarray(b1, dtype=np.float64).reshape(len(b1), -1)
-    f2 = np.asarray(b2, dtype=np.float64).reshape(len(b2), -1)
-    if f1.shape[1] != f2.shape[1]:
-        raise ValueError(f"prediction matrices differ in size: {f1.shape[1]} vs {f2.shape[1]} values")
-    n1, n2 = np.linalg.norm(f1, axis=1), np.linalg.norm(f2, axis=1)
-    s = f1 @ f2.T
-    s /= np.where(n1 > 0, n1, 1.0)[:, None]
-    s /= np.where(n2 > 0, n2, 1.0)[None, :]
-    return np.clip(s, 0.0, 1.0)
-
-
-def inference_similarity(b: np.ndarray) -> np.ndarray:
-    """FLIS's adjacency ``A_ij = <B_i, B_j>_F / (||B_i||_F ||B_j||_F)`` of ``(n, m, C)`` predictions.
-
-    Symmetric, in ``[0, 1]`` for non-negative ``B``, with a unit diagonal
-    (for non-zero ``B``). For one-hot ``B`` it is the agreement rate of the
-    predicted classes.
-    """
-    a = np.asarray(b)
-    if a.ndim != 3:
-        raise ValueError(f"predictions must be a (clients, samples, classes) array, got shape {a.shape}")
-    s = cross_similarity(a, a)
-    s = (s + s.T) / 2.0
-    norms = np.linalg.norm(a.reshape(len(a), -1), axis=1)
-    np.fill_diagonal(s, np.where(norms > 0, 1.0, 0.0))
-    return s
-
-
-def threshold_clusters(similarity: np.ndarray, threshold: float) -> list[tuple[int, ...]]:
-    """FLIS-DC's hard thresholding: for each client ``i``, ``C_i = {j : A_ij >= threshold}``.
-
-    ``i`` is always in its own ``C_i``. Returns the sorted members of each
-    ``C_i``, in the order of the rows; clusters may overlap.
-    """
-    s = np.asarray(similarity, dtype=np.float64)
-    if s.ndim != 2 or s.shape[0] != s.shape[1]:
-        raise ValueError(f"similarity must be a square matrix, got shape {s.shape}")
-    out = []
-    for i in range(s.shape[0]):
-        members = set(np.flatnonzero(s[i] >= threshold).tolist()) | {i}
-        out.append(tuple(sorted(members)))
-    return out
-
-
-def distinct_clusters(sets: Sequence[Sequence[int]]) -> tuple[list[int], list[tuple[int, ...]]]:
-    """Label of each row's set among the distinct sets (numbered by first appearance), and those sets."""
-    index: dict[tuple[int, ...], int] = {}
-    labels = []
-    for s in sets:
-        key = tuple(sorted(int(j) for j in s))
-        labels.append(index.setdefault(key, len(index)))
-    return labels, list(index)
-
-
-def hierarchical_labels(similarity: np.ndarray, distance_threshold: float, linkage: str = "complete") -> np.ndarray:
-    """Agglomerative clusters of the distances ``1 - A`` cut at ``distance_threshold``.
-
-    Two clusters merge while their ``linkage`` distance (complete: the
-    largest pairwise distance; average; single: the smallest) is at most the
-    threshold. Labels are 0-based, numbered by first appearance.
-    """
-    if linkage not in LINKAGES:
-        raise ValueError(f"linkage must be one of {LINKAGES}, got {linkage!r}")
-    s = np.asarray(similarity, dtype=np.float64)
-    if s.ndim != 2 or s.shape[0] != s.shape[1]:
-        raise ValueError(f"similarity must be a square matrix, got shape {s.shape}")
-    d = np.clip(1.0 - (s + s.T) / 2.0, 0.0, 1.0)
-    np.fill_diagonal(d, 0.0)
-    raw, _ = cut_tree(d, distance_threshold, linkage)
-    order = {lab: k for k, lab in enumerate(dict.fromkeys(raw.tolist()))}
-    return np.array([order[lab] for lab in raw.tolist()], dtype=np.int64)
-
-
-# --------------------------------------------------------------------------- the auxiliary set
-
-
-def load_aux(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Arrays ``x`` and ``y`` of an ``.npz`` file, read without pickle.
-
-    Raises
-    ------
-    FileNotFoundError
-        If there is no such file.
-    ValueError
-        If the file is not an ``.npz`` archive of plain arrays holding ``x`` and ``y``.
-    """
-    p = os.fspath(path)
-    if not os.path.isfile(p):
-        raise FileNotFoundError(f"aux_path {p!r}: no such file")
-    try:
-        with np.load(p, allow_pickle=False) as f:
-            if not hasattr(f, "files"):
-                raise ValueError(f"aux_path {p!r} is a single .npy array; expected an .npz archive with x and y")
-            missing = [k for k in ("x", "y") if k not in f.files]
-            if missing:
-                raise ValueError(f"aux_path {p!r} lacks array(s) {missing}; it holds {sorted(f.files)}")
-            return np.array(f["x"]), np.array(f["y"])
-    except ValueError as e:
-        if "pickle" in str(e):
-            raise ValueError(f"aux_path {p!r} holds pickled or object data, which is refused; "
-                             "save plain numeric arrays with numpy.savez") from e
-        raise
-    except (zipfile.BadZipFile, EOFError) as e:
-        raise ValueError(f"aux_path {p!r} is not a readable .npz archive: {e}") from e
-
-
-def check_aux(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The auxiliary samples as float32 and labels as int64, or a ValueError saying what is wrong."""
-    xa, ya = np.asarray(x), np.asarray(y)
-    if xa.dtype == object or ya.dtype == object:
-        raise ValueError("aux_x and aux_y must be numeric arrays, not object arrays")
-    if not np.issubdtype(xa.dtype, np.floating):
-        raise ValueError(f"aux_x must be a floating-point array (images in [0, 1]), got dtype {xa.dtype}")
-    if xa.ndim < 2 or xa.shape[0] < 1:
-        raise ValueError(f"aux_x must be (n, ...) with at least one sample, got shape {xa.shape}")
-    if not np.isfinite(xa).all():
-        raise ValueError("aux_x contains NaN or Inf")
-    if ya.ndim != 1 or ya.shape[0] != xa.shape[0]:
-        raise ValueError(f"aux_y must be 1-D with one label per sample of aux_x ({xa.shape[0]}), got shape {ya.shape}")
-    if not np.issubdtype(ya.dtype, np.integer):
-        raise ValueError(f"aux_y must hold integer class labels, got dtype {ya.dtype}")
-    if ya.min() < 0:
-        raise ValueError(f"aux_y must hold non-negative class labels, got {int(ya.min())}")
-    return np.ascontiguousarray(xa, dtype=np.float32), ya.astype(np.int64)
-
-
-def aux_logits(architecture: str, weights: Weights, x: np.ndarray, y: np.ndarray, *, runtime: str,
-               models_dir: str | os.PathLike[str] | None = None) -> np.ndarray:
-    """``(m, C)`` logits of ``weights`` on the auxiliary samples, with torch or ONNX Runtime.
-
-    Uses the evaluation paths of :mod:`edge_sdk.trainer`, which check the
-    weights against the architecture and the samples against its input.
-    """
-    from edge_sdk import trainer
-
-    if runtime == "torch":
-        logits, _ = trainer._torch_logits(architecture, weights, x, y, _BATCH, "cpu", None)
-    elif runtime == "onnx":
-        logits, _ = trainer._onnx_logits(architecture, weights, x, y, _BATCH, models_dir, None)
-    else:
-        raise ValueError(f"runtime must be 'torch' or 'onnx', got {runtime!r}")
-    return np.asarray(logits, dtype=np.float64)
-
-
-# --------------------------------------------------------------------------- shared part
-
-
-class _AuxInference:
-    """The server's auxiliary set and the reduction of a model to its predictions on it."""
-
-    def __init__(self, *, architecture: str | None = None, aux_path: str | os.PathLike[str] | None = None,
-                 aux_x: np.ndarray | None = None, aux_y: np.ndarray | None = None, inference: str = "auto",
-                 predictions: str = "hard", temperature: float = 1.0,
-                 models_dir: str | os.PathLike[str] | None = None, **kw: Any) -> None:
-        super().__init__(**kw)
-        if not architecture or not isinstance(architecture, str):
-            raise ValueError(f"{self.name} runs the clients' models on the server's auxiliary set: give "
-                             f"architecture (a classifier key of edge_sdk.nets), got {architecture!r}")
-        if inference not in INFERENCE:
-            raise ValueError(f"inference must be one of {INFERENCE}, got {inference!r}")
-        if predictions not in PREDICTIONS:
-            raise ValueError(f"predictions must be one of {PREDICTIONS}, got {predictions!r}")
-        from edge_sdk.trainer import torch_available
-
-        if inference == "torch" and not torch_available():
-            raise ValueError("inference='torch' needs torch, which is not installed; use 'onnx' or 'auto'")
-        if aux_path is not None and (aux_x is not None or aux_y is not None):
-            raise ValueError("give either aux_path or aux_x and aux_y, not both")
-        if aux_path is None and (aux_x is None or aux_y is None):
-            raise ValueError(f"{self.name} needs the server's labelled auxiliary set: give aux_path (an .npz "
-                             "with arrays x and y) or both aux_x and aux_y")
-        x, y = load_aux(aux_path) if aux_path is not None else (aux_x, aux_y)
-        self.architecture = architecture
-        self.aux_path = None if aux_path is None else os.fspath(aux_path)
-        self.inference = inference
-        self.predictions = predictions
-        self.temperature = check_number(temperature, "temperature", low=0.0, low_open=True)
-        self.models_dir = None if models_dir is None else os.fspath(models_dir)
-        self.aux_x_, self.aux_y_ = check_aux(x, y)
-        #: The runtime actually used ("torch" or "onnx").
-        self.runtime_ = "torch" if inference == "torch" or (inference == "auto" and torch_available()) else "onnx"
-        #: Accuracy on the auxiliary set of the latest model seen from each client (for the logs).
-        self.aux_accuracy_: dict[str, float] = {}
-
-    def setup(self, clients: Sequence[ClientInfo], template: Weights) -> None:
-        """As the base; also runs the template on the auxiliary set once, so a misfit fails here."""
-        super().setup(clients, template)  # type: ignore[misc]
-        try:
-            self.aux_predictions(template)
-        except ValueError as e:
-            raise ValueError(f"{self.name}: the auxiliary set does not fit architecture "
-                             f"{self.architecture!r}: {e}") from e
-
-    def aux_predictions(self, weights: Weights, cid: str | None = None) -> np.ndarray:
-        """``(m, C)`` float32 softmax probabilities of ``weights`` on the auxiliary set."""
-        z = aux_logits(self.architecture, weights, self.aux_x_, self.aux_y_, runtime=self.runtime_,
-                       models_dir=self.models_dir)
-        if cid is not None:
-            self.aux_accuracy_[cid] = float(np.mean(np.argmax(z, axis=1) == self.aux_y_))
-        return softmax(z, self.temperature).astype(np.float32)
-
-    def _reduce(self, rnd: int, updates: Sequence[Update]) -> list[tuple[Update, np.ndarray]]:
-        """Each update with its predictions; an update whose inference fails is logged and left out."""
-        out = []
-        for u in updates:
-            try:
-                out.append((u, self.aux_predictions(u.weights, u.cid)))
-            except ValueError as e:
-                log.warning("%s round %d: update of %s not used for clustering: %s", self.name, rnd, u.cid, e)
-        return out
-
-    def _similarity(self, probs: Sequence[np.ndarray]) -> np.ndarray:
-        return inference_similarity(np.stack([prediction_matrix(p, self.predictions) for p in probs]))
 
 
 def _log_similarity(name: str, rnd: int, s: np.ndarray, labels: Sequence[int]) -> None:
@@ -350,7 +110,7 @@ def _log_similarity(name: str, rnd: int, s: np.ndarray, labels: Sequence[int]) -
 # --------------------------------------------------------------------------- FLIS-HC
 
 
-class FLISHC(_AuxInference, UpdateClustered):
+class FLISHC(AuxInference, UpdateClustered):
     """FLIS (HC): cluster once, hierarchically, by the inference similarity of the first models.
 
     Parameters
@@ -478,7 +238,7 @@ class FLISHC(_AuxInference, UpdateClustered):
 # --------------------------------------------------------------------------- FLIS-DC
 
 
-class FLISDC(_AuxInference, Strategy):
+class FLISDC(AuxInference, Strategy):
     """FLIS (DC): re-cluster every round by thresholding the inference similarity.
 
     Round 1 trains the initial model. From round 2 each sampled client is

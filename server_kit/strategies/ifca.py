@@ -23,7 +23,8 @@ from edge_sdk._validation import check_positive_int
 from edge_sdk.trainer import state_spec
 from edge_sdk.worker import Task, Update
 
-from ..strategy import ClientInfo, ClusteredFedAvg, Strategy, Weights, add_updates
+from .base import ClientInfo, Strategy, Weights, add_updates
+from .clustered import ClusteredFedAvg
 
 __all__ = ["IFCA", "perturbed_copy"]
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..strategy import ClientInfo, ClusteredFedAvg
+from .base import ClientInfo
+from .clustered import ClusteredFedAvg
 
 __all__ = ["LADD", "nearest_center"]
 

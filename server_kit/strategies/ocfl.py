@@ -64,7 +64,7 @@ from edge_sdk._validation import check_int, check_number
 from edge_sdk.worker import Update
 
 from ..clustering.updates import clustering_temperature, cosine_distances_from_gram, delta_gram
-from ..strategy import ClientInfo, Weights
+from .base import ClientInfo, Weights
 from .update_clustered import UpdateClustered
 
 __all__ = [

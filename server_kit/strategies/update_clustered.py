@@ -36,7 +36,8 @@ import numpy as np
 from edge_sdk._validation import check_int, check_number
 from edge_sdk.worker import Task, Update
 
-from ..strategy import ClientInfo, ClusteredFedAvg
+from .base import ClientInfo
+from .clustered import ClusteredFedAvg
 
 __all__ = ["UpdateClustered"]
 

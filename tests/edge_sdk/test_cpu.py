@@ -127,7 +127,7 @@ def test_this_machine_reads_cpuinfo_only_on_arm(monkeypatch):
 
 def test_trainer_uses_one_thread_on_a_pi4(monkeypatch, caplog):
     torch = pytest.importorskip("torch")
-    from edge_sdk import trainer
+    from edge_sdk import torch_support
 
     monkeypatch.setattr(cpu.platform, "machine", lambda: "aarch64")
     monkeypatch.setattr(cpu, "read_cpuinfo", lambda path=cpu.CPUINFO: PI4)
@@ -135,14 +135,14 @@ def test_trainer_uses_one_thread_on_a_pi4(monkeypatch, caplog):
     try:
         torch.set_num_threads(2)
         with caplog.at_level(logging.WARNING, logger="edge_sdk.cpu"):
-            with trainer._torch_threads(torch, 2):
+            with torch_support.using_threads(torch, 2):
                 assert torch.get_num_threads() == 1
             assert torch.get_num_threads() == 2
-            with trainer._torch_threads(torch, None):  # "torch's default" is not safe either
+            with torch_support.using_threads(torch, None):  # "torch's default" is not safe either
                 assert torch.get_num_threads() == 1
         assert [r.getMessage() for r in caplog.records if r.name == "edge_sdk.cpu"] == [MESSAGE]
         with pytest.raises(ValueError):  # bad values still fail, on any CPU
-            with trainer._torch_threads(torch, 0):
+            with torch_support.using_threads(torch, 0):
                 pass
     finally:
         torch.set_num_threads(before)

@@ -14,15 +14,16 @@ from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import TrainSettings, Update
 from server_kit.clustering.updates import delta_gram, mean_update_norm, update_norms
 from server_kit.data.partition import load_digits_images, rotation_partition
-from server_kit.orchestrator import Orchestrator, ServerConfig
+from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.simulate import Simulator
+from server_kit.strategies import make_strategy
+from server_kit.strategies.base import ClientInfo
 from server_kit.strategies.cfl import (
     CFL,
     max_cross_similarity,
     optimal_bipartition,
     update_norm_stats,
 )
-from server_kit.strategy import ClientInfo, make_strategy
 
 pytest.importorskip("torch")
 

@@ -82,7 +82,7 @@ def _free_port() -> int:
 
 def test_help_shows_every_default_and_the_names_to_choose_from(capsys, monkeypatch):
     from server_kit.cli import build_parser, known_architectures, known_encoders, known_strategies
-    from server_kit.orchestrator import ServerConfig
+    from server_kit.drivers import ServerConfig
 
     monkeypatch.setenv("COLUMNS", "200")
     for action in build_parser()._actions:

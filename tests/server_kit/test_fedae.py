@@ -18,8 +18,10 @@ from edge_sdk.protocol import Kind, Message, Topics
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import LocalWorker, TrainSettings
 from server_kit.data.partition import load_digits_images, rotation_partition
-from server_kit.orchestrator import Orchestrator, ServerConfig
-from server_kit.strategy import FedAESketchClustered, make_strategy, pretrain_config
+from server_kit.drivers import Orchestrator, ServerConfig
+from server_kit.pretrain_settings import pretrain_config
+from server_kit.strategies import make_strategy
+from server_kit.strategies.fedsketch import FedAESketchClustered
 
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")

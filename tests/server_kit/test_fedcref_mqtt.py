@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from edge_sdk.fedcref import FedCRefClient
-from edge_sdk.fedcref_mqtt import FedCRefEdge
+from edge_sdk.fedcref.mqtt import FedCRefEdge
 from edge_sdk.protocol import Kind, Message, decode_message, encode_message
 from edge_sdk.transport import BrokerConfig, MemoryBroker, MemoryTransport, MqttTransport
 from server_kit.broker import EmbeddedBroker, MosquittoBroker, find_mosquitto
 from server_kit.fedcref import FedCRefServer, run_fedcref
-from server_kit.fedcref_mqtt import FedCRefCoordinator
+from server_kit.fedcref.mqtt import FedCRefCoordinator
 
 pytest.importorskip("torch")
 

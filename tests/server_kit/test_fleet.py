@@ -13,8 +13,8 @@ from edge_sdk.transport import BrokerConfig, MemoryBroker, MemoryTransport, Mqtt
 from edge_sdk.worker import LocalWorker, TrainSettings
 from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.data.partition import load_digits_images, rotation_partition
-from server_kit.orchestrator import Orchestrator, ServerConfig
-from server_kit.strategy import SketchClustered
+from server_kit.drivers import Orchestrator, ServerConfig
+from server_kit.strategies.fedsketch import SketchClustered
 
 ARCH = "digits_cnn_1x8x8_10"
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-import server_kit.clustering.sketch as sketch_mod
+import server_kit.clustering.centroids as centroids_mod
 from server_kit.clustering import SketchClustering
 from server_kit.clustering.separation import merge_inseparable, separation, two_means_1d
 from server_kit.data.partition import load_digits_images
@@ -140,7 +140,7 @@ def test_predict_in_chunks_equals_predict_at_once(digits_latents, monkeypatch):
     packed, n_bits, _ = fleet(digits_latents, 300)
     model = SketchClustering(min_cluster_size=2, random_state=0).fit(packed, n_bits)
     whole = model.predict(packed)
-    monkeypatch.setattr(sketch_mod, "_PREDICT_CHUNK", 7)
+    monkeypatch.setattr(centroids_mod, "PREDICT_CHUNK", 7)
     assert np.array_equal(model.predict(packed), whole)
     assert np.array_equal(whole, model.labels_)  # consolidated: every client at its nearest mean
 

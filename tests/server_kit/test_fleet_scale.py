@@ -20,8 +20,8 @@ from edge_sdk.transport import BrokerConfig, MqttTransport
 from edge_sdk.transport.netloop import NetworkLoop
 from edge_sdk.worker import LocalWorker, TrainSettings
 from server_kit.broker import DEPLOY_CONF, MosquittoBroker, adapt_deploy_conf, find_mosquitto
+from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.emulate import EmulatedFleet, fleet_partition
-from server_kit.orchestrator import Orchestrator, ServerConfig
 from server_kit.strategies.fedsketch import SketchClustered
 
 FED = "fleet"

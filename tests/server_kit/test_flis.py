@@ -10,8 +10,10 @@ from edge_sdk.trainer import initial_weights, train_local
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import TrainSettings, Update
 from server_kit.data.partition import label_flip_groups, load_digits_images, rotation_partition
-from server_kit.orchestrator import Orchestrator, ServerConfig
+from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.simulate import Simulator
+from server_kit.strategies import make_strategy
+from server_kit.strategies.base import ClientInfo
 from server_kit.strategies.flis import (
     FLISDC,
     FLISHC,
@@ -22,7 +24,6 @@ from server_kit.strategies.flis import (
     softmax,
     threshold_clusters,
 )
-from server_kit.strategy import ClientInfo, make_strategy
 
 pytest.importorskip("torch")
 

@@ -36,8 +36,9 @@ from edge_sdk.transport import BrokerConfig, MemoryBroker, MemoryTransport, Mqtt
 from edge_sdk.worker import LocalWorker, TrainSettings
 from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.data.partition import load_digits_images, rotation_partition
-from server_kit.orchestrator import Orchestrator, ServerConfig
-from server_kit.strategy import FedAvg, SketchClustered
+from server_kit.drivers import Orchestrator, ServerConfig
+from server_kit.strategies.fedavg import FedAvg
+from server_kit.strategies.fedsketch import SketchClustered
 
 ARCH = "digits_cnn_1x8x8_10"
 SETTINGS = TrainSettings(epochs=3, lr=1e-2, batch_size=16)
@@ -260,8 +261,8 @@ def orchestrator():
     orch = Orchestrator(FedAvg(seed=0), transport, ServerConfig(federation="fz", architecture=ARCH),
                         template=template)
     orch.strategy.setup([], template)
-    orch._handle_safely("t", Message(Kind.HELLO, "fz", "c1", 0, {"n_samples": 10}))
-    orch._round, orch._tasked, orch._allowed = 1, {"c1"}, {"c1": frozenset({"global"})}
+    orch.link.handle_safely("t", Message(Kind.HELLO, "fz", "c1", 0, {"n_samples": 10}))
+    orch.intake.round, orch.intake.tasked, orch.intake.allowed = 1, {"c1"}, {"c1": frozenset({"global"})}
     return orch
 
 
@@ -282,7 +283,7 @@ FIELDS = ["n_samples", "classes_present", "capabilities", "round", "model_key", 
 def test_server_handlers_survive_any_device_message(orchestrator, kind, meta, body, sender):
     before = sum(orchestrator.rejected.values())
     msg = Message(kind, "fz", sender, 1, json.loads(json.dumps(meta)), body)
-    orchestrator._handle_safely("t", msg)  # never raises
+    orchestrator.link.handle_safely("t", msg)  # never raises
     if kind in (Kind.UPDATE, Kind.SKETCH, Kind.FEATURES):  # nothing valid can be made of these bodies
         assert sum(orchestrator.rejected.values()) == before + 1
     assert orchestrator.clients["c1"].info.n_samples == 10  # the registered count never changes

@@ -9,11 +9,11 @@ from edge_sdk.features import ladd_features
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import LocalWorker, TrainSettings, Update
 from server_kit.data.partition import ClientData, load_digits_images, rotation_partition
-from server_kit.orchestrator import Orchestrator, ServerConfig
+from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.simulate import Simulator
+from server_kit.strategies.base import ClientInfo
 from server_kit.strategies.ifca import IFCA, perturbed_copy
 from server_kit.strategies.ladd import LADD, nearest_center
-from server_kit.strategy import ClientInfo
 
 pytest.importorskip("torch")
 

@@ -25,9 +25,10 @@ from edge_sdk.transport import BrokerConfig, MqttTransport
 from edge_sdk.worker import LocalWorker, TrainSettings
 from server_kit.broker import EmbeddedBroker, MosquittoBroker, find_mosquitto
 from server_kit.data.partition import load_digits_images, rotation_partition, save_client
-from server_kit.orchestrator import Orchestrator, ServerConfig
+from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.simulate import Simulator
-from server_kit.strategy import FedAvg, SketchClustered
+from server_kit.strategies.fedavg import FedAvg
+from server_kit.strategies.fedsketch import SketchClustered
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.broker

@@ -14,8 +14,9 @@ from edge_sdk.sketch import Sketch
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import TrainSettings
 from server_kit.data.partition import load_digits_images, rotation_partition
-from server_kit.orchestrator import Orchestrator, ServerConfig
-from server_kit.strategy import FedAvg, SketchClustered
+from server_kit.drivers import Orchestrator, ServerConfig
+from server_kit.strategies.fedavg import FedAvg
+from server_kit.strategies.fedsketch import SketchClustered
 
 pytest.importorskip("torch")
 

@@ -22,7 +22,10 @@ from server_kit.robust import (
     trim_count,
     trimmed_mean,
 )
-from server_kit.strategy import ClientInfo, ClusteredFedAvg, FedAvg, make_strategy
+from server_kit.strategies import make_strategy
+from server_kit.strategies.base import ClientInfo
+from server_kit.strategies.clustered import ClusteredFedAvg
+from server_kit.strategies.fedavg import FedAvg
 
 ARCH = "digits_cnn_1x8x8_10"
 
@@ -209,7 +212,7 @@ def test_coordinate_rules_per_cluster_and_no_bound(aggregator, expected):
 
 
 def test_every_strategy_takes_the_robust_settings():
-    from server_kit.strategy import strategy_names
+    from server_kit.strategies import strategy_names
 
     for name in strategy_names():
         kw = {"aux_x": np.zeros((2, 1, 8, 8), np.float32), "aux_y": np.zeros(2, np.int64)} \
@@ -225,7 +228,7 @@ def test_every_strategy_takes_the_robust_settings():
 def built(monkeypatch):
     """Run ``fedsketch-server`` up to connecting; returns the strategy it built."""
     import server_kit.cli as cli
-    import server_kit.strategy as strategy_module
+    import server_kit.strategies as strategy_module
 
     made = {}
     real = strategy_module.make_strategy
@@ -292,7 +295,7 @@ def victims_accuracy(federation, rounds, attack=None, **robust):
     from edge_sdk import OnnxEncoder
     from edge_sdk.trainer import evaluate
     from server_kit.simulate import Simulator
-    from server_kit.strategy import SketchClustered
+    from server_kit.strategies.fedsketch import SketchClustered
 
     clients, xh, yh = federation
     hostile = clients[0]

@@ -28,8 +28,9 @@ from edge_sdk.sketch import Sketch
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import LocalWorker, TrainSettings
 from server_kit.data.partition import load_digits_images, rotation_partition
-from server_kit.orchestrator import Orchestrator, ServerConfig, _Follow
-from server_kit.strategy import SketchClustered
+from server_kit.drivers import Orchestrator, ServerConfig
+from server_kit.drivers.delivery import _Follow
+from server_kit.strategies.fedsketch import SketchClustered
 
 ARCH = "digits_cnn_1x8x8_10"
 FED = "s"
@@ -93,7 +94,7 @@ class _Meter:
         self.phase = "?"
         self.until: dict[str, list[int]] = defaultdict(list)
         self.handler: dict[str, list[int]] = defaultdict(list)
-        pump, handle = orch._pump, orch._handle_safely
+        pump, handle = orch.link.pump, orch.link.handle_safely
 
         def metered_pump(until, timeout):
             def counted():
@@ -110,8 +111,8 @@ class _Meter:
             else:
                 handle(topic, msg)
 
-        orch._pump = metered_pump
-        orch._handle_safely = metered_handle
+        orch.link.pump = metered_pump
+        orch.link.handle_safely = metered_handle
 
 
 def _fleet_costs(n: int) -> tuple[dict[str, int], dict[str, int], Orchestrator]:
@@ -136,7 +137,7 @@ def _fleet_costs(n: int) -> tuple[dict[str, int], dict[str, int], Orchestrator]:
     orch = Orchestrator(strategy, server, config, template=template)
     meter = _Meter(orch)
     cids = [f"d{i:05d}" for i in range(n)]
-    put = orch._inbox.put_nowait
+    put = orch.link.inbox.put_nowait
     hello = {"n_samples": 10, "capabilities": ["train-torch"], "input_shape": [8, 8]}
     for c in cids:
         put((FED, Message(Kind.HELLO, FED, c, 0, hello)))
@@ -155,8 +156,8 @@ def _fleet_costs(n: int) -> tuple[dict[str, int], dict[str, int], Orchestrator]:
         put((FED, Message(Kind.SKETCH, FED, c, 0, {}, bits)))
     meter.phase = "sketch"
     orch._cluster()
-    orch._phase = "train"
-    orch._announce_assignment()
+    orch.intake.phase = "train"
+    orch.assignments.announce()
     body = tensors_body({"w": np.ones((2, 3), np.float32)})
     for c in cids[:k]:
         meta = {"round": 1, "model_key": strategy.model_key_for(c), "n_samples": 10, "loss": 0.5}
@@ -191,7 +192,7 @@ def test_per_message_work_does_not_grow_with_the_fleet():
     assert set(big_handler) == {"SKETCH", "UPDATE", "METRICS"}
     for kind, cost in big_handler.items():
         assert cost <= small_handler[kind] + 30, (kind, small_handler, big_handler)
-    assert not orch._follow_pending  # every confirmation was taken in
+    assert not orch.delivery.pending  # every confirmation was taken in
 
 
 def test_a_model_goes_on_a_cluster_topic_only_to_confirmed_followers_that_all_need_it():
@@ -199,18 +200,18 @@ def test_a_model_goes_on_a_cluster_topic_only_to_confirmed_followers_that_all_ne
     server = MemoryTransport(broker, "server", federation=FED)
     orch = Orchestrator(SketchClustered(), server, ServerConfig(federation=FED, architecture=ARCH),
                         template={"w": np.zeros(2, np.float32)})
-    orch.online = lambda: ["a", "b", "c", "d"]  # online devices, without registering them
-    orch._follow = {"a": _Follow(frozenset({"c0"})), "b": _Follow(frozenset({"c0"})),
+    orch.delivery.online = lambda: ["a", "b", "c", "d"]  # online devices, without registering them
+    orch.delivery.follow = {"a": _Follow(frozenset({"c0"})), "b": _Follow(frozenset({"c0"})),
                     "c": _Follow(frozenset({"c1", "+"}), confirmed=False, told=frozenset({"c1"})),
                     "d": _Follow(frozenset({"c2"}))}
     needs = {"a": ["c0"], "b": ["c0"], "c": ["c1"], "d": ["c2"]}
     # c0: both followers need it; c1: its follower has not confirmed (it may still get every topic),
     # which also holds c0 and c2 back
-    assert orch._topic_receivers(needs, ["c0", "c1", "c2"]) == {}
-    orch._follow["c"] = _Follow(frozenset({"c1"}))
-    assert orch._topic_receivers(needs, ["c0", "c1", "c2"]) == {"c0": {"a", "b"}, "c1": {"c"}, "c2": {"d"}}
+    assert orch.delivery.topic_receivers(needs, ["c0", "c1", "c2"]) == {}
+    orch.delivery.follow["c"] = _Follow(frozenset({"c1"}))
+    assert orch.delivery.topic_receivers(needs, ["c0", "c1", "c2"]) == {"c0": {"a", "b"}, "c1": {"c"}, "c2": {"d"}}
     # a follower that does not need it: the model goes per device to those who do
-    assert orch._topic_receivers({"a": ["c0"], "c": ["c1"]}, ["c0", "c1"]) == {"c1": {"c"}}
+    assert orch.delivery.topic_receivers({"a": ["c0"], "c": ["c1"]}, ["c0", "c1"]) == {"c1": {"c"}}
 
 
 def test_a_device_saying_hello_again_must_confirm_its_topic_again():
@@ -221,32 +222,32 @@ def test_a_device_saying_hello_again_must_confirm_its_topic_again():
     strategy = SketchClustered()
     orch = Orchestrator(strategy, server, ServerConfig(federation=FED, architecture=ARCH), template=template)
     hello = Message(Kind.HELLO, FED, "c1", 0, {"n_samples": 10, "capabilities": ["train-torch"]})
-    orch._handle_safely("t", hello)
+    orch.link.handle_safely("t", hello)
     strategy.setup([orch.clients["c1"].info], template)
     strategy.set_assignment({"c1": 0})
-    orch._phase = "train"
+    orch.intake.phase = "train"
     ack = Message(Kind.STATUS, FED, "c1", 0, {"state": "online", "follow": ["c0"]})
 
     def last_assign():
         return [decode_message(p).meta for t, p in broker.log if t.endswith("/c1/cmd")
                 and decode_message(p).meta.get("op") == "assign"][-1]
 
-    orch._assign("c1", "c0")
+    orch.assignments.assign("c1", "c0")
     assert last_assign() == {"op": "assign", "model_key": "c0", "follow": ["c0"]}
-    assert orch._follow_pending == {"c1"} and orch._topic_receivers({"c1": ["c0"]}, ["c0"]) == {}
-    orch._handle_safely("t", ack)
-    assert not orch._follow_pending and orch._topic_receivers({"c1": ["c0"]}, ["c0"]) == {"c0": {"c1"}}
+    assert orch.delivery.pending == {"c1"} and orch.delivery.topic_receivers({"c1": ["c0"]}, ["c0"]) == {}
+    orch.link.handle_safely("t", ack)
+    assert not orch.delivery.pending and orch.delivery.topic_receivers({"c1": ["c0"]}, ["c0"]) == {"c0": {"c1"}}
     n = len(broker.log)
-    orch._assign("c1", "c0")  # confirmed already: no follow to change
+    orch.assignments.assign("c1", "c0")  # confirmed already: no follow to change
     assert last_assign() == {"op": "assign", "model_key": "c0"} and len(broker.log) == n + 1
     # restarted (every model) or reconnected (its own): the server cannot tell, and waits for a confirmation
-    orch._handle_safely("t", hello)
+    orch.link.handle_safely("t", hello)
     assert last_assign() == {"op": "assign", "model_key": "c0", "follow": ["c0"]}
-    assert orch._follow_pending == {"c1"} and orch._topic_receivers({"c1": ["c0"]}, ["c0"]) == {}
-    orch._handle_safely("t", Message(Kind.STATUS, FED, "c1", 0, {"state": "offline"}))
-    assert not orch._follow_pending  # nobody waits for an offline device
-    orch._handle_safely("t", ack)
-    assert orch._follow["c1"].confirmed
+    assert orch.delivery.pending == {"c1"} and orch.delivery.topic_receivers({"c1": ["c0"]}, ["c0"]) == {}
+    orch.link.handle_safely("t", Message(Kind.STATUS, FED, "c1", 0, {"state": "offline"}))
+    assert not orch.delivery.pending  # nobody waits for an offline device
+    orch.link.handle_safely("t", ack)
+    assert orch.delivery.follow["c1"].confirmed
 
 
 # -- traffic, in memory ----------------------------------------------------------------------
@@ -412,7 +413,7 @@ def test_device_follows_its_cluster_topic_and_ignores_broadcasts_not_for_it(capl
 def test_a_fleet_registering_logs_the_first_admissions_then_the_count(caplog):
     import logging
 
-    from server_kit.orchestrator import ADMISSIONS_LOGGED
+    from server_kit.drivers.fleet import ADMISSIONS_LOGGED
 
     broker = MemoryBroker()
     server = MemoryTransport(broker, "server", federation=FED)
@@ -424,8 +425,8 @@ def test_a_fleet_registering_logs_the_first_admissions_then_the_count(caplog):
                         template={"w": np.zeros((2, 3), np.float32)})
     hello = {"n_samples": 10, "capabilities": ["train-torch"], "input_shape": [8, 8]}
     for i in range(n):
-        orch._inbox.put_nowait((FED, Message(Kind.HELLO, FED, f"d{i:03d}", 0, hello)))
-    with caplog.at_level(logging.DEBUG, logger="server_kit.orchestrator"):
+        orch.link.inbox.put_nowait((FED, Message(Kind.HELLO, FED, f"d{i:03d}", 0, hello)))
+    with caplog.at_level(logging.DEBUG, logger="server_kit.drivers"):
         orch._register()
     admitted = [r for r in caplog.records if "admitted (10 samples" in r.getMessage()]
     assert [r.levelno for r in admitted] == [logging.INFO] * ADMISSIONS_LOGGED + [logging.DEBUG] * 10

@@ -9,7 +9,8 @@ from edge_sdk.worker import TrainSettings
 from server_kit.data.partition import load_digits_images, rotation_groups
 from server_kit.metrics import message_bytes, weights_message_bytes
 from server_kit.simulate import RoundRecord, SimulationResult, Simulator
-from server_kit.strategy import FedAvg, SketchClustered
+from server_kit.strategies.fedavg import FedAvg
+from server_kit.strategies.fedsketch import SketchClustered
 
 pytest.importorskip("torch")
 

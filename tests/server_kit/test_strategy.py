@@ -11,9 +11,13 @@ from edge_sdk.sketch import Sketch
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import TrainSettings, Update
 from server_kit.data.partition import load_digits_images, rotation_partition
-from server_kit.orchestrator import Orchestrator, ServerConfig
+from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.simulate import Simulator
-from server_kit.strategy import ClientInfo, ClusteredFedAvg, FedAvg, SketchClustered, make_strategy
+from server_kit.strategies import make_strategy
+from server_kit.strategies.base import ClientInfo
+from server_kit.strategies.clustered import ClusteredFedAvg
+from server_kit.strategies.fedavg import FedAvg
+from server_kit.strategies.fedsketch import SketchClustered
 
 ARCH = "digits_cnn_1x8x8_10"
 

@@ -18,8 +18,8 @@ from server_kit.clustering.updates import (
     mean_update_norm,
     update_norms,
 )
+from server_kit.strategies.base import ClientInfo
 from server_kit.strategies.update_clustered import UpdateClustered
-from server_kit.strategy import ClientInfo
 
 
 @pytest.fixture

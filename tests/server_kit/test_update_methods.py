@@ -20,11 +20,12 @@ from server_kit.clustering.updates import (
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.metrics import weighted_purity
 from server_kit.simulate import Simulator
+from server_kit.strategies import make_strategy
+from server_kit.strategies.base import ClientInfo
 from server_kit.strategies.briggs import Briggs
 from server_kit.strategies.kmeans_weights import KMeansWeights, l1_kmedians, median_distances
 from server_kit.strategies.ocfl import OCFL, absorb_noise, merge_small_clusters, unit_embedding
 from server_kit.strategies.update_clustered import UpdateClustered
-from server_kit.strategy import ClientInfo, make_strategy
 
 pytest.importorskip("torch")
 

@@ -1,115 +1,31 @@
-"""MQTT brokers for demos and tests: Mosquitto in a subprocess, or amqtt in-process.
+"""Mosquitto in a subprocess: a private broker on a free local port, with its configuration, passwords and ACL.
 
 :class:`MosquittoBroker` writes a configuration (listener, persistence,
 message limits, password file, ACL) into a temporary folder and runs
 ``mosquitto -c`` on it; it is the broker of the integration tests and the one
-the ``deploy/`` configuration targets. :class:`EmbeddedBroker` runs amqtt on
-its own asyncio loop in a background thread, for machines without Mosquitto;
-amqtt speaks MQTT 3.1.1 only and keeps no session of an anonymous client.
-
->>> with start_broker() as broker:          # doctest: +SKIP
-...     transport = MqttTransport(BrokerConfig(broker.url), "c1", federation="demo")
+the ``deploy/`` configuration targets (:mod:`~server_kit.broker.deploy_conf`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-import threading
-import time
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Union
 
-__all__ = ["DEPLOY_CONF", "EmbeddedBroker", "MosquittoBroker", "adapt_deploy_conf", "find_mosquitto", "free_port",
-           "start_broker"]
+from .deploy_conf import DEPLOY_CONF, adapt_deploy_conf
+from .ports import free_port, wait_port
+
+__all__ = ["MosquittoBroker", "find_mosquitto"]
 
 log = logging.getLogger(__name__)
 
 _MOSQUITTO_FALLBACK = "/usr/sbin/mosquitto"
-
-#: The shipped production configuration (in a checkout; not installed with the package).
-DEPLOY_CONF = Path(__file__).resolve().parents[1] / "deploy" / "mosquitto.conf"
-#: Options of a TLS listener, dropped with it by :func:`adapt_deploy_conf`.
-_TLS_OPTIONS = ("cafile", "capath", "certfile", "keyfile", "tls_version", "ciphers", "ciphers_tls1.3",
-                "require_certificate", "use_identity_as_username", "use_subject_as_username", "crlfile",
-                "dhparamfile", "psk_hint", "psk_file", "tls_engine", "tls_keyform")
-#: Options :func:`adapt_deploy_conf` replaces with the private broker's own.
-_REPLACED = ("password_file", "acl_file", "persistence_location", "log_dest", "allow_anonymous", "user")
-
-
-def adapt_deploy_conf(text: str, *, port: int, host: str = "127.0.0.1", directory: str | os.PathLike[str],
-                      password_file: str | None = None, acl_file: str | None = None) -> str:
-    """``deploy/mosquitto.conf`` for a private broker on one plain listener, every limit kept.
-
-    The devices' listener (the TLS one, with its own settings such as
-    ``max_connections``) becomes a plain listener on ``host:port``, without
-    its TLS options; the server's local listener is dropped (the server
-    connects to the same port). The password file and ACL become the given
-    ones (none: anonymous clients allowed, no ACL), the database and the log
-    go to ``directory``. Everything else (queue, inflight, packet and
-    connection limits, persistence, ``retain_available``...) stays as shipped.
-
-    Raises
-    ------
-    ValueError
-        When the text has no TLS listener to turn into the plain one.
-    """
-    out, listeners, in_tls = [], 0, False
-    for line in text.splitlines():
-        words = line.split()
-        key = words[0] if words and not words[0].startswith("#") else ""
-        if key == "listener":
-            listeners += 1
-            in_tls = len(words) == 2 or (len(words) > 2 and words[2] not in ("127.0.0.1", "localhost", "::1"))
-            if in_tls:
-                out.append(f"listener {int(port)} {host}")
-            continue
-        if key in _TLS_OPTIONS or key in _REPLACED:
-            continue
-        out.append(line)
-    if listeners == 0 or not any(line.startswith(f"listener {int(port)} ") for line in out):
-        raise ValueError("the configuration has no devices' (TLS) listener to turn into the private broker's")
-    d = Path(directory)
-    out += ["", "# -- written by server_kit.broker.adapt_deploy_conf --",
-            f"allow_anonymous {'false' if password_file else 'true'}",
-            f"persistence_location {d}/", f"log_dest file {d / 'mosquitto.log'}"]
-    if password_file:
-        out.append(f"password_file {password_file}")
-    if acl_file:
-        out.append(f"acl_file {acl_file}")
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        out.append("user root")  # otherwise mosquitto drops to 'mosquitto' and cannot read our files
-    return "\n".join(out) + "\n"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_port(host: str, port: int, timeout: float, alive: Any = None) -> None:
-    """Wait until ``host:port`` accepts TCP connections; ``alive()`` False aborts."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if alive is not None and not alive():
-            raise RuntimeError(f"broker process exited before listening on {host}:{port}")
-        try:
-            with socket.create_connection((host, port), timeout=0.2):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:g} s") from None
-            time.sleep(0.02)
 
 
 def find_mosquitto() -> str | None:
@@ -327,7 +243,7 @@ class MosquittoBroker:
         )
         self._finalizer = weakref.finalize(self, _terminate, self._proc)
         try:
-            _wait_port(self.host, self.port, timeout, alive=lambda: self._proc is not None and self._proc.poll() is None)
+            wait_port(self.host, self.port, timeout, alive=lambda: self._proc is not None and self._proc.poll() is None)
         except (RuntimeError, TimeoutError) as e:
             err = self._collect_stderr()
             self.stop()
@@ -384,138 +300,3 @@ def _terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
     if proc.stderr is not None:
         proc.stderr.close()
 
-
-class EmbeddedBroker:
-    """amqtt running in this process, on its own event loop thread.
-
-    Anonymous clients are allowed and messages have no size limit. amqtt
-    speaks MQTT 3.1.1 only, and drops the session of an anonymous client when
-    it disconnects: use :class:`MosquittoBroker` to test persistent sessions.
-
-    Parameters
-    ----------
-    session_expiry_s : int, optional
-        Seconds amqtt keeps a disconnected (authenticated) session.
-    """
-
-    def __init__(self, *, session_expiry_s: int | None = None) -> None:
-        self.session_expiry_s = session_expiry_s
-        self.host: str | None = None
-        self.port: int | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._broker: Any = None
-
-    def __repr__(self) -> str:
-        return f"EmbeddedBroker(url={self.url!r}, running={self.running})"
-
-    @property
-    def url(self) -> str:
-        """``mqtt://host:port``."""
-        return f"mqtt://{self.host}:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        """Whether the broker is serving."""
-        return self._broker is not None
-
-    def _config(self) -> dict[str, Any]:
-        conf: dict[str, Any] = {
-            "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}"}},
-            # Only anonymous authentication: no $SYS publisher, no packet logger.
-            "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
-        }
-        if self.session_expiry_s is not None:
-            conf["session_expiry_interval"] = int(self.session_expiry_s)
-        return conf
-
-    async def _start(self) -> Any:
-        from amqtt.broker import Broker
-
-        broker = Broker(self._config())
-        await broker.start()
-        return broker
-
-    def start(self, host: str = "127.0.0.1", port: int | None = None, timeout: float = 10.0) -> str:
-        """Start serving on ``host:port`` (a free port by default); returns the URL."""
-        if self.running:
-            return self.url
-        self.host = host
-        self.port = port if port is not None else free_port(host)
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=_run_loop, args=(loop,), name="fedsketch-amqtt", daemon=True)
-        thread.start()
-        self._loop, self._thread = loop, thread
-        try:
-            self._broker = asyncio.run_coroutine_threadsafe(self._start(), loop).result(timeout)
-            _wait_port(self.host, self.port, timeout)
-        except BaseException:
-            self._stop_loop(timeout)
-            raise
-        log.info("amqtt broker listening on %s", self.url)
-        return self.url
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Shut the broker down and end its thread."""
-        broker, self._broker = self._broker, None
-        if broker is not None and self._loop is not None:
-            try:
-                asyncio.run_coroutine_threadsafe(broker.shutdown(), self._loop).result(timeout)
-            except Exception as e:  # a failed shutdown must not stop the loop from ending
-                log.warning("amqtt shutdown failed: %s", e)
-        self._stop_loop(timeout)
-
-    def _stop_loop(self, timeout: float) -> None:
-        loop, thread = self._loop, self._thread
-        self._loop = self._thread = None
-        if loop is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        if thread is not None:
-            thread.join(timeout)
-        if not loop.is_running():
-            loop.close()
-
-    def __enter__(self) -> EmbeddedBroker:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
-    asyncio.set_event_loop(loop)
-    try:
-        loop.run_forever()
-    finally:
-        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-
-
-AnyBroker = Union[MosquittoBroker, EmbeddedBroker]
-
-
-def start_broker(prefer: str = "auto", **kw: Any) -> AnyBroker:
-    """Start a broker and return it (use it as a context manager to stop it).
-
-    Parameters
-    ----------
-    prefer : {"auto", "mosquitto", "amqtt"}
-        ``auto`` takes Mosquitto when it is installed, else amqtt.
-    **kw
-        Passed to :class:`MosquittoBroker` (``port``, ``acl``...); for amqtt
-        only ``host`` and ``port`` are used.
-    """
-    if prefer not in ("auto", "mosquitto", "amqtt"):
-        raise ValueError(f"prefer must be 'auto', 'mosquitto' or 'amqtt', got {prefer!r}")
-    if prefer == "mosquitto" or (prefer == "auto" and find_mosquitto() is not None):
-        broker: AnyBroker = MosquittoBroker(**kw)
-        broker.start()
-        return broker
-    embedded = EmbeddedBroker()
-    embedded.start(host=kw.get("host", "127.0.0.1"), port=kw.get("port"))
-    return embedded

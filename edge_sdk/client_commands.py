@@ -1,0 +1,247 @@
+"""What an edge client does for each command of the server: the dispatch table and the handlers.
+
+:class:`ClientCommands` is a mixin of :class:`edge_sdk.client.EdgeClient`.
+:meth:`~ClientCommands.handle` reads a command with
+:func:`edge_sdk.protocol.commands.parse` (the command vocabulary) and runs the
+method its op names in :data:`ENDINGS` or :data:`HANDLERS`. A subclass may
+override one handler (a test's hostile device overrides ``_do_train``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .protocol import Kind, Message, ProtocolError, sketch_body, tensors_body
+from .protocol.commands import Op, parse
+from .sampling import in_sample
+from .sketch import Sketcher
+from .worker import Task, TrainSettings
+
+__all__ = ["ENDINGS", "HANDLERS", "VIA", "ClientCommands"]
+
+# the device's log keeps its one name: these lines were the client's and still are
+log = logging.getLogger("edge_sdk.client")
+
+#: Meta key the device's own command callback adds: the topic a command came by ("cmd" or "broadcast").
+VIA = "_via"
+
+#: The commands after which the client may stop: op -> its method, called with the command's clean
+#: fields, which returns whether to keep serving.
+ENDINGS: dict[str, str] = {Op.STOP: "_on_stop", Op.REFUSED: "_on_refused"}
+#: Every other command: op -> its method, called with the command's clean fields and round.
+HANDLERS: dict[str, str] = {
+    Op.HELLO: "_on_hello",
+    Op.WELCOME: "_on_welcome",
+    Op.ASSIGN: "_on_assign",
+    Op.SKETCH: "_do_sketch",
+    Op.TRAIN: "_do_train",
+    Op.TRAIN_AE: "_do_train_ae",
+    Op.EVALUATE: "_do_evaluate",
+}
+
+
+class ClientCommands:
+    """The command handlers of :class:`edge_sdk.client.EdgeClient` (a mixin).
+
+    They use what the client holds: ``cid``, ``worker``, ``topics``,
+    ``transport``, ``seed``, ``stay``, ``model_key``, ``followed``, the
+    model store (``_wait_model``, ``_on_model``, ``encoder_dirs``,
+    ``_encoders``, ``_models_cv``, ``model_timeout_s``), ``_send``,
+    ``hello``, and the bookkeeping (``handled``, ``_rejections``,
+    ``exit_code``, ``refused_reason``, ``progress_interval_s``).
+    """
+
+    def handle(self, msg: Message) -> bool:
+        """Execute one command; returns False when told to stop.
+
+        A broadcast that does not concern this device (an evaluation of
+        devices it is not among, a sketch request before it was admitted) is
+        ignored, logged at DEBUG.
+        """
+        broadcast = msg.meta.get(VIA) == "broadcast"
+        try:
+            m = parse(msg)  # every field checked: types, ranges, lengths; unknown ops refused
+        except ProtocolError as e:
+            self._rejections(e.reason, msg.sender, f"command {str(msg.meta.get('op'))[:32]!r}: {e}")
+            return True
+        op = m["op"]
+        self.handled[op] = self.handled.get(op, 0) + 1
+        ending = ENDINGS.get(op)
+        if ending is not None:
+            return getattr(self, ending)(m)
+        try:
+            if op == Op.SKETCH and broadcast and not self._welcomed:
+                log.debug("sketch request for admitted devices: not admitted yet, ignored")
+            elif op in HANDLERS:
+                getattr(self, HANDLERS[op])(m, msg.round)
+        except ImportError as e:  # e.g. a train command on a device without torch
+            log.error("command %s needs a missing package (%s); for local training: "
+                      "pip install 'fedsketch[train]'", op, e)
+        except (ValueError, KeyError, TypeError, TimeoutError, RuntimeError) as e:
+            log.error("command %s failed: %s", op, e)
+        except Exception as e:  # whatever a command triggers, the device keeps serving
+            log.debug("command %s raised", op, exc_info=True)
+            self._rejections("handler-error", msg.sender, f"command {op}: {type(e).__name__}: {e}")
+        return True
+
+    # -- the commands that may end the service -------------------------------
+    def _on_stop(self, m: Mapping[str, Any]) -> bool:
+        if self.stay:
+            log.info("the server has finished (%s); staying for the next run", m["reason"])
+            return True
+        log.info("the server has finished (%s)", m["reason"])
+        return False
+
+    def _on_refused(self, m: Mapping[str, Any]) -> bool:
+        self.refused_reason = m["reason"]
+        self.exit_code = 4
+        log.error("the server refused this device: %s", m["reason"])
+        return False
+
+    # -- the others -------------------------------------------------------------
+    def _on_hello(self, m: Mapping[str, Any], rnd: int) -> None:
+        """Asked by a (new) server: every model until it assigns this device again."""
+        self._follow(["+"], confirm=False)
+        self.hello()
+
+    def _on_welcome(self, m: Mapping[str, Any], rnd: int) -> None:
+        self._welcomed = True
+        self._use_architecture(m)
+        if m.get("num_classes"):
+            self.worker.num_classes = m["num_classes"]
+        log.info("admitted: architecture %s, encoder %s, %s classes%s", self.worker.architecture,
+                 m.get("encoder"), self.worker.num_classes,
+                 "" if m["train"] else f"; not training ({m.get('reason', 'the server says so')})")
+
+    def _on_assign(self, m: Mapping[str, Any], rnd: int) -> None:
+        self.model_key = m["model_key"]
+        log.info("assigned to model %s", self.model_key)
+        if "follow" in m:
+            self._follow(m["follow"])
+
+    def _encoder(self, name: str, wait: bool = False):
+        if wait and name not in self.encoder_dirs:
+            from .artifacts import load_manifest
+
+            try:
+                shipped = name in load_manifest()
+            except (OSError, ValueError):
+                shipped = False
+            if not shipped:  # a federated encoder: it may still be on its way
+                deadline = time.monotonic() + self.model_timeout_s
+                with self._models_cv:
+                    while name not in self.encoder_dirs and time.monotonic() < deadline:
+                        self._models_cv.wait(timeout=0.5)
+        if name not in self._encoders:
+            from .encoder import OnnxEncoder
+
+            self._encoders[name] = OnnxEncoder(name, models_dir=self.encoder_dirs.get(name))
+        return self._encoders[name]
+
+    def _do_sketch(self, m: Mapping[str, Any], rnd: int) -> None:
+        kind = m["summary"]
+        if kind != "sketch":
+            from .features import SUMMARIES
+
+            if kind not in SUMMARIES:
+                raise ValueError(f"unknown summary kind {kind!r}; this client knows {sorted(SUMMARIES)}")
+            feats = SUMMARIES[kind](self.worker.x, self.worker.y, num_classes=m["num_classes"], **m["params"])
+            self._send(self.topics.sketch(self.cid), Kind.FEATURES, rnd, {"summary": kind},
+                       tensors_body({"features": np.ascontiguousarray(feats, dtype=np.float32)}))
+            log.info("sent %s summary %s", kind, feats.shape)
+            return
+        sketcher = Sketcher(self._encoder(m["encoder"], wait=True), m["num_classes"], m["flip_prob"],
+                            seed=self.seed)
+        sk = self.worker.sketch(sketcher)
+        self._send(self.topics.sketch(self.cid), Kind.SKETCH, rnd, body=sketch_body(sk))
+        log.info("sent sketch (%d bits, %d bytes)", sk.n_bits, sk.nbytes)
+
+    def _use_architecture(self, m: Mapping[str, Any]) -> None:
+        arch = m.get("architecture")
+        if arch and arch != self.worker.architecture:
+            log.info("architecture %s (from the server)", arch)
+            self.worker.architecture = arch
+
+    def _report_progress(self, r: int, done: threading.Event) -> None:
+        """Say "training round r" now and every ``progress_interval_s`` until ``done``."""
+        while True:
+            try:
+                self._send(self.topics.status(self.cid), Kind.STATUS, r, {"state": "online", "working": r})
+            except (ConnectionError, ValueError) as e:  # offline for a while: the next one will do
+                log.debug("progress report for round %d not sent: %s", r, e)
+            if done.wait(self.progress_interval_s):
+                return
+
+    def _do_train(self, m: Mapping[str, Any], rnd: int) -> None:
+        r = m["round"]
+        keys = m["models"]
+        self._use_architecture(m)
+        done = threading.Event()
+        beat = threading.Thread(target=self._report_progress, args=(r, done), daemon=True,
+                                name=f"{self.cid}-progress")
+        beat.start()
+        try:
+            models = {k: self._wait_model(k, r) for k in keys}
+            task = Task(self.cid, r, models, TrainSettings.from_dict(m), m["evaluate_first"])
+            upd = self.worker.fit(task)
+        finally:
+            done.set()
+        meta = {"round": r, "model_key": upd.model_key, "n_samples": upd.n_samples, "loss": upd.loss,
+                "metrics": dict(upd.metrics)}
+        self._send(self.topics.update(self.cid), Kind.UPDATE, r, meta, tensors_body(upd.weights))
+        log.info("round %d: trained %s on %d samples, loss %.4f; update sent", r, upd.model_key, upd.n_samples,
+                 upd.loss)
+
+    def _do_train_ae(self, m: Mapping[str, Any], rnd: int) -> None:
+        from .trainer import train_autoencoder_local
+
+        r = m["round"]
+        weights = self._wait_model("ae", r)
+        seed = None if self.seed is None else int(self.seed) * 1000 + r
+        res = train_autoencoder_local(m["architecture"], weights, self.worker.x, epochs=m["epochs"],
+                                      lr=m["lr"], batch_size=m["batch_size"], seed=seed)
+        meta = {"round": r, "model_key": "ae", "n_samples": int(res.n_samples), "loss": float(res.loss)}
+        self._send(self.topics.update(self.cid), Kind.UPDATE, r, meta, tensors_body(res.weights))
+        log.info("AE round %d: trained, MSE %.5f", r, res.loss)
+
+    def _do_evaluate(self, m: Mapping[str, Any], rnd: int) -> None:
+        r, key = m["round"], m.get("model_key")
+        if key is None:  # for every device (a broadcast): its assigned model, if it is in the sample
+            if self.model_key is None:
+                log.debug("evaluate (round %d) for assigned devices: none assigned here, ignored", r)
+                return
+            if "fraction" in m and not in_sample(self.cid, m["fraction"], m.get("seed", 0)):
+                log.debug("evaluate (round %d): not in the sample of %g, ignored", r, m["fraction"])
+                return
+            key = self.model_key
+        self._use_architecture(m)
+        res = self.worker.evaluate(self._wait_model(key, r))
+        log.info("evaluated %s: accuracy %.4f on %d samples", key, res["accuracy"], res["n_test"])
+        self._send(self.topics.metrics(self.cid), Kind.METRICS, r, {"round": r, "model_key": key, **res})
+
+    def _follow(self, keys: Sequence[str], *, confirm: bool = True) -> None:
+        """Keep the model topics of ``keys`` ("+": every model), leave the others; say so on the status topic.
+
+        The status (``confirm``) goes out after the (un)subscriptions on the
+        same connection, so the broker has them when the server reads it: from
+        then on the server counts on this device getting exactly these topics.
+        The server's "hello" request (a new run) puts it back on every model,
+        unconfirmed: the new server assumes it of a device it has not assigned.
+        """
+        want = frozenset({self.topics.model("+")} if "+" in keys else {self.topics.model(k) for k in keys})
+        for f in sorted(want - self.followed):
+            self.transport.subscribe(f, self._on_model)
+        for f in sorted(self.followed - want):
+            self.transport.unsubscribe(f)
+        self.followed = want
+        follow = ["+"] if "+" in keys else sorted(set(keys))
+        if not confirm:
+            return
+        self._send(self.topics.status(self.cid), Kind.STATUS, meta={"state": "online", "follow": follow})
+        log.info("following the model topics of %s", ", ".join(follow) or "no model")

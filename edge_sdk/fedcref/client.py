@@ -1,0 +1,496 @@
+"""FedCRef's device: :class:`FedCRefClient`, its data, local clusters and models across the phases.
+
+Each phase's math is in :mod:`.clustering`, :mod:`.association` and :mod:`.models`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+import numpy as np
+
+from .._validation import check_int, check_positive
+from ..torch_support import using_threads
+from .association import association_matrix, check_normalization, node_key
+from .checks import check_alpha, check_cid, check_dirtiness, check_k_range, check_samples
+from .clustering import (
+    candidate_groups,
+    check_init,
+    hungarian_accuracy,
+    initial_clustering,
+    refine_candidates,
+)
+from .models import (
+    check_architecture,
+    import_torch,
+    initial_ae_weights,
+    join_models,
+    reconstruction_errors,
+    split_models,
+    train_cluster_ae,
+)
+
+__all__ = ["FedCRefClient", "Payload"]
+
+log = logging.getLogger(__name__)
+
+#: Every exchanged object: a JSON-able ``meta`` dict and a dict of numpy arrays.
+Payload = tuple[dict[str, Any], dict[str, np.ndarray]]
+
+
+class FedCRefClient:
+    """One device of a FedCRef federation: its data, clusters and cluster models.
+
+    The server drives it through the methods below; each takes and returns
+    ``(meta, tensors)`` pairs (a JSON-able dict, a dict of numpy arrays), the
+    objects that travel on the wire.
+
+    Parameters
+    ----------
+    cid : str
+        Client id (a topic-safe word).
+    x : array-like, shape (n, ...)
+        Unlabelled samples, floating point in [0, 1] (8x8 or 28x28 images, or
+        flat vectors of 64 or 784 values).
+    n_clusters : int, optional
+        ``K_i``. None: chosen by silhouette over ``k_range`` (K-means init);
+        the number of true categories (dirty init); the number of distinct
+        labels (given init).
+    k_range : (int, int)
+        Range of ``K_i`` tried by silhouette.
+    init : {"kmeans", "dirty", "given"}
+        Initial clustering: K-means on latent codes (or pixels); the
+        paper's simulated dirty initialisation from ``true_labels``; or
+        ``initial_labels`` as they are.
+    encoder : "auto", str, object or None
+        For K-means: an :class:`~edge_sdk.encoder.OnnxEncoder` (or any object
+        with ``encode(x) -> (n, d)``), an artifact name, ``"auto"`` (the
+        shipped ``digits_encoder`` for 64 features, ``fmnist_fc_encoder`` for
+        784, pixels otherwise) or None (K-means on pixels).
+    latents : array-like, optional
+        Precomputed latent codes for K-means (skips the encoder).
+    true_labels : array-like of int, optional
+        True categories, read only by ``init="dirty"``.
+    initial_labels : array-like of int, optional
+        Labels for ``init="given"``.
+    dirtiness : float
+        Misassignment probability of the dirty initialisation, in [0, 0.5].
+    architecture : str, optional
+        Cluster autoencoder (:data:`ARCHITECTURES`); default by input size.
+    epochs : int
+        Local epochs of each cluster autoencoder (paper: 20).
+    lr, batch_size : float, int
+        Adam learning rate and mini-batch size.
+    community_epochs : int
+        Local epochs per community FedAvg round.
+    alpha : float
+        Percentile of the association test, in (0, 100] (paper: 75).
+    normalization : {"relative", "minmax"}
+        Scaling of the error differences in the association test (see
+        :func:`association_statistic`; "minmax" is the other reading of the
+        paper's Eq. 2).
+    link_communities : bool
+        In refinement, treat an own cluster's model and the models of the
+        communities it belongs to as one candidate (see :meth:`refine`);
+        False runs the paper's Algorithm 2 with every model a candidate.
+    warm_start : bool
+        Retrain a cluster's autoencoder from the model that defined the
+        cluster at the last refinement instead of from the common seeded
+        initialisation (the paper retrains; False).
+    init_seed : int
+        Seed of the initial autoencoder weights, the same on every device so
+        that models start alike.
+    seed : int
+        The device's own randomness (K-means, dirty labels, shuffling).
+    threads : int, optional
+        torch intra-op threads while training and evaluating.
+
+    Attributes
+    ----------
+    labels_ : numpy.ndarray of int64
+        Current local clustering.
+    initial_labels_ : numpy.ndarray of int64
+        The initial clustering.
+    n_clusters_ : int
+        Current number of local clusters.
+    latents_ : numpy.ndarray or None
+        The latent codes K-means ran on (None for dirty/given init).
+    models_ : dict of int to dict
+        Current model of each local cluster.
+    silhouette_ : dict of int to float
+        Silhouette per K tried (K-means init with ``n_clusters=None``).
+    stability_ : float or None
+        Hungarian-matched agreement of the labels before and after the last
+        refinement.
+    train_seconds_, eval_seconds_ : float
+        Time spent training autoencoders and computing reconstruction errors.
+
+    Notes
+    -----
+    Costs: the device keeps its data, one autoencoder per local cluster
+    (174,840 float32 parameters, 0.7 MB, for 784-100-64-32) and every
+    received cluster model it has not replaced yet (all-to-all exchange:
+    about ``sum_j K_j`` models), plus per-sample errors of each (8 bytes per
+    sample and model). Per iteration, an active device trains ``K_i``
+    autoencoders for ``epochs`` epochs, runs every new received model once
+    over its samples, trains ``community_epochs`` per community round for the
+    communities it belongs to and refines with one pass of the community
+    models. A stable device only evaluates new models and trains in its
+    communities.
+    """
+
+    def __init__(
+        self,
+        cid: str,
+        x: Any,
+        *,
+        n_clusters: Optional[int] = None,
+        k_range: Sequence[int] = (2, 5),
+        init: str = "kmeans",
+        encoder: Any = "auto",
+        latents: Any = None,
+        true_labels: Any = None,
+        initial_labels: Any = None,
+        dirtiness: float = 0.3,
+        architecture: Optional[str] = None,
+        epochs: int = 20,
+        lr: float = 1e-3,
+        batch_size: int = 32,
+        community_epochs: int = 1,
+        alpha: float = 75.0,
+        normalization: str = "relative",
+        link_communities: bool = True,
+        warm_start: bool = False,
+        init_seed: int = 0,
+        seed: int = 0,
+        threads: Optional[int] = None,
+    ) -> None:
+        self.cid = check_cid(cid)
+        self.x = check_samples(x)
+        self.init = check_init(init)
+        self.n_clusters = None if n_clusters is None else check_int(n_clusters, "n_clusters")
+        self.k_range = check_k_range(k_range)
+        self.encoder = encoder
+        self.latents = latents
+        self.true_labels = true_labels
+        self.initial_labels = initial_labels
+        self.dirtiness = check_dirtiness(dirtiness)
+        self.architecture = check_architecture(architecture, self.x.shape[1])
+        self.epochs = check_int(epochs, "epochs")
+        self.lr = check_positive(lr, "lr")
+        self.batch_size = check_int(batch_size, "batch_size")
+        self.community_epochs = check_int(community_epochs, "community_epochs")
+        self.alpha = check_alpha(alpha)
+        self.normalization = check_normalization(normalization)
+        self.link_communities = bool(link_communities)
+        self.warm_start = bool(warm_start)
+        self.init_seed = int(init_seed)
+        self.seed = int(seed)
+        self.threads = None if threads is None else check_int(threads, "threads")
+
+        self.labels_: Optional[np.ndarray] = None
+        self.initial_labels_: Optional[np.ndarray] = None
+        self.n_clusters_ = 0
+        self.latents_: Optional[np.ndarray] = None
+        self.silhouette_: dict[int, float] = {}
+        self.models_: dict[int, dict[str, np.ndarray]] = {}
+        self.stability_: Optional[float] = None
+        self.train_seconds_ = 0.0
+        self.eval_seconds_ = 0.0
+        self._own_versions: dict[int, str] = {}  # cluster -> id of the model now representing it
+        self._published: Optional[tuple[str, ...]] = None
+        self._defining: dict[int, dict[str, np.ndarray]] = {}  # cluster -> model that defined it (warm start)
+        self._ext: dict[str, tuple[str, dict[str, np.ndarray]]] = {}  # node -> (version, weights)
+        self._err: dict[str, tuple[str, np.ndarray]] = {}  # model id -> (version, errors on all samples)
+        self._counter = 0
+
+    # ------------------------------------------------------------------ helpers
+
+    def _check_ready(self) -> np.ndarray:
+        if self.labels_ is None:
+            raise RuntimeError(f"client {self.cid}: call initialize() first")
+        return self.labels_
+
+    def _errors(self, model_id: str, version: str, weights: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Errors of a model on all local samples, cached by (model id, version)."""
+        hit = self._err.get(model_id)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        t0 = time.perf_counter()
+        torch = import_torch()
+        with using_threads(torch, self.threads):
+            e = reconstruction_errors(self.architecture, weights, self.x)
+        self.eval_seconds_ += time.perf_counter() - t0
+        self._err[model_id] = (version, e)
+        return e
+
+    def _new_version(self) -> str:
+        self._counter += 1
+        return f"{self.cid}.{self._counter}"
+
+    def _set_labels(self, labels: np.ndarray) -> None:
+        _, compact = np.unique(labels, return_inverse=True)
+        self.labels_ = compact.astype(np.int64)
+        self.n_clusters_ = int(self.labels_.max()) + 1
+
+    # ------------------------------------------------------------------ phase 0: initial clustering
+
+    def initialize(self) -> Payload:
+        """Initial local clustering; returns the hello object ``(meta, {})``.
+
+        Returns
+        -------
+        (dict, dict)
+            ``meta`` = ``{"type": "hello", "cid", "n_samples", "n_features",
+            "n_clusters", "architecture", "init"}``, no tensors.
+        """
+        labels, latents, silhouette = initial_clustering(
+            self.x, self.init, n_clusters=self.n_clusters, k_range=self.k_range, encoder=self.encoder,
+            latents=self.latents, true_labels=self.true_labels, initial_labels=self.initial_labels,
+            dirtiness=self.dirtiness, seed=self.seed,
+        )
+        self.latents_ = self.latents_ if latents is None else latents  # None: not computed (dirty, given)
+        self.silhouette_ = self.silhouette_ if silhouette is None else silhouette  # None: K was given
+        self._set_labels(np.asarray(labels))
+        self.initial_labels_ = self.labels_.copy()
+        self.models_ = {}
+        self._own_versions = {}
+        self._published = None
+        log.info("client %s: %d samples in %d initial clusters (%s)", self.cid, self.x.shape[0],
+                 self.n_clusters_, self.init)
+        meta = {"type": "hello", "cid": self.cid, "n_samples": int(self.x.shape[0]),
+                "n_features": int(self.x.shape[1]), "n_clusters": self.n_clusters_,
+                "architecture": self.architecture, "init": self.init}
+        return meta, {}
+
+    # ------------------------------------------------------------------ phase 1: cluster models
+
+    def train_models(self, command: Mapping[str, Any]) -> Optional[Payload]:
+        """Train one autoencoder per local cluster (when told to) and publish changed models.
+
+        Parameters
+        ----------
+        command : mapping
+            ``{"iteration": t, "train": bool}``; ``train`` is true for an
+            active client (and always before the first models exist).
+
+        Returns
+        -------
+        (dict, dict) or None
+            ``meta`` = ``{"type": "cluster_models", "cid", "iteration",
+            "architecture", "clusters": [{"q", "n", "version"}, ...]}`` and
+            the models as ``{"<q>/<param>": array}``; None when nothing
+            changed since the last publication.
+        """
+        labels = self._check_ready()
+        it = int(command.get("iteration", 0))
+        train = bool(command.get("train", True)) or not self.models_
+        if train:
+            torch = import_torch()
+            t0 = time.perf_counter()
+            base = initial_ae_weights(self.architecture, self.init_seed)
+            models: dict[int, dict[str, np.ndarray]] = {}
+            with using_threads(torch, self.threads):
+                for q in range(self.n_clusters_):
+                    members = self.x[labels == q]
+                    start = self._defining.get(q, base) if self.warm_start else base
+                    models[q], _ = train_cluster_ae(
+                        self.architecture, start, members, epochs=self.epochs, lr=self.lr,
+                        batch_size=self.batch_size, seed=self.seed * 7919 + it * 131 + q,
+                    )
+            self.train_seconds_ += time.perf_counter() - t0
+            self.models_ = models
+            self._own_versions = {q: self._new_version() for q in models}
+        versions = tuple(self._own_versions[q] for q in sorted(self.models_))
+        if versions == self._published:
+            return None
+        self._published = versions
+        counts = np.bincount(labels, minlength=self.n_clusters_)
+        meta = {"type": "cluster_models", "cid": self.cid, "iteration": it, "architecture": self.architecture,
+                "clusters": [{"q": int(q), "n": int(counts[q]), "version": self._own_versions[q]}
+                             for q in sorted(self.models_)]}
+        return meta, join_models({str(q): w for q, w in sorted(self.models_.items())})
+
+    def receive_models(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
+        """Store another client's cluster models (the relay of its ``cluster_models`` object).
+
+        The owner's previous models are forgotten: its ``clusters`` list is
+        its complete current set.
+        """
+        owner = str(meta["cid"])
+        if owner == self.cid:
+            return
+        if meta.get("architecture") != self.architecture:
+            raise ValueError(
+                f"client {self.cid}: models of {owner} are {meta.get('architecture')!r}, "
+                f"this client uses {self.architecture!r}"
+            )
+        models = split_models(tensors)
+        for key in [k for k in self._ext if k.rsplit(":", 1)[0] == owner]:
+            del self._ext[key]
+            self._err.pop(key, None)
+        for c in meta["clusters"]:
+            q = int(c["q"])
+            if str(q) not in models:
+                raise ValueError(f"client {self.cid}: the models of {owner} lack cluster {q}")
+            self._ext[node_key(owner, q)] = (str(c["version"]), models[str(q)])
+
+    # ------------------------------------------------------------------ phase 2: association test
+
+    def association_report(self, command: Mapping[str, Any] | None = None) -> Payload:
+        """This client's side of the association test, against every model it holds.
+
+        Returns
+        -------
+        (dict, dict)
+            ``meta`` = ``{"type": "association", "cid", "iteration",
+            "clusters": [node ids], "external": [node ids], "alpha"}`` and
+            ``{"stat": float32 (K_i, n_external)}``: entry ``[q, j]`` is
+            :func:`association_statistic` of own cluster ``q`` against external
+            cluster ``j`` (an empty cluster gives 1.0, never associating).
+        """
+        labels = self._check_ready()
+        it = int((command or {}).get("iteration", 0))
+        own = sorted(self.models_)
+        ext = sorted(self._ext)
+        own_err = {q: self._errors(f"own:{q}", self._own_versions[q], self.models_[q]) for q in own}
+        ext_err = [self._errors(key, *self._ext[key]) for key in ext]
+        stat = association_matrix(labels, own_err, ext_err, self.alpha, self.normalization)
+        meta = {"type": "association", "cid": self.cid, "iteration": it,
+                "clusters": [node_key(self.cid, q) for q in own], "external": ext, "alpha": self.alpha,
+                "normalization": self.normalization}
+        return meta, {"stat": stat}
+
+    # ------------------------------------------------------------------ phase 3: community FedAvg
+
+    def community_update(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> Payload:
+        """Train a community model on the member clusters' samples (one FedAvg round).
+
+        Parameters
+        ----------
+        meta : mapping
+            ``{"type": "community_model", "community": g, "round": r,
+            "iteration": t, "members": [node ids of this client]}``.
+        tensors : mapping
+            The community model.
+
+        Returns
+        -------
+        (dict, dict)
+            ``meta`` = ``{"type": "community_update", "cid", "community",
+            "round", "n"}`` and the trained weights.
+        """
+        labels = self._check_ready()
+        g = int(meta["community"])
+        rnd = int(meta.get("round", 0))
+        it = int(meta.get("iteration", 0))
+        qs = []
+        for key in meta["members"]:
+            owner, _, q = str(key).rpartition(":")
+            if owner != self.cid:
+                raise ValueError(f"client {self.cid} got community {g} training for {key}")
+            qs.append(int(q))
+        mask = np.isin(labels, qs)
+        if not mask.any():
+            raise ValueError(f"client {self.cid}: member clusters {qs} of community {g} are empty")
+        torch = import_torch()
+        t0 = time.perf_counter()
+        with using_threads(torch, self.threads):
+            weights, _ = train_cluster_ae(
+                self.architecture, tensors, self.x[mask], epochs=self.community_epochs, lr=self.lr,
+                batch_size=self.batch_size, seed=self.seed * 7919 + it * 131 + g * 17 + rnd + 1_000_003,
+            )
+        self.train_seconds_ += time.perf_counter() - t0
+        out = {"type": "community_update", "cid": self.cid, "community": g, "round": rnd, "n": int(mask.sum())}
+        return out, weights
+
+    # ------------------------------------------------------------------ phase 4: refinement
+
+    def refine(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> Payload:
+        """Algorithm 2 over the own models and the received community models.
+
+        Each own model and each community model is a candidate of
+        :func:`refine_labels`. With ``link_communities`` (the default) an own
+        cluster's model and the models of the communities that cluster belongs
+        to form a single candidate (per-sample error: the lowest of theirs):
+        they describe the same category, and as separate candidates they
+        split its samples between two new clusters while another category's
+        samples are left to the final assignment.
+
+        Parameters
+        ----------
+        meta : mapping
+            ``{"type": "community_models", "iteration": t, "communities":
+            [g, ...], "versions": [...], "members": {"<g>": [node ids]}}``.
+        tensors : mapping
+            The community models as ``{"<g>/<param>": array}`` (may be empty).
+
+        Returns
+        -------
+        (dict, dict)
+            ``meta`` = ``{"type": "refined", "cid", "iteration",
+            "stability", "n_clusters", "selected": [...]}``, no tensors.
+            ``stability`` is the Hungarian-matched agreement of the labels
+            before and after; ``selected[p]`` describes the model now
+            representing new cluster ``p`` (``{"kind": "local", "q"}`` or
+            ``{"kind": "community", "g"}``) and ``"community"``, the community
+            its candidate stands for (-1 for none).
+        """
+        labels = self._check_ready()
+        it = int(meta.get("iteration", 0))
+        comm = split_models(tensors) if tensors else {}
+        gs = [int(g) for g in meta.get("communities", [])]
+        versions = [str(v) for v in meta.get("versions", [f"{it}.{g}" for g in gs])]
+        own = sorted(self.models_)
+        columns: list[tuple[str, int]] = [("local", q) for q in own] + [("community", g) for g in gs]
+        err = self._candidate_errors(own, gs, versions, comm)
+        groups = candidate_groups(self.cid, own, gs, meta.get("members", {}) if self.link_communities else {})
+        new, cols, chosen = refine_candidates(err, groups, self.n_clusters_)
+        self.stability_ = hungarian_accuracy(labels, new)
+        described = self._adopt(own, cols, chosen, columns, err, comm)
+        if len(chosen) < self.n_clusters_:
+            log.info("client %s: refinement formed %d of %d clusters", self.cid, len(chosen), self.n_clusters_)
+        self._set_labels(new)
+        out = {"type": "refined", "cid": self.cid, "iteration": it, "stability": float(self.stability_),
+               "n_clusters": self.n_clusters_, "selected": described}
+        return out, {}
+
+    def _candidate_errors(self, own: Sequence[int], gs: Sequence[int], versions: Sequence[str],
+                          comm: Mapping[str, Mapping[str, np.ndarray]]) -> np.ndarray:
+        """Errors on all local samples of the own models, then of the community models, one column each."""
+        errs = [self._errors(f"own:{q}", self._own_versions[q], self.models_[q]) for q in own]
+        for g, v in zip(gs, versions):
+            if str(g) not in comm:
+                raise ValueError(f"client {self.cid}: community model {g} is missing")
+            errs.append(self._errors(f"community:{g}", f"community:{v}", comm[str(g)]))
+        return np.stack(errs, axis=1)
+
+    def _adopt(self, own: Sequence[int], cols: Sequence[int], chosen: Sequence[Sequence[int]],
+               columns: Sequence[tuple[str, int]], err: np.ndarray,
+               comm: Mapping[str, Mapping[str, np.ndarray]]) -> list[dict[str, Any]]:
+        """Make column ``cols[p]`` (of candidate ``chosen[p]``) the model of new cluster ``p``; describe each."""
+        models: dict[int, dict[str, np.ndarray]] = {}
+        own_versions: dict[int, str] = {}
+        described = []
+        for q in own:
+            self._err.pop(f"own:{q}", None)
+        for p, (col, grp) in enumerate(zip(cols, chosen)):
+            kind, ident = columns[col]
+            linked = [columns[j][1] for j in grp if columns[j][0] == "community"]
+            if kind == "local":
+                models[p] = self.models_[ident]
+                own_versions[p] = self._own_versions[ident]
+                described.append({"kind": "local", "q": int(ident), "community": min(linked, default=-1)})
+            else:
+                models[p] = comm[str(ident)]
+                own_versions[p] = self._new_version()
+                described.append({"kind": "community", "g": int(ident), "community": int(ident)})
+            # the model's errors on the local samples are known: keep them under the new index
+            self._err[f"own:{p}"] = (own_versions[p], err[:, col])
+        self.models_ = models
+        self._own_versions = own_versions
+        self._defining = dict(models)
+        return described

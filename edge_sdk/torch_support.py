@@ -1,0 +1,183 @@
+"""torch on a device, imported lazily: whether it is there, its threads, fresh nets and their weights.
+
+Importing this module never imports torch; each function that needs it
+imports it (:func:`import_torch`), so a device without torch still sketches
+and evaluates with ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ._validation import check_positive_int
+from .model_checks import ModelInfo, state_spec
+
+__all__ = [
+    "build_classifier",
+    "import_torch",
+    "initial_weights",
+    "numpy_state",
+    "torch_available",
+    "using_threads",
+]
+
+
+@functools.lru_cache(maxsize=1)
+def torch_available() -> bool:
+    """Whether torch can be imported here (checked without importing it).
+
+    Returns
+    -------
+    bool
+        True when an installed ``torch`` package is found.
+    """
+    return importlib.util.find_spec("torch") is not None
+
+
+def import_torch() -> Any:
+    """Import torch, or fail with a message that says what works without it.
+
+    Returns
+    -------
+    module
+        The ``torch`` module.
+
+    Raises
+    ------
+    ImportError
+        If torch is not installed.
+    """
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - the test environment has torch
+        raise ImportError(
+            "local training needs torch (pip install 'fedsketch[train]' or a torch wheel "
+            "for this platform); evaluate() and sketching work without it"
+        ) from e
+    return torch
+
+
+@contextlib.contextmanager
+def using_threads(torch: Any, threads: int | None) -> Iterator[None]:
+    """Use ``threads`` intra-op threads inside the block (unchanged when None).
+
+    On a CPU without LSE atomics (Raspberry Pi 4) always one thread: torch's
+    aarch64 build dies with SIGILL on more (see :mod:`edge_sdk.cpu`).
+
+    Parameters
+    ----------
+    torch : module
+        The ``torch`` module.
+    threads : int, optional
+        Intra-op threads inside the block; restored afterwards.
+    """
+    from .cpu import torch_threads
+
+    if threads is not None:
+        check_positive_int(threads, "threads")
+    threads = torch_threads(threads)
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(check_positive_int(threads, "threads"))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def build_classifier(architecture: str) -> tuple[Any, ModelInfo]:
+    """A fresh torch classifier (the caller's torch RNG left untouched) and its info.
+
+    Parameters
+    ----------
+    architecture : str
+        A classifier key of :data:`edge_sdk.nets.ARCHITECTURES`.
+
+    Returns
+    -------
+    tuple
+        The model (random weights) and its :class:`ModelInfo`.
+
+    Raises
+    ------
+    ValueError
+        On an unknown architecture, or one that is not a classifier.
+    """
+    torch = import_torch()
+    from .nets import ARCHITECTURES, build_model
+
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {architecture!r}; known: {sorted(ARCHITECTURES)}")
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(architecture)
+    if not hasattr(model, "num_classes") or not hasattr(model, "input_shape"):
+        raise ValueError(
+            f"architecture {architecture!r} is not a classifier (no num_classes and input_shape)"
+        )
+    state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+    info = ModelInfo(
+        architecture=architecture,
+        input_shape=tuple(int(d) for d in model.input_shape),
+        num_classes=int(model.num_classes),
+        spec=state_spec(state),
+    )
+    return model, info
+
+
+def numpy_state(model: Any) -> dict[str, np.ndarray]:
+    """``state_dict`` as fresh numpy arrays: floats as float32, integer buffers unchanged.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Any module.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Copies, in the ``state_dict``'s order.
+    """
+    out = {}
+    for k, v in model.state_dict().items():
+        a = v.detach().cpu().numpy()
+        out[k] = a.astype(np.float32) if np.issubdtype(a.dtype, np.floating) else a.copy()
+    return out
+
+
+def initial_weights(architecture: str, seed: int) -> dict[str, np.ndarray]:
+    """Seeded initial weights of an architecture (needs torch).
+
+    ``torch.manual_seed(seed)`` then the constructor, which is what the
+    export recipe does: ``initial_weights("digits_cnn_1x8x8_10", 0)`` equals
+    the shipped ``digits_cnn.safetensors``. The caller's torch RNG state is
+    restored afterwards.
+
+    Parameters
+    ----------
+    architecture : str
+        A key of :data:`edge_sdk.nets.ARCHITECTURES`.
+    seed : int
+        Seed of the initialisation.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        The ``state_dict`` (float32 floats, integer buffers as they are).
+    """
+    torch = import_torch()
+    from .nets import ARCHITECTURES, build_model
+
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {architecture!r}; known: {sorted(ARCHITECTURES)}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = build_model(architecture)
+    return numpy_state(model)

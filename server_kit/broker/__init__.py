@@ -1,0 +1,54 @@
+"""MQTT brokers for demos and tests: Mosquitto in a subprocess, or amqtt in-process.
+
+:class:`MosquittoBroker` writes a configuration (listener, persistence,
+message limits, password file, ACL) into a temporary folder and runs
+``mosquitto -c`` on it; it is the broker of the integration tests and the one
+the ``deploy/`` configuration targets. :class:`EmbeddedBroker` runs amqtt on
+its own asyncio loop in a background thread, for machines without Mosquitto;
+amqtt speaks MQTT 3.1.1 only and keeps no session of an anonymous client.
+
+>>> with start_broker() as broker:          # doctest: +SKIP
+...     transport = MqttTransport(BrokerConfig(broker.url), "c1", federation="demo")
+
+One module per job: :mod:`~server_kit.broker.mosquitto` (the Mosquitto
+process), :mod:`~server_kit.broker.deploy_conf` (the shipped configuration,
+adapted), :mod:`~server_kit.broker.embedded` (amqtt) and
+:mod:`~server_kit.broker.ports`; :func:`start_broker` picks one here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+from .deploy_conf import DEPLOY_CONF, adapt_deploy_conf
+from .embedded import EmbeddedBroker
+from .mosquitto import MosquittoBroker, find_mosquitto
+from .ports import free_port
+
+__all__ = ["DEPLOY_CONF", "EmbeddedBroker", "MosquittoBroker", "adapt_deploy_conf", "find_mosquitto", "free_port",
+           "start_broker"]
+
+#: Either kind of broker (what :func:`start_broker` returns).
+AnyBroker = Union[MosquittoBroker, EmbeddedBroker]
+
+
+def start_broker(prefer: str = "auto", **kw: Any) -> AnyBroker:
+    """Start a broker and return it (use it as a context manager to stop it).
+
+    Parameters
+    ----------
+    prefer : {"auto", "mosquitto", "amqtt"}
+        ``auto`` takes Mosquitto when it is installed, else amqtt.
+    **kw
+        Passed to :class:`MosquittoBroker` (``port``, ``acl``...); for amqtt
+        only ``host`` and ``port`` are used.
+    """
+    if prefer not in ("auto", "mosquitto", "amqtt"):
+        raise ValueError(f"prefer must be 'auto', 'mosquitto' or 'amqtt', got {prefer!r}")
+    if prefer == "mosquitto" or (prefer == "auto" and find_mosquitto() is not None):
+        broker: AnyBroker = MosquittoBroker(**kw)
+        broker.start()
+        return broker
+    embedded = EmbeddedBroker()
+    embedded.start(host=kw.get("host", "127.0.0.1"), port=kw.get("port"))
+    return embedded

@@ -1,0 +1,226 @@
+"""The ``fedsketch-server`` command line's options: the parser, the defaults its help shows, the names to pick."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import inspect
+import textwrap
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from edge_sdk.transport import BrokerConfig
+
+__all__ = ["DESCRIPTION", "build_parser", "known_architectures", "known_encoders", "known_strategies"]
+
+#: The first line of ``fedsketch-server --help``.
+DESCRIPTION = "``fedsketch-server``: run a federation's server over MQTT."
+
+
+# -- the names a user can pick ----------------------------------------------------
+
+
+def known_strategies() -> list[str]:
+    """Every ``--strategy`` name: those of :func:`server_kit.strategies.strategy_names` and ``fedcref``."""
+    from .strategies import strategy_names
+
+    return sorted({*strategy_names(), "fedcref"})
+
+
+@functools.lru_cache(maxsize=1)
+def _classifiers() -> tuple[str, ...]:
+    from edge_sdk.nets import ARCHITECTURES, build_model
+
+    names = []
+    for name in ARCHITECTURES:
+        model = build_model(name)
+        if hasattr(model, "num_classes") and hasattr(model, "input_shape"):
+            names.append(name)
+    return tuple(sorted(names))
+
+
+def known_architectures() -> list[str]:
+    """Every ``--architecture``: the classifiers of :data:`edge_sdk.nets.ARCHITECTURES` the clients train.
+
+    An architecture is a classifier when its model declares ``num_classes``
+    and ``input_shape`` (what :mod:`edge_sdk.trainer` trains); the
+    autoencoders are left out.
+    """
+    return list(_classifiers())
+
+
+def known_encoders() -> list[str]:
+    """Every ``--encoder``: the shipped artifacts of role ``encoder`` (:func:`edge_sdk.artifacts.load_manifest`)."""
+    from edge_sdk.artifacts import load_manifest
+
+    return sorted(name for name, spec in load_manifest().items() if spec.role == "encoder")
+
+
+# -- the command line -------------------------------------------------------------
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Wraps help at spaces only: names such as ``fedsketch-fedae`` stay whole."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
+
+
+def _defaults() -> dict[str, Any]:
+    """Every option's default as --help shows it (those of ServerConfig, TrainSettings and the strategies)."""
+    from edge_sdk.worker import TrainSettings
+
+    from .drivers.config import ServerConfig
+    from .pretrain_settings import PRETRAIN_DEFAULTS
+    from .robust import DEFAULT_NORM_BOUND, DEFAULT_REFUSE_ABOVE, DEFAULT_TRIM_FRACTION
+    from .strategies.base import Strategy
+    from .strategies.fedsketch import SketchClustered
+
+    d: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ServerConfig)}
+    d.update({f"train_{f.name}": f.default for f in dataclasses.fields(TrainSettings)})
+    d.update({f"ae_{k}": v for k, v in PRETRAIN_DEFAULTS.items()})
+    d["fraction"] = inspect.signature(Strategy.__init__).parameters["fraction"].default
+    d["min_cluster_size"] = inspect.signature(SketchClustered.__init__).parameters["min_cluster_size"].default
+    d.update(norm_bound=DEFAULT_NORM_BOUND, refuse_above=DEFAULT_REFUSE_ABOVE, trim_fraction=DEFAULT_TRIM_FRACTION)
+    return d
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fedsketch-server`` options; their help gives every default and the names to choose from."""
+    dflt = functools.partial(_default_text, _defaults())
+    p = argparse.ArgumentParser(prog="fedsketch-server", description=DESCRIPTION,
+                                formatter_class=_HelpFormatter)
+    _add_strategy_options(p, dflt)
+    _add_fleet_options(p, dflt)
+    _add_training_options(p, dflt)
+    _add_deadline_options(p, dflt)
+    _add_output_options(p, dflt)
+    BrokerConfig.add_arguments(p, defaults_in_help=True)  # the same broker options as fedsketch-client
+    p.add_argument("--signing-key", default=None, metavar="PEM",
+                   help="sign everything sent to devices with this Ed25519 private key (fedsketch keygen, "
+                        "deploy/make_passwords.sh); devices given its public half (--server-key) obey nothing "
+                        "else (default: none)")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging (default: info)")
+    return p
+
+
+def _default_text(defaults: dict[str, Any], key: str, none: str = "none") -> str:
+    """``(default: X)`` for the option ``key`` of ``defaults``; ``none`` stands for None."""
+    v = defaults[key]
+    return f"(default: {none if v is None else v})"
+
+
+def _one_of(names: Sequence[str]) -> str:
+    return "one of: " + ", ".join(names)
+
+
+def _add_strategy_options(p: argparse.ArgumentParser, dflt: Callable[..., str]) -> None:
+    """The run config, the broker, the federation, the strategy and how it combines updates."""
+    p.add_argument("--config", metavar="TOML",
+                   help="TOML run config: ServerConfig keys plus a [strategy] table; options given here override "
+                        "it (default: none)")
+    p.add_argument("--broker", default=None, metavar="URL",
+                   help="mqtt://host:port or mqtts://host:port (default: mqtt://127.0.0.1:1883)")
+    p.add_argument("--federation", default=None, metavar="NAME",
+                   help=f"the federation's name, in every topic {dflt('federation')}")
+    p.add_argument("--strategy", default=None, metavar="NAME",
+                   help=f"{_one_of(known_strategies())}. fedsketch is ours, fedsketch-fedae ours with federated AE "
+                        "pre-training; fedcref for unlabelled clients (fedsketch-client --fedcref; --set "
+                        "theta=0.2 --set community_rounds=15 ...) (default: fedsketch)")
+    p.add_argument("--k", type=int, default=None,
+                   help="number of clusters for ifca, ladd and kmeans-weights (default: 4 for ifca and ladd; "
+                        "kmeans-weights chooses it)")
+    p.add_argument("--aggregator", choices=["fedavg", "trimmed-mean", "median"], default=None,
+                   help="how each model's updates are combined: weighted FedAvg, or the unweighted "
+                        "coordinate-wise trimmed mean or median (robust to a few hostile devices; they hold a "
+                        "cluster's updates in memory) (default: fedavg)")
+    p.add_argument("--norm-bound", type=float, default=None, metavar="X",
+                   help="clip every update whose change exceeds X times the round's median update norm, refuse "
+                        f"non-finite ones; 0 = off, with --refuse-above {dflt('norm_bound')}")
+    p.add_argument("--refuse-above", type=float, default=None, metavar="R",
+                   help="with --norm-bound on, refuse every update whose change exceeds R times the round's "
+                        f"median update norm; 0 = clip it instead {dflt('refuse_above')}")
+    p.add_argument("--trim-fraction", type=float, default=None, metavar="B",
+                   help="fraction cut at each end of every coordinate by --aggregator trimmed-mean, in (0, 0.5) "
+                        f"{dflt('trim_fraction')}")
+    p.add_argument("--set", dest="params", action="append", default=[], metavar="KEY=VALUE",
+                   help="a strategy parameter, the value in TOML syntax (repeatable): --set algorithm=hdbscan "
+                        "--set eps1=0.4 (default: the strategy's own)")
+
+
+def _add_fleet_options(p: argparse.ArgumentParser, dflt: Callable[..., str]) -> None:
+    """The rounds, the fleet, its sketches and the models it trains."""
+    p.add_argument("--rounds", type=int, help=f"training rounds {dflt('rounds')}")
+    p.add_argument("--min-clients", type=int, help=f"clients registration waits for {dflt('min_clients')}")
+    p.add_argument("--flip-prob", type=float,
+                   help=f"probability the clients flip each sketch bit (privacy) {dflt('flip_prob')}")
+    p.add_argument("--num-classes", type=int, help=f"classes of the clients' labels {dflt('num_classes')}")
+    p.add_argument("--encoder", metavar="NAME",
+                   help=f"shipped encoder the clients sketch with; {_one_of(known_encoders())} "
+                        f"{dflt('encoder', 'chosen from the fleet')}")
+    p.add_argument("--architecture", metavar="NAME",
+                   help=f"classifier the clients train; {_one_of(known_architectures())} "
+                        f"{dflt('architecture', 'chosen from the fleet')}")
+
+
+def _add_training_options(p: argparse.ArgumentParser, dflt: Callable[..., str]) -> None:
+    """Local training, sampling, the sketch clustering and the AE pre-training."""
+    p.add_argument("--epochs", type=int, default=None, help=f"local epochs per round {dflt('train_epochs')}")
+    p.add_argument("--lr", type=float, default=None, help=f"local learning rate {dflt('train_lr')}")
+    p.add_argument("--batch-size", type=int, default=None, help=f"local batch size {dflt('train_batch_size')}")
+    p.add_argument("--fraction", type=float, default=None,
+                   help=f"fraction of each cluster sampled per round {dflt('fraction')}")
+    p.add_argument("--min-cluster-size", type=int, default=None,
+                   help=f"smallest cluster the sketch clustering accepts (fedsketch) {dflt('min_cluster_size')}")
+    p.add_argument("--ae-rounds", type=int, default=None,
+                   help=f"federated AE pre-training rounds (fedsketch-fedae) {dflt('ae_rounds')}")
+    p.add_argument("--ae-epochs", type=int, default=None,
+                   help=f"local epochs per AE pre-training round (fedsketch-fedae) {dflt('ae_epochs')}")
+    p.add_argument("--shared-base", action="store_true",
+                   help="average the architecture's base layers (its convolutions) over all clients, "
+                        "the rest per cluster (the paper's LeNet-5 setting) (default: off)")
+
+
+def _add_deadline_options(p: argparse.ArgumentParser, dflt: Callable[..., str]) -> None:
+    """How long each phase waits, and how the models and the final evaluation go out."""
+    p.add_argument("--round-timeout", type=float, dest="round_timeout_s", metavar="S",
+                   help=f"seconds a round waits for its updates {dflt('round_timeout_s')}")
+    p.add_argument("--sketch-timeout", type=float, dest="sketch_timeout_s", metavar="S",
+                   help=f"seconds the server waits for the sketches {dflt('sketch_timeout_s')}")
+    p.add_argument("--register-timeout", type=float, dest="register_timeout_s", metavar="S",
+                   help=f"seconds registration waits for --min-clients {dflt('register_timeout_s')}")
+    p.add_argument("--register-quorum", type=float, metavar="Q",
+                   help="at the registration deadline, start if this fraction of --min-clients was admitted "
+                        f"{dflt('register_quorum')}")
+    p.add_argument("--first-round-timeout", type=float, dest="first_round_timeout_s", metavar="S",
+                   help="deadline of round 1, which includes every device's start-up (default: 3 x --round-timeout)")
+    p.add_argument("--progress-grace", type=float, dest="progress_grace_s", metavar="S",
+                   help="past its deadline, a round waits on while a device said this recently that it still "
+                        f"trains {dflt('progress_grace_s')}")
+    p.add_argument("--round-quorum", type=float, metavar="Q",
+                   help=f"fraction of a round's clients whose updates close it early {dflt('round_quorum')}")
+    p.add_argument("--model-delivery", choices=["auto", "client", "cluster"], default=None,
+                   help="models per client on its own topic (each device downloads only its models), once per "
+                        "cluster topic (every device downloads all), or auto: broadcast only when every client "
+                        f"needs every model {dflt('model_delivery')}")
+    p.add_argument("--eval-fraction", type=float, dest="eval_fraction", metavar="F",
+                   help="share of the assigned devices the final evaluation asks, in (0, 1]: a seeded sample, at "
+                        f"least one device per cluster {dflt('eval_fraction')}")
+
+
+def _add_output_options(p: argparse.ArgumentParser, dflt: Callable[..., str]) -> None:
+    """The seed, checkpoints and resuming, and the report."""
+    p.add_argument("--seed", type=int, help=f"seed of the initial models and of client sampling {dflt('seed')}")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="write the state after every round here (default: none, no checkpoints)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint's last round (default: off)")
+    p.add_argument("--report-dir", default=None, metavar="DIR",
+                   help="write results.json, accuracy.png, threshold_search.png (sketch strategies), bytes.png "
+                        "and report.html here (default: none)")
+    p.add_argument("--truth", default=None, metavar="JSON",
+                   help="a JSON object client id -> true group (fedsketch-data split writes one): the final "
+                        "clustering's ARI, AMI, completeness and homogeneity against it (default: none)")
+    p.add_argument("--target-accuracy", type=float, default=0.8, metavar="A",
+                   help="the report's rounds_to_target is the first round reaching it (default: %(default)s)")

@@ -1,0 +1,79 @@
+"""After the cut: the settings of a refinement's nested clustering, and consolidation by k-means passes.
+
+Refinement clusters each large enough cluster again with the same procedure
+(:meth:`server_kit.clustering.sketch.SketchClustering.fit`, on the settings of
+:func:`child_params`); consolidation (:func:`consolidate`) then moves every
+client to its nearest cluster mean.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from .dendrogram import cluster_sums, relabel
+
+__all__ = ["QuietLogger", "REFINE_NULL_MAX_CLIENTS", "child_params", "consolidate"]
+
+#: Clients a refinement's permutation test looks at, at most (a random subset
+#: of a larger cluster): enough power for real structure, and ten clusters of
+#: a FEMNIST-size federation cost a few tenths of a second.
+REFINE_NULL_MAX_CLIENTS = 200
+
+
+class QuietLogger:
+    """Lower a logger to WARNING for the duration (children of a refinement log at DEBUG only)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+
+    def __enter__(self) -> None:
+        self.level = self.logger.level
+        if self.logger.getEffectiveLevel() > logging.DEBUG:
+            self.logger.setLevel(logging.WARNING)
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.setLevel(self.level)
+
+
+def child_params(params: dict[str, Any], n_examined: int, rs: np.random.RandomState) -> dict[str, Any]:
+    """Settings of the estimator that examines one cluster, from its parent's ``params``.
+
+    One test per examined cluster: Bonferroni over them, and enough
+    permutations for the smaller level to be reachable. Draws the child's
+    seed from ``rs``.
+    """
+    alpha = float(params["single_cluster_alpha"]) / n_examined
+    return {**params, "random_state": int(rs.randint(2**31 - 1)),
+            "null_max_clients": min(int(params["null_max_clients"]), REFINE_NULL_MAX_CLIENTS),
+            "single_cluster_alpha": alpha,
+            "n_null": max(int(params["n_null"]), int(np.ceil(1.0 / alpha - 1e-9)) - 1)}
+
+
+def consolidate(bits: np.ndarray, labels: np.ndarray, passes: int) -> tuple[np.ndarray, int]:
+    """Move every client to its nearest cluster mean, repeatedly (k-means passes from the cut).
+
+    Ward's cut is greedy: a client merged early into a group stays there even
+    when another group's mean ends up nearer (at 1,000 digits devices, 2 to 5
+    clients per run). Consolidating the hierarchical partition with k-means
+    passes (as in HCPC, Husson et al. 2010) moves them. Stops when no client
+    moves, after ``passes`` passes, or if a cluster would empty. Run only
+    when every cluster holds at least ``MIN_SIDE`` (20) clients: among a few
+    noisy clients, a mean that holds the client itself is a poor guide.
+    Returns the labels and the number of clients moved in all.
+    """
+    x = bits.astype(np.float64)
+    norms = x.sum(axis=1)[:, None]
+    moved = 0
+    for _ in range(passes):
+        k = int(labels.max()) + 1
+        sums, counts = cluster_sums(bits, labels, k)
+        c = sums / counts[:, None]
+        new = np.argmin(norms - 2.0 * (x @ c.T) + np.einsum("ij,ij->i", c, c)[None, :], axis=1)
+        changed = int((new != labels).sum())
+        if changed == 0 or np.bincount(new, minlength=k).min() == 0:
+            break
+        labels, moved = new, moved + changed
+    return relabel(labels), moved

@@ -1,0 +1,68 @@
+"""The settings of a server run: :class:`ServerConfig`, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MODEL_DELIVERY", "ServerConfig"]
+
+#: How models reach the clients (see :mod:`server_kit.drivers.delivery`).
+MODEL_DELIVERY = ("auto", "client", "cluster")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Settings of a server run (validated on construction)."""
+
+    federation: str = "default"
+    root: str = "fedsketch"
+    rounds: int = 10
+    min_clients: int = 2
+    register_timeout_s: float = 60.0
+    #: At the registration deadline, the run starts if this share of ``min_clients`` was admitted.
+    register_quorum: float = 0.5
+    sketch_quorum: float = 1.0
+    sketch_timeout_s: float = 60.0
+    round_quorum: float = 1.0
+    round_timeout_s: float = 120.0
+    #: Deadline of the first round, which includes every device's start-up (default: 3 x round_timeout_s).
+    first_round_timeout_s: float | None = None
+    #: A round stays open this long past a device's last "still training" report (a device reports every 10 s).
+    progress_grace_s: float = 30.0
+    #: Longest any round may stay open, progress or not (default: 10 x round_timeout_s).
+    max_round_s: float | None = None
+    eval_timeout_s: float = 60.0
+    #: Share of the assigned devices the final evaluation asks (a seeded sample, at least one per cluster).
+    eval_fraction: float = 1.0
+    num_classes: int = 10
+    flip_prob: float = 0.1
+    #: None: the shipped encoder that takes the fleet's samples.
+    encoder: str | None = None
+    latent_dim: int | None = None
+    #: None: the shipped classifier that takes the fleet's samples.
+    architecture: str | None = None
+    seed: int = 0
+    checkpoint_dir: str | None = None
+    stop_clients: bool = True
+    model_delivery: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be a positive integer, got {self.rounds}")
+        if self.min_clients < 1:
+            raise ValueError(f"min_clients must be a positive integer, got {self.min_clients}")
+        for name in ("sketch_quorum", "round_quorum", "register_quorum", "eval_fraction"):
+            v = getattr(self, name)
+            if not 0.0 < v <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {v}")
+        for name in ("register_timeout_s", "sketch_timeout_s", "round_timeout_s", "eval_timeout_s",
+                     "progress_grace_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("first_round_timeout_s", "max_round_s"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive or None, got {getattr(self, name)}")
+        if not 0.0 <= self.flip_prob <= 0.5:
+            raise ValueError(f"flip_prob must be in [0, 0.5], got {self.flip_prob}")
+        if self.model_delivery not in MODEL_DELIVERY:
+            raise ValueError(f"model_delivery must be one of {list(MODEL_DELIVERY)}, got {self.model_delivery!r}")

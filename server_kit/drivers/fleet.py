@@ -1,0 +1,158 @@
+"""The devices a server knows: admitted or refused, online or not, and whether each can train.
+
+:class:`Fleet` admits a device that says hello (a welcome saying what to
+use) or refuses it (with the reason, which makes it exit), keeps the set of
+online admitted devices in step with their status messages (in O(1), so
+that nothing scans the fleet per message), and tells its listener (the
+driver) of every change.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..strategies.base import ClientInfo
+from .link import ServerLink
+from .models import RunModels
+
+__all__ = ["ADMISSIONS_LOGGED", "ClientState", "Fleet", "some_ids"]
+
+#: Admissions logged one by one at INFO while a fleet registers; the rest at DEBUG.
+ADMISSIONS_LOGGED = 20
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ClientState:
+    """What the server knows of one admitted device."""
+
+    info: ClientInfo
+    online: bool = True
+    last_seen: float = field(default_factory=time.monotonic)
+    #: Whether it can train (torch): a device that cannot is never tasked to.
+    trains: bool = True
+    #: The round it last said it is training, and when.
+    working: tuple[int, float] | None = None
+
+
+def some_ids(cids: list[str], shown: int = 20) -> str:
+    """The first ``shown`` ids for a log line (a fleet's worth would flood the log)."""
+    return ", ".join(cids[:shown]) + (f" ... ({len(cids)} in all)" if len(cids) > shown else "")
+
+
+class Fleet:
+    """The devices the server knows (see the module docstring).
+
+    Parameters
+    ----------
+    link : ServerLink
+        Where the welcome and refused commands go.
+    num_classes : int
+        The classes of the federation (a device that says it has more is refused).
+    on_online : callable
+        ``on_online(cid, online)``: called after every change of the online set.
+    """
+
+    def __init__(self, link: ServerLink, num_classes: int,
+                 on_online: Callable[[str, bool], None] = lambda cid, online: None) -> None:
+        self.link = link
+        self.num_classes = num_classes
+        self.on_online = on_online
+        #: Admitted devices.
+        self.clients: dict[str, ClientState] = {}
+        #: Online admitted clients (kept by :meth:`set_online`; counted without a scan).
+        self.online_ids: set[str] = set()
+        #: Hellos of devices not yet admitted nor refused (while the models are not chosen).
+        self.pending: dict[str, dict[str, Any]] = {}
+        #: Devices refused at registration, with the reason they were told.
+        self.refused: dict[str, str] = {}
+        #: Admitted devices left out of training, with the reason.
+        self.not_training: dict[str, str] = {}
+        #: The round in which each device that went offline was last seen online.
+        self.went_offline: dict[str, int] = {}
+
+    def online(self) -> list[str]:
+        """Online admitted clients."""
+        return sorted(c for c, s in self.clients.items() if s.online)
+
+    def trainable(self) -> list[str]:
+        """Online admitted clients that can train (a scan: once per phase, never per message)."""
+        return sorted(c for c, s in self.clients.items() if s.online and s.trains)
+
+    def set_online(self, cid: str, online: bool) -> None:
+        """Keep the online set in step, then tell the listener (O(1))."""
+        if online:
+            self.online_ids.add(cid)
+        else:
+            self.online_ids.discard(cid)
+        self.on_online(cid, online)
+
+    def on_status(self, cid: str, state: ClientState, meta: Mapping[str, Any], rnd: int) -> None:
+        """A device's status: online or offline (``rnd``: the round it went offline in), and whether it trains."""
+        online = meta["state"] != "offline"
+        if state.online and not online:
+            log.info("client %s is offline", cid)
+            self.went_offline[cid] = rnd
+        state.online = online
+        self.set_online(cid, online)
+        if "working" in meta:
+            state.working = (meta["working"], time.monotonic())
+
+    def restore(self, infos: Mapping[str, ClientInfo]) -> None:
+        """The devices of a checkpoint, all offline until they say hello again."""
+        self.clients = {c: ClientState(info, online=False, trains="train-torch" in info.capabilities)
+                        for c, info in infos.items()}
+        self.online_ids = set()
+
+    def admit(self, cid: str, hello: Mapping[str, Any], models: RunModels, *, registering: bool) -> bool:
+        """Admit a device (welcome: what to use) or refuse it (with the reason, which makes it exit)."""
+        from ..admission import can_train, refusal
+
+        reason = refusal(hello, input_size=models.input_size, num_classes=self.num_classes)
+        if reason is not None:
+            self.refused[cid] = reason
+            self.clients.pop(cid, None)
+            self.set_online(cid, False)
+            log.warning("refused client %s: %s", cid, reason)
+            self.link.command(cid, "refused", reason=reason)
+            return False
+        self.refused.pop(cid, None)
+        known = self.clients.get(cid)
+        n = hello["n_samples"]
+        if known is not None and n != known.info.n_samples:
+            # the sample count weighs this device's updates: it is fixed at registration
+            log.warning("client %s says hello with %d samples, registered with %d: keeping %d",
+                        cid, n, known.info.n_samples, known.info.n_samples)
+            n = known.info.n_samples
+        trains = can_train(hello)
+        info = ClientInfo(cid, n, hello["classes_present"], tuple(hello["capabilities"]))
+        self.clients[cid] = ClientState(info, trains=trains)
+        self.set_online(cid, True)
+        why = None if trains else "no torch on the device (pip install 'fedsketch[train]')"
+        if why:
+            self.not_training[cid] = why
+        else:
+            self.not_training.pop(cid, None)
+        welcome: dict[str, Any] = {"num_classes": self.num_classes, "train": trains, **models.welcome()}
+        if why:
+            welcome["reason"] = why
+        self.link.command(cid, "welcome", **welcome)
+        if known is None:
+            self._log_admission(cid, info, trains, why, registering)
+        elif not known.online:
+            log.info("client %s is back", cid)
+        return True
+
+    def _log_admission(self, cid: str, info: ClientInfo, trains: bool, why: str | None, registering: bool) -> None:
+        # a fleet registering at once: the first few, then DEBUG (the count closes registration)
+        loud = not registering or len(self.clients) <= ADMISSIONS_LOGGED or not trains
+        log.log(logging.INFO if loud else logging.DEBUG, "client %s admitted (%d samples, %d classes%s)", cid,
+                info.n_samples, info.classes_present, "" if trains else f"; sketches and evaluates, never trains: {why}")
+        if registering and len(self.clients) == ADMISSIONS_LOGGED + 1:
+            log.info("more clients are registering: each one logged at DEBUG (-v), the count when "
+                     "registration closes")

@@ -1,0 +1,222 @@
+"""What the current phase expects from the devices, and what they sent that it accepted.
+
+Every message from a client is checked on arrival against the phase: its
+round, whether the device was tasked and with which models, the tensors'
+names, shapes and dtypes, NaN; a bad one is refused (counted, logged, never
+fatal) and an accepted one is recorded for the phase to read.
+
+Per message, the server's work does not grow with the fleet: every phase
+waits on a set of the clients it still expects (:class:`Awaited`), updated
+in O(1) by the message handlers and by status changes, instead of scanning
+the clients before each message.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from edge_sdk.protocol import Kind, Message, ProtocolError, parse_sketch, parse_tensors
+from edge_sdk.sketch import Sketch
+from edge_sdk.worker import Task, Update
+
+from ..strategies.base import Strategy
+from .link import ServerLink
+from .models import RunModels
+
+__all__ = ["Awaited", "Intake"]
+
+
+class Awaited:
+    """The clients a phase waits for: expected, not answered, not given up on, online.
+
+    Handlers and status changes update it in O(1), so that the pump's
+    stopping rule never scans the clients. ``kind`` names the phase, so that
+    a stray message of another phase answers nothing.
+    """
+
+    def __init__(self, kind: str, expected: Any = (), online: Any = ()) -> None:
+        self.kind = kind
+        self.expected = frozenset(expected)
+        self.answered: set[str] = set()
+        self.given_up: set[str] = set()
+        #: Expected, online, neither answered nor given up on.
+        self.left = {c for c in self.expected if c in online}
+
+    def answer(self, kind: str, cid: str) -> None:
+        if kind == self.kind and cid in self.expected:
+            self.answered.add(cid)
+            self.left.discard(cid)
+
+    def give_up(self, kind: str, cid: str) -> None:
+        if kind == self.kind and cid in self.expected:
+            self.given_up.add(cid)
+            self.left.discard(cid)
+
+    def set_online(self, cid: str, online: bool) -> None:
+        if cid not in self.expected:
+            return
+        if not online:
+            self.left.discard(cid)
+        elif cid not in self.answered and cid not in self.given_up:
+            self.left.add(cid)
+
+
+class Intake:
+    """The current phase (its name, its round, who it waits for) and what the devices sent it.
+
+    Parameters
+    ----------
+    link : ServerLink
+        Where refused messages are counted.
+    strategy : Strategy
+        The run's strategy (which summary the devices send).
+    models : RunModels
+        The run's models (the spec of an update, the latent size of a sketch).
+    num_classes : int
+        The classes of the federation.
+    """
+
+    def __init__(self, link: ServerLink, strategy: Strategy, models: RunModels, num_classes: int) -> None:
+        self.link = link
+        self.strategy = strategy
+        self.models = models
+        self.num_classes = num_classes
+        #: "register", "pretrain" or "train".
+        self.phase = "register"
+        #: The round the server is in (the final evaluation is ``rounds + 1``).
+        self.round = 0
+        #: The clients the current phase waits for.
+        self.awaited = Awaited("none")
+        self.tasked: set[str] = set()
+        #: The model keys each tasked client was sent this round: its update must name one of them.
+        self.allowed: dict[str, frozenset[str]] = {}
+        #: Tasked clients that answered this round for a model they were not sent: not waited for any longer.
+        self.refused: set[str] = set()
+        #: The rounds each client was tasked in (a late update is told apart from a stray one).
+        self.tasked_rounds: dict[str, set[int]] = {}
+        self.updates: dict[str, Update] = {}
+        self.slowest_update_s = 0.0
+        self.round_started = time.monotonic()
+        self.ae_spec: dict[str, tuple[tuple[int, ...], str]] = {}
+        self.ae_updates: dict[str, tuple[dict[str, np.ndarray], int, float]] = {}
+        self.metrics: dict[str, dict[str, Any]] = {}
+        #: During the final evaluation: the devices asked, and the model key each must evaluate.
+        self.eval_keys: dict[str, str] = {}
+        #: Each client's summary: a :class:`~edge_sdk.sketch.Sketch`, or a float array (e.g. LADD's spectra).
+        self.sketches: dict[str, Sketch] = {}
+        self.feature_shape: tuple[int, int] | None = None
+
+    # -- what the phase expects -----------------------------------------------
+    def expect(self, kind: str, cids: Iterable[str], online: Iterable[str]) -> Awaited:
+        """Wait for a ``kind`` message from each of ``cids`` (those online)."""
+        self.awaited = Awaited(kind, cids, online)
+        return self.awaited
+
+    def open_round(self, rnd: int, tasks: list[Task], started: float, online: Iterable[str]) -> Awaited:
+        """Round ``rnd`` (begun at ``started``): expect an update from each task's client, for a model it was sent."""
+        self.round = rnd
+        self.updates = {}
+        self.refused = set()
+        self.round_started = started
+        self.tasked = {t.cid for t in tasks}
+        self.allowed = {t.cid: frozenset(t.models) for t in tasks}
+        for t in tasks:
+            self.tasked_rounds.setdefault(t.cid, set()).add(rnd)
+        return self.expect("update", self.tasked, online)
+
+    def set_online(self, cid: str, online: bool) -> None:
+        """A client went online or offline: the phase waits for online clients only."""
+        self.awaited.set_online(cid, online)
+
+    # -- what the devices send ------------------------------------------------
+    def on_summary(self, cid: str, msg: Message) -> Any:
+        """A sketch (or a float summary), checked and recorded; returns it."""
+        if self.strategy.summary_kind == "sketch":
+            if msg.kind != Kind.SKETCH:
+                raise ProtocolError("kind", f"expected a SKETCH, got {msg.kind.name}")
+            sk: Any = parse_sketch(msg.body, num_classes=self.num_classes, latent_dim=self.models.latent)
+        else:
+            if msg.kind != Kind.FEATURES:
+                raise ProtocolError("kind", f"expected FEATURES, got {msg.kind.name}")
+            sk = self._features(msg)
+        self.sketches[cid] = sk
+        self.awaited.answer("sketch", cid)
+        return sk
+
+    def _features(self, msg: Message) -> Any:
+        """A float summary (e.g. LADD's spectra): one finite float32 (num_classes, W) tensor."""
+        if msg.meta.get("summary") != self.strategy.summary_kind:
+            raise ProtocolError("meta", f"summary {msg.meta.get('summary')!r} is not the "
+                                        f"{self.strategy.summary_kind!r} this server asked for")
+        arr = parse_tensors(msg.body)
+        feats = arr.get("features")
+        if set(arr) != {"features"} or feats is None or feats.dtype != np.float32 or feats.ndim != 2:
+            raise ProtocolError("tensor-name", "a features message holds one float32 2-D tensor 'features'")
+        shape = self.feature_shape or (self.num_classes, feats.shape[1])
+        if feats.shape != shape:
+            raise ProtocolError("tensor-shape", f"features of shape {feats.shape}, expected {shape}")
+        self.feature_shape = shape
+        return feats
+
+    def on_update(self, cid: str, msg: Message) -> None:
+        """A round's update: refused if late, stray or for a model the client was not sent; else recorded."""
+        m = msg.meta
+        rnd = m["round"]
+        if rnd < self.round and rnd in self.tasked_rounds.get(cid, ()):
+            # the documented rule: an update for a closed round is refused (its model has moved on), logged
+            self.link.reject("late-update", f"update for round {rnd} arrived after the round closed (now round "
+                                             f"{self.round}); refused, the device trains again from the new model",
+                             cid)
+            return
+        if rnd != self.round or cid not in self.tasked:
+            self.link.reject("stale-update", f"update for round {rnd} (current {self.round}, "
+                                              f"tasked: {cid in self.tasked})", cid)
+            return
+        key = m["model_key"]
+        if key not in self.allowed.get(cid, ()):
+            self.refused.add(cid)
+            self.awaited.give_up("update", cid)
+            self.link.reject("wrong-model", f"update for model {key!r} in round {rnd}; this client was sent "
+                                             f"{sorted(self.allowed.get(cid, ()))}", cid)
+            return
+        n = m["n_samples"]  # Strategy.aggregate weighs it by the count the device registered, never more
+        # (bad tensors do not end the wait: they may be a forgery on a broker without the ACL, or damage)
+        weights = parse_tensors(msg.body, spec=self.models.spec)
+        self.updates[cid] = Update(cid, rnd, key, weights, n, m.get("loss", float("nan")), m["metrics"])
+        self.awaited.answer("update", cid)
+        self.slowest_update_s = max(self.slowest_update_s, time.monotonic() - self.round_started)
+
+    def on_ae_update(self, cid: str, msg: Message, registered: int) -> None:
+        """An autoencoder update (its sample count capped at the ``registered`` one), checked and recorded."""
+        m = msg.meta
+        rnd = m["round"]
+        if rnd != self.round or cid not in self.tasked or m["model_key"] != "ae":
+            self.link.reject("stale-update", f"AE update for round {rnd}, model {m['model_key']!r} "
+                                              f"(current {self.round}, tasked: {cid in self.tasked})", cid)
+            return
+        n = min(m["n_samples"], registered)
+        weights = parse_tensors(msg.body, spec=self.ae_spec)
+        self.ae_updates[cid] = (weights, n, m.get("loss", float("nan")))
+        self.awaited.answer("ae", cid)
+
+    def on_metrics(self, cid: str, m: Mapping[str, Any]) -> None:
+        """A device's evaluation, for the round in hand: recorded if it was asked, for the model it was asked."""
+        if m["round"] != self.round:
+            return
+        if not self.eval_keys:
+            return  # no evaluation under way: nothing reads it
+        key = self.eval_keys.get(cid)
+        if key is None:
+            self.link.reject("unasked-metrics",
+                             f"metrics for round {m['round']} from a device not asked to evaluate", cid)
+            return
+        if m["model_key"] != key:
+            self.link.reject("wrong-model", f"metrics for model {m['model_key']!r}; this device was asked to "
+                                             f"evaluate {key!r}", cid)
+            return
+        self.metrics[cid] = dict(m)
+        self.awaited.answer("metrics", cid)

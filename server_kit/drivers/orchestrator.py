@@ -1,0 +1,479 @@
+"""The MQTT driver: a real federation of client processes behind a broker.
+
+The :class:`Orchestrator` runs a :class:`~server_kit.strategies.base.Strategy` over
+clients it reaches through a transport (:class:`edge_sdk.transport.MqttTransport`,
+or its in-memory twin in unit tests):
+
+1. registration: clients say hello (the server broadcasts a request, so
+   clients started before it re-register); closed by quorum or deadline;
+2. if the strategy pre-trains the sketch autoencoder (``strategy.pretrain``,
+   "fedsketch-fedae"): FedAvg rounds of the autoencoder over the clients'
+   images (model key "ae"), then its encoder exported to ONNX and sent to
+   every client (model key "encoder", raw .onnx bytes, sha256 in meta);
+3. if the strategy clusters from sketches: ask every client for its sketch,
+   collect until quorum or deadline, cluster once, tell each client its model;
+4. rounds: deliver each client the models it needs (see
+   :mod:`~server_kit.drivers.delivery`), command the round's clients to
+   train, collect updates until quorum or deadline (a client that vanished,
+   announced by its last will, is not waited for), aggregate, checkpoint;
+5. a final evaluation: one broadcast ``evaluate`` command (each device
+   evaluates the model it was assigned), of all the assigned online devices
+   or of a seeded sample of them (``eval_fraction``, at least one per
+   cluster; :func:`edge_sdk.sampling.in_sample` tells the server and each
+   device alike who is in it).
+
+The orchestrator owns these phases and composes the rest, each in its module
+of this package: a :class:`~.link.ServerLink` (sending, and the inbox pumped
+through :meth:`Orchestrator._handle`), a :class:`~.fleet.Fleet` (the devices,
+admitted or refused, online or not), :class:`~.models.RunModels` (encoder,
+architecture, template), an :class:`~.intake.Intake` (the phase, and the
+checks and records of what the devices send), a :class:`~.delivery.Delivery`
+(the model topics each device follows, each model sent once or per device)
+and :class:`~.assignment.Assignments` (which model each device is told);
+phase 2 is :func:`~.ae_phase.pretrain_ae`.
+
+Every message from a client is validated on arrival (envelope, sender vs
+topic, registration, round, tensor names/shapes/dtypes, NaN); a bad one is
+logged and counted, never fatal. State after every round goes to a
+checkpoint folder (JSON + safetensors, :mod:`~server_kit.drivers.checkpoint`),
+and :meth:`Orchestrator.run` with ``resume=True`` continues a killed server
+from its last finished round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import numpy as np
+
+from edge_sdk.protocol import Kind, Message, Topics
+from edge_sdk.rejections import RejectionLog
+from edge_sdk.schema import check_meta
+
+from ..strategies.base import Strategy
+from .ae_phase import pretrain_ae
+from .assignment import Assignments
+from .checkpoint import read_checkpoint, read_encoder, write_checkpoint
+from .config import ServerConfig
+from .delivery import Delivery
+from .fleet import ClientState, Fleet, some_ids
+from .intake import Intake
+from .link import ServerLink
+from .models import RunModels
+from .records import eval_result, eval_sample, round_record
+
+__all__ = ["Orchestrator", "ServerConfig"]
+
+log = logging.getLogger(__name__)
+
+
+class Orchestrator:
+    """Drives a strategy over MQTT clients. See the module docstring."""
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        transport: Any,
+        config: ServerConfig,
+        *,
+        template: Mapping[str, np.ndarray] | None = None,
+        on_round: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.strategy = strategy
+        self.transport = transport
+        self.config = config
+        self.topics = Topics(config.root, config.federation)
+        self.on_round = on_round
+        self._rejections = RejectionLog(log)
+        #: Refused messages per reason (logged once per sender and reason per interval).
+        self.rejected: dict[str, int] = self._rejections.counts
+        self.link = ServerLink(transport, self.topics, config.federation, handler=self._handle,
+                               rejections=self._rejections, round_of=lambda: self.intake.round)
+        self.run_models = RunModels(strategy, config.encoder, config.architecture, seed=config.seed,
+                                    latent_dim=config.latent_dim, template=template)
+        self.fleet = Fleet(self.link, config.num_classes, on_online=self._set_online)
+        self.intake = Intake(self.link, strategy, self.run_models, config.num_classes)
+        self.delivery = Delivery(self.link, config.model_delivery, self.fleet.online)
+        #: Bytes of models (and encoders) the clients downloaded, per kind (see :mod:`~server_kit.drivers.delivery`).
+        self.delivered: dict[str, int] = self.delivery.delivered
+        #: Devices refused at registration, with the reason they were told.
+        self.refused: dict[str, str] = self.fleet.refused
+        #: Admitted devices left out of training, with the reason.
+        self.not_training: dict[str, str] = self.fleet.not_training
+        self.history: list[dict[str, Any]] = []
+        self.timings: dict[str, float] = {}
+        self.pretrain_history: list[dict[str, Any]] = []
+        self.assignments = Assignments(strategy, config, self.link, self.fleet, self.intake, self.delivery,
+                                       self.run_models)
+
+    # -- the run's devices and models ---------------------------------------
+    @property
+    def clients(self) -> dict[str, ClientState]:
+        """Admitted devices."""
+        return self.fleet.clients
+
+    @property
+    def sketches(self) -> dict[str, Any]:
+        """Each client's summary (a sketch, or a float array)."""
+        return self.intake.sketches
+
+    @property
+    def encoder_name(self) -> str | None:
+        """The encoder the clients sketch with (the federated one after pre-training); None until chosen."""
+        return self.run_models.encoder
+
+    @property
+    def architecture(self) -> str | None:
+        """The classifier architecture of the run; None until chosen (or when a template was given)."""
+        return self.run_models.architecture
+
+    @property
+    def template(self) -> dict[str, np.ndarray] | None:
+        """The initial weights of the classifier; None until chosen."""
+        return self.run_models.template
+
+    @property
+    def models_chosen(self) -> bool:
+        """Whether the run's models are chosen."""
+        return self.run_models.chosen
+
+    def online(self) -> list[str]:
+        """Online admitted clients."""
+        return self.fleet.online()
+
+    def trainable(self) -> list[str]:
+        """Online admitted clients that can train (a scan: once per phase, never per message)."""
+        return self.fleet.trainable()
+
+    def _set_online(self, cid: str, online: bool) -> None:
+        """The fleet's listener: the pending follow confirmations and the phase's wait, in step (O(1))."""
+        self.delivery.set_online(cid, online)
+        self.intake.set_online(cid, online)
+
+    def _choose_models(self) -> None:
+        """After registration: the models of the run, then each waiting device admitted or refused."""
+        fleet = self.fleet
+        if not self.models_chosen:
+            from ..admission import choose_models
+
+            enc, arch, how = choose_models(fleet.pending, self.encoder_name, self.architecture)
+            self.run_models.use(enc, arch, how)
+        for cid in sorted(fleet.pending):
+            fleet.admit(cid, fleet.pending.pop(cid), self.run_models, registering=self.intake.phase == "register")
+
+    # -- message handling -----------------------------------------------
+    def _handle(self, topic: str, msg: Message) -> None:
+        """The link's handler: one device message, checked against the schema, to whom it concerns."""
+        cid = msg.sender
+        msg = dataclasses.replace(msg, meta=check_meta(msg))  # every field a handler reads, checked
+        if msg.kind == Kind.HELLO:
+            self._on_hello(cid, msg)
+            return
+        state = self.clients.get(cid)
+        if state is None and cid in self.fleet.pending:
+            return  # registered, admitted once the models are chosen: its status adds nothing yet
+        if state is None:
+            self.link.reject("unknown-client", f"{msg.kind.name} from an unregistered client", cid)
+            return
+        state.last_seen = time.monotonic()
+        intake = self.intake
+        if msg.kind == Kind.STATUS:
+            self.fleet.on_status(cid, state, msg.meta, intake.round)
+            if "follow" in msg.meta:
+                self.delivery.confirm(cid, msg.meta["follow"])
+        elif msg.kind in (Kind.SKETCH, Kind.FEATURES):
+            sk = intake.on_summary(cid, msg)
+            if intake.phase == "train" and not self.assignments.in_clusters(cid):
+                key = self.strategy.assign_late(cid, sk, state.info)
+                self.assignments.assign(cid, key)
+        elif msg.kind == Kind.UPDATE and intake.phase == "pretrain":
+            intake.on_ae_update(cid, msg, state.info.n_samples)
+        elif msg.kind == Kind.UPDATE:
+            intake.on_update(cid, msg)
+        elif msg.kind == Kind.METRICS:
+            intake.on_metrics(cid, msg.meta)
+        else:
+            self.link.reject("kind", f"unexpected {msg.kind.name}", cid)
+
+    def _on_hello(self, cid: str, msg: Message) -> None:
+        """A device (re)announces itself: admit or refuse it now, or once the models are chosen."""
+        m = msg.meta  # checked by the schema: n_samples in [1, 2**31), classes_present in [0, 65535]
+        if not self.models_chosen:
+            if cid not in self.fleet.pending:
+                log.info("client %s registered (%d samples, %s)", cid, m["n_samples"],
+                         "x".join(map(str, m.get("input_shape", []))) or "shape not said")
+            self.fleet.pending[cid] = m
+            return
+        # reconnected, it follows what it was told; restarted, every model; and it may have forgotten its model
+        self.delivery.forget(cid)
+        self.assignments.told.pop(cid, None)
+        phase = self.intake.phase
+        if not self.fleet.admit(cid, m, self.run_models, registering=phase == "register"):
+            return
+        info = self.clients[cid].info
+        if phase == "train" and not self.assignments.in_clusters(cid):
+            self.assignments.admit_late(cid, info)
+        elif phase == "train":
+            self.assignments.assign(cid, self.strategy.model_key_for(cid))
+
+    # -- phases -------------------------------------------------------------
+    def _register(self) -> None:
+        t0 = time.monotonic()
+        self.link.broadcast("hello")
+        need = self.config.min_clients
+        quorum = max(1, int(np.ceil(self.config.register_quorum * need)))
+        fleet = self.fleet
+
+        def count() -> int:
+            return len(fleet.clients) + len(fleet.pending)
+
+        ok = self.link.pump(lambda: count() >= need, self.config.register_timeout_s)
+        # let stragglers of the same start register too (short grace)
+        self.link.pump(lambda: False, 0.5)
+        if not ok:
+            if count() < quorum:
+                raise TimeoutError(
+                    f"only {count()} of the {need} clients needed registered within "
+                    f"{self.config.register_timeout_s:g} s (at least {quorum} to start: --register-quorum)")
+            log.warning("registration deadline: starting with %d of the %d clients asked for (quorum %d)",
+                        count(), need, quorum)
+        self._choose_models()
+        self.timings["register_s"] = time.monotonic() - t0
+        if len(self.clients) < quorum:
+            raise RuntimeError(f"only {len(self.clients)} client(s) admitted, {quorum} needed; refused: "
+                               + "; ".join(f"{c}: {r}" for c, r in sorted(self.refused.items())))
+        if not self.trainable():
+            raise RuntimeError(f"none of the {len(self.clients)} admitted clients can train "
+                               f"({'; '.join(f'{c}: {r}' for c, r in sorted(self.not_training.items()))}): "
+                               "install torch on the devices (pip install 'fedsketch[train]')")
+        log.info("registration closed: %d clients admitted (%d train)%s", len(self.clients),
+                 len(self.trainable()), f", {len(self.refused)} refused" if self.refused else "")
+
+
+    def _cluster(self) -> None:
+        t0 = time.monotonic()
+        cids = self.online()
+        awaited = self.intake.expect("sketch", cids, self.fleet.online_ids)
+        for cid in cids:
+            if cid in self.sketches:
+                awaited.answer("sketch", cid)
+        # the same request for every admitted device: one broadcast (a device not admitted ignores it)
+        self.link.broadcast("sketch", **self.assignments.sketch_request())
+        need = max(1, int(np.ceil(self.config.sketch_quorum * len(cids))))
+        self.link.pump(lambda: len(awaited.answered) >= need, self.config.sketch_timeout_s)
+        got = {c: self.sketches[c] for c in cids if c in self.sketches}
+        if len(got) < need:
+            log.warning("sketch deadline: %d of %d sketches (quorum %d); clustering those", len(got), len(cids), need)
+        if not got:
+            raise TimeoutError("no sketch arrived before the deadline")
+        self.timings["sketch_collect_s"] = time.monotonic() - t0
+        t1 = time.monotonic()
+        self.strategy.on_sketches(got)
+        self.assignments.clustered = None
+        self.timings["clustering_s"] = time.monotonic() - t1
+
+    def _run_round(self, rnd: int) -> dict[str, Any]:
+        t0 = time.monotonic()
+        tasks = self.strategy.configure_round(rnd, self.trainable())
+        intake = self.intake
+        awaited = intake.open_round(rnd, tasks, t0, self.fleet.online_ids)
+        # what each client is offered (IFCA: all K), as the devices download it
+        delivered, deliveries = self.delivery.deliver_models({t.cid: list(t.models) for t in tasks},
+                                                             self.strategy.models)
+        log.info("round %d: models once on %d cluster topic(s), %d copies per device", rnd,
+                 deliveries["cluster_topic"], deliveries["per_device"])
+        arch = {"architecture": self.architecture} if self.architecture else {}
+        for t in tasks:
+            self.link.command(t.cid, "train", round=rnd, models=sorted(t.models), evaluate_first=t.evaluate_first,
+                              **arch, **t.settings.to_dict())
+        need = max(1, int(np.ceil(self.config.round_quorum * len(tasks))))
+
+        def waiting() -> list[str]:
+            return sorted(awaited.left)
+
+        def done() -> bool:
+            # quorum reached, or nobody left worth waiting for (the rest went offline): O(1)
+            return len(intake.updates) >= need or not awaited.left
+
+        self._wait_round(rnd, done, waiting)
+        updates = [intake.updates[c] for c in sorted(intake.updates)]
+        missing = sorted(intake.tasked - set(intake.updates))
+        if missing:
+            log.warning("round %d closed without %d client(s): %s", rnd, len(missing), some_ids(missing))
+        summary = self.strategy.aggregate(rnd, updates) if updates else {"updates": 0}
+        self.assignments.clustered = None  # the strategy may have clustered (update-based methods)
+        rec = round_record(rnd, len(tasks), updates, missing, summary, delivered, deliveries, t0)
+        self.history.append(rec)
+        self._checkpoint(rnd)
+        if self.on_round:
+            self.on_round(rec)
+        log.info("round %d: %d/%d updates, loss %s", rnd, len(updates), len(tasks), rec["loss"])
+        return rec
+
+    def round_deadline(self, rnd: int) -> float:
+        """Seconds round ``rnd`` waits before it looks at progress reports.
+
+        The first round includes every device's start-up (loading data, the
+        first torch import): ``first_round_timeout_s`` (default 3 x
+        ``round_timeout_s``). Later rounds wait ``round_timeout_s`` or twice
+        the slowest update seen so far, whichever is longer.
+        """
+        c = self.config
+        slowest = self.intake.slowest_update_s
+        if rnd == 1 or not slowest:
+            return c.first_round_timeout_s or 3 * c.round_timeout_s
+        return max(c.round_timeout_s, 2 * slowest)
+
+    def _wait_round(self, rnd: int, done: Callable[[], bool], waiting: Callable[[], list[str]]) -> None:
+        """Pump until ``done()`` or the deadline; past it, wait on while devices report they still train.
+
+        A tasked device sends "training round r" every 10 s while it trains;
+        the round stays open while one of those not yet answered reported
+        within ``progress_grace_s``, up to ``max_round_s`` in all. So a round
+        never closes empty while its devices are working.
+        """
+        c = self.config
+        start = time.monotonic()
+        cap = c.max_round_s or 10 * c.round_timeout_s
+        if self.link.pump(done, self.round_deadline(rnd)):
+            return
+        while time.monotonic() - start < cap:
+            now = time.monotonic()
+            working = [cid for cid in waiting() if (w := self.clients[cid].working) is not None
+                       and w[0] == rnd and now - w[1] <= c.progress_grace_s]
+            if not working:
+                return
+            log.info("round %d: past its deadline, %d device(s) still training (%s): waiting on",
+                     rnd, len(working), ", ".join(working[:5]) + (" ..." if len(working) > 5 else ""))
+            if self.link.pump(done, min(c.progress_grace_s, cap - (now - start))):
+                return
+
+    def _final_eval(self) -> dict[str, Any]:
+        intake = self.intake
+        intake.round = self.config.rounds + 1
+        intake.metrics = {}
+        keys = {c: self.strategy.model_key_for(c) for c in self.online() if self.assignments.in_clusters(c)}
+        sampled, extra = eval_sample(keys, self.config.eval_fraction, self.config.seed)
+        asked = sorted(sampled + extra)
+        for cid in asked:  # a device evaluates the model it was told: tell it again where that changed
+            if self.assignments.told.get(cid) != keys[cid]:
+                self.assignments.assign(cid, keys[cid])
+        self.delivery.await_confirmations(self.config.round_timeout_s)
+        intake.eval_keys = {c: keys[c] for c in asked}
+        awaited = intake.expect("metrics", asked, self.fleet.online_ids)
+        delivered, deliveries = self.delivery.deliver_models({c: [keys[c]] for c in asked}, self.strategy.models)
+        arch = {"architecture": self.architecture} if self.architecture else {}
+        if sampled:  # one command for the sample; each device knows its model and whether it is in it
+            self.link.broadcast("evaluate", round=intake.round, fraction=self.config.eval_fraction,
+                                seed=self.config.seed, **arch)
+        for cid in extra:
+            self.link.command(cid, "evaluate", round=intake.round, model_key=keys[cid], **arch)
+        log.info("final evaluation: %d of %d assigned device(s) asked (fraction %g, %d added so that every "
+                 "cluster is evaluated); models once on %d cluster topic(s), %d copies per device", len(asked),
+                 len(keys), self.config.eval_fraction, len(extra), deliveries["cluster_topic"],
+                 deliveries["per_device"])
+        self.link.pump(lambda: not awaited.left, self.config.eval_timeout_s)
+        intake.eval_keys = {}
+        return eval_result(intake.metrics, keys, eval_fraction=self.config.eval_fraction, asked=len(asked),
+                           delivered=delivered, deliveries=deliveries, broadcast=bool(sampled),
+                           per_device=len(extra))
+
+    # -- checkpoints ------------------------------------------------------
+    def _checkpoint(self, rnd: int) -> None:
+        if not self.config.checkpoint_dir:
+            return
+        write_checkpoint(self.config.checkpoint_dir, rnd, self.strategy, history=self.history,
+                         timings=self.timings, clients={c: s.info for c, s in self.clients.items()},
+                         sketches=self.sketches, config=self.config, encoder=self.encoder_name,
+                         architecture=self.architecture, latent_dim=self.run_models.latent,
+                         pretrain_history=self.pretrain_history)
+
+    def _restore(self) -> int:
+        ck = read_checkpoint(self.config.checkpoint_dir or "")
+        models = self.run_models
+        arch = ck.architecture or models.architecture
+        if not models.chosen or arch != models.architecture:
+            models.use(ck.encoder or models.encoder, arch, "from the checkpoint")
+        self.strategy.setup(list(ck.clients.values()), models.template)
+        self.strategy.load_state(ck.strategy, ck.tensors)
+        self.fleet.restore(ck.clients)
+        self.assignments.clustered = None
+        self.intake.sketches = ck.sketches
+        self.history = ck.history
+        self.timings = ck.timings
+        self.pretrain_history = ck.pretrain_history
+        models.encoder = ck.encoder or models.encoder
+        if ck.latent_dim is not None:
+            models.latent = ck.latent_dim
+        encoder_msg = read_encoder(ck.path, models.encoder)  # the federated encoder, for late clients
+        if encoder_msg is not None:
+            models.encoder_msg = encoder_msg
+        log.info("resumed from %s after round %d (%d clients known)", ck.path, ck.round, len(self.clients))
+        return ck.round
+
+    # -- the run ------------------------------------------------------------
+    def _start(self) -> None:
+        """A fresh run: registration, then (pre-training and) clustering, then each device told its model."""
+        try:
+            self._register()
+        except (RuntimeError, ValueError) as e:  # the devices are told, so they do not wait in vain
+            if self.config.stop_clients:
+                self.link.broadcast("stop", reason=f"the server stopped: {e}"[:300])
+            raise
+        self.strategy.setup([s.info for s in self.clients.values()], self.template)
+        self.assignments.clustered = None
+        if getattr(self.strategy, "pretrain", None) is not None:
+            pretrain_ae(self)
+        if self.strategy.needs_sketches:
+            self._cluster()
+        self.intake.phase = "train"
+        self.assignments.announce()
+
+    def _resume(self) -> int:
+        """A killed run, continued: its checkpoint, then the devices asked to say hello; returns its last round."""
+        last = self._restore()
+        self.intake.phase = "train"
+        self.link.broadcast("hello")
+        self.link.pump(lambda: len(self.fleet.online_ids) >= min(self.config.min_clients, len(self.clients)),
+                       self.config.register_timeout_s)
+        self.link.pump(lambda: False, 0.5)
+        return last
+
+    def run(self, *, resume: bool = False) -> dict[str, Any]:
+        """Run the federation; returns a summary (assignment, history, final evaluation, bytes)."""
+        t0 = time.monotonic()
+        self.link.subscribe(("hello", "sketch", "update", "status", "metrics"))
+        start = self._resume() + 1 if resume else 1
+        if not resume:
+            self._start()
+        self.link.pump(lambda: False, 0.2)
+        self.delivery.await_confirmations(self.config.round_timeout_s)
+        t_train = time.monotonic()
+        for rnd in range(start, self.config.rounds + 1):
+            self._run_round(rnd)
+        final = self._final_eval()
+        self.timings["training_s"] = time.monotonic() - t_train
+        if self.config.stop_clients:
+            self.link.broadcast("stop", reason="finished")
+        self.timings["total_s"] = time.monotonic() - t0
+        return {
+            "strategy": self.strategy.name,
+            "assignment": self.strategy.clusters(),
+            "history": self.history,
+            "final": final,
+            "timings": self.timings,
+            "rejected": dict(self.rejected),
+            "transport": self.transport.stats(),
+            "delivered": dict(self.delivered),
+            "pretrain": list(self.pretrain_history),
+            "encoder": self.encoder_name,
+            "architecture": self.architecture,
+            "refused": dict(self.refused),
+            "not_training": dict(self.not_training),
+            "dropped": {c: f"offline since round {self.fleet.went_offline.get(c, 0)}"
+                        for c, st in sorted(self.clients.items()) if not st.online},
+        }

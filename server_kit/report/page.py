@@ -1,0 +1,211 @@
+"""The report's HTML page: one self-contained ``report.html`` (inline CSS, no script), a section per step.
+
+:func:`write_html` puts together the summary, the plots (by relative file
+name), and the tables per round, per cluster, of bytes, of refused and
+dropped clients and of the clustering against the true groups; each
+section has its own function below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from .results import FINAL_ROUNDS, number_or_none
+
+__all__ = ["write_html"]
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th { background: #f2f2f2; } td.l, th.l { text-align: left; }
+img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
+.note { color: #666; font-size: 0.85em; }
+"""
+
+
+def _fmt(v: Any, digits: int = 4) -> str:
+    if v is None:
+        return "&mdash;"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return escape(str(v))
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, left: int = 1) -> str:
+    """An HTML table; the first ``left`` columns are left-aligned text."""
+    def cell(tag: str, i: int, v: str) -> str:
+        return f'<{tag} class="l">{v}</{tag}>' if i < left else f"<{tag}>{v}</{tag}>"
+
+    head = "".join(cell("th", i, escape(h)) for i, h in enumerate(header))
+    body = "".join("<tr>" + "".join(cell("td", i, _fmt(v)) for i, v in enumerate(r)) + "</tr>\n" for r in rows)
+    head_row = f"<tr>{head}</tr>\n" if any(header) else ""  # a key-value table needs no header
+    return f"<table>\n{head_row}{body}</table>\n"
+
+
+def _note(defs: Mapping[str, str], key: str, prefix: str = "") -> str:
+    """The definition of ``key`` as a note under a heading ("" when the results do not define it)."""
+    return f'<p class="note">{prefix}{escape(defs[key])}</p>\n' if key in defs else ""
+
+
+def write_html(path: str | Path, results: Mapping[str, Any], files: Sequence[str | Path] = ()) -> Path:
+    """Write ``report.html``: summary, plots, per-round, per-cluster, bytes and refusals tables.
+
+    Parameters
+    ----------
+    path : str or Path
+        The page to write.
+    results : mapping
+        What :func:`~server_kit.report.build_results` returns.
+    files : sequence of str or Path
+        The files beside the page (plots, ``results.json``): the page names
+        only those of them that exist, by relative file name.
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
+    p = Path(path)
+    present = {Path(f).name for f in files if (p.parent / Path(f).name).is_file()}
+    defs = results.get("definitions") or {}
+    parts = [_head(results), _summary(results, present), _plots(present), _per_round(results, defs),
+             _per_cluster(results, defs), _bytes(results, defs), _refusals(results), _truth(results),
+             "</body>\n</html>\n"]
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("".join(parts), encoding="utf-8")
+    return p
+
+
+def _head(results: Mapping[str, Any]) -> str:
+    return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>FedSketch run: {escape(str(results.get('strategy', '')))}</title>\n<style>{_CSS}</style>\n"
+            "</head>\n<body>\n"
+            f"<h1>FedSketch run: {escape(str(results.get('strategy', '?')))}</h1>\n")
+
+
+def _summary(results: Mapping[str, Any], present: set[str]) -> str:
+    clustering = results.get("clustering") or {}
+    final_eval = results.get("final_evaluation") or {}
+    assignment = results.get("assignment") or {}
+    summary: list[tuple[str, Any]] = [
+        ("strategy", results.get("strategy")),
+        ("clients", results.get("clients")),
+        ("clusters", len(set(assignment.values())) if assignment else None),
+        ("rounds", results.get("rounds")),
+        (f"final accuracy (mean of the last {FINAL_ROUNDS} rounds)", results.get("final_accuracy")),
+        ("final evaluation (mean over clients)", final_eval.get("mean")),
+        *([("clients evaluated (asked)", f"{final_eval['evaluated']} ({final_eval['asked']})")]
+          if "evaluated" in final_eval and "asked" in final_eval else []),
+        (f"rounds to {results.get('target_accuracy', 0.8):g} accuracy", results.get("rounds_to_target")),
+    ]
+    if "ari" in clustering:
+        summary.append(("ARI against the true groups", clustering["ari"]))
+    if results.get("encoder") is not None:
+        summary.append(("encoder", results.get("encoder")))
+    total = (results.get("timings") or {}).get("total_s")
+    if total is not None:
+        summary.append(("seconds", f"{float(total):.1f}"))
+    out = "<h2>Summary</h2>\n" + _table(["", ""], summary)
+    if "results.json" in present:
+        out += ('<p class="note">Every number, with its definition: <a href="results.json">results.json</a>'
+                "</p>\n")
+    return out
+
+
+def _plots(present: set[str]) -> str:
+    plots = [("accuracy.png", "Accuracy per round: the mean and each cluster's model"),
+             ("threshold_search.png", "The clustering's threshold search"),
+             ("bytes.png", "Bytes per message kind")]
+    shown = [(f, cap) for f, cap in plots if f in present]
+    if not shown:
+        return ""
+    return "<h2>Plots</h2>\n" + "".join(
+        f'<figure><img src="{escape(f)}" alt="{escape(cap)}"><figcaption class="note">{escape(cap)}</figcaption>'
+        "</figure>\n" for f, cap in shown)
+
+
+def _per_round(results: Mapping[str, Any], defs: Mapping[str, str]) -> str:
+    accs = results.get("accuracy_per_round") or []
+    history = results.get("history") or []
+    rows = []
+    for i, h in enumerate(history):
+        rows.append([h.get("round", i + 1), h.get("tasked"), h.get("updates"), len(h.get("missing") or []),
+                     number_or_none(h.get("acc_before")), accs[i] if i < len(accs) else None,
+                     number_or_none(h.get("loss")), h.get("model_bytes_delivered"), h.get("clipped"),
+                     h.get("refused_norm"), None if h.get("seconds") is None else f"{float(h['seconds']):.1f}"])
+    return ("<h2>Per round</h2>\n" + _note(defs, "accuracy_per_round", "accuracy after the round: ")
+            + _table(["round", "tasked", "updates", "missing", "accuracy before training",
+                      "accuracy after the round", "loss", "model bytes downloaded", "clipped",
+                      "refused (norm)", "seconds"], rows))
+
+
+def _per_cluster(results: Mapping[str, Any], defs: Mapping[str, str]) -> str:
+    from ..metrics import final_accuracy
+
+    per_cluster = results.get("accuracy_per_cluster_per_round") or {}
+    per_final = (results.get("final_evaluation") or {}).get("per_cluster") or {}
+    members: dict[str, int] = {}
+    for key in ((results.get("final") or {}).get("model_per_client") or {}).values():
+        members[key] = members.get(key, 0) + 1
+    rows = [[k, members.get(k), final_accuracy(per_cluster.get(k, []), FINAL_ROUNDS), per_final.get(k)]
+            for k in sorted(set(per_cluster) | set(per_final))]
+    return ("<h2>Per cluster</h2>\n" + _note(defs, "accuracy_per_cluster_per_round")
+            + _table(["model", "clients evaluated", f"accuracy (mean of the last {FINAL_ROUNDS} rounds)",
+                      "final evaluation"], rows))
+
+
+def _bytes(results: Mapping[str, Any], defs: Mapping[str, str]) -> str:
+    b = results.get("bytes") or {}
+    sent, recv, down = (b.get("sent_by_server") or {}, b.get("received_by_server") or {},
+                        b.get("downloaded_by_devices") or {})
+    rows = []
+    for kind in sorted(set(sent) | set(recv) | set(down)):
+        s, r = sent.get(kind) or {}, recv.get(kind) or {}
+        rows.append([kind, s.get("bytes"), s.get("messages"), r.get("bytes"), r.get("messages"), down.get(kind)])
+    rows.append(["total", sum(int((v or {}).get("bytes", 0)) for v in sent.values()),
+                 sum(int((v or {}).get("messages", 0)) for v in sent.values()),
+                 sum(int((v or {}).get("bytes", 0)) for v in recv.values()),
+                 sum(int((v or {}).get("messages", 0)) for v in recv.values()),
+                 sum(int(v) for v in down.values())])
+    return ("<h2>Bytes</h2>\n" + _note(defs, "bytes")
+            + _table(["kind", "sent by server (bytes)", "messages", "received by server (bytes)", "messages",
+                      "downloaded by devices (bytes)"], rows))
+
+
+def _refusals(results: Mapping[str, Any]) -> str:
+    out = "<h2>Refused and dropped clients</h2>\n"
+    rows = [[c, what, reason] for what in ("refused", "dropped")
+            for c, reason in sorted((results.get(what) or {}).items())]
+    if rows:
+        out += _table(["client", "", "reason"], rows, left=3)
+    elif "refused" in results or "dropped" in results:
+        out += "<p>None.</p>\n"
+    else:
+        out += '<p class="note">This server does not record refused or dropped clients.</p>\n'
+    rejected = results.get("rejected") or {}
+    if rejected:
+        out += "<p>Messages rejected, per reason:</p>\n" + _table(["reason", "messages"], sorted(rejected.items()))
+    return out
+
+
+def _truth(results: Mapping[str, Any]) -> str:
+    clustering = results.get("clustering") or {}
+    if not clustering:
+        return ""
+    out = "<h2>Clustering against the true groups</h2>\n"
+    out += _table(["score", "value"], [(k, clustering.get(k)) for k in
+                                       ("ari", "ami", "completeness", "homogeneity", "clients_scored")])
+    for key, what in (("missing_from_truth", "assigned but without a true group"),
+                      ("missing_from_assignment", "with a true group but not assigned")):
+        if clustering.get(key):
+            out += f"<p>Clients {what}: {escape(', '.join(map(str, clustering[key])))}</p>\n"
+    return out

@@ -1,0 +1,237 @@
+"""Screening a round's updates: delta norms, clipping, refusing the absurd, capping sample counts.
+
+:func:`screen_updates` measures each update's delta against the model it
+started from (:func:`delta_norm`), refuses the non-finite and the absurd
+ones, and clips the large ones onto the bound (:func:`clip_update`), both
+against the median norm of the round; :func:`cap_samples` caps claimed
+sample counts at the registered ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edge_sdk.worker import Update
+
+__all__ = ["ScreenReport", "cap_samples", "clip_update", "delta_norm", "screen_updates"]
+
+log = logging.getLogger(__name__)
+
+Weights = Mapping[str, np.ndarray]
+
+
+def _is_float(a: np.ndarray) -> bool:
+    return np.issubdtype(a.dtype, np.floating)
+
+
+def delta_norm(weights: Weights, reference: Weights) -> float:
+    """L2 norm of ``weights - reference`` over the floating tensors of ``reference``.
+
+    Parameters
+    ----------
+    weights : mapping of str to numpy.ndarray
+        An update's weights. Tensors ``reference`` lacks are ignored.
+    reference : mapping of str to numpy.ndarray
+        The model the update started from.
+
+    Returns
+    -------
+    float
+        The norm, computed in float64; ``inf`` if a difference is NaN or
+        Inf (or overflows float64).
+
+    Raises
+    ------
+    ValueError
+        If ``weights`` lacks a floating tensor of ``reference`` or has
+        another shape for it.
+    """
+    total = 0.0
+    for name, ref in reference.items():
+        r = np.asarray(ref)
+        if not _is_float(r):
+            continue
+        if name not in weights:
+            raise ValueError(f"tensor {name!r} is missing")
+        w = np.asarray(weights[name])
+        if w.shape != r.shape:
+            raise ValueError(f"tensor {name!r} has shape {w.shape}, expected {r.shape}")
+        with np.errstate(over="ignore", invalid="ignore"):
+            d = w.astype(np.float64) - r.astype(np.float64)
+            total += float(np.dot(d.ravel(), d.ravel()))
+    return math.sqrt(total) if math.isfinite(total) else math.inf
+
+
+def clip_update(weights: Weights, reference: Weights, bound: float, norm: float | None = None
+                ) -> dict[str, np.ndarray]:
+    """``reference + delta * min(1, bound / ||delta||)`` for the floating tensors.
+
+    Parameters
+    ----------
+    weights, reference : mapping of str to numpy.ndarray
+        The update and the model it started from.
+    bound : float
+        The largest delta norm kept (>= 0).
+    norm : float, optional
+        ``delta_norm(weights, reference)`` when already known.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        ``weights`` itself (as a new dict, arrays not copied) when its norm is
+        within the bound; else new floating arrays in the update's dtypes.
+        Integer tensors and tensors ``reference`` lacks are passed through.
+
+    Raises
+    ------
+    ValueError
+        On a negative or non-finite ``bound`` or a non-finite norm, or as
+        :func:`delta_norm`.
+    """
+    if not (isinstance(bound, (int, float, np.integer, np.floating)) and math.isfinite(bound) and bound >= 0):
+        raise ValueError(f"bound must be a finite number >= 0, got {bound!r}")
+    n = delta_norm(weights, reference) if norm is None else float(norm)
+    if not math.isfinite(n):
+        raise ValueError("cannot clip an update whose delta norm is not finite")
+    if n <= bound:
+        return dict(weights)
+    scale = bound / n
+    out = {}
+    for name, w in weights.items():
+        w = np.asarray(w)
+        ref = reference.get(name)
+        if ref is None or not _is_float(w) or not _is_float(np.asarray(ref)):
+            out[name] = w
+            continue
+        r = np.asarray(ref, dtype=np.float64)
+        out[name] = (r + (w.astype(np.float64) - r) * scale).astype(w.dtype)
+    return out
+
+
+
+@dataclass
+class ScreenReport:
+    """What screening did to a round's updates (added to the round's summary)."""
+
+    clipped: int = 0
+    refused_norm: int = 0
+    norm_median: float | None = None
+    norm_max_ratio: float | None = None
+    norm_bound: float | None = None
+    refuse_bound: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def screen_updates(updates: Sequence[Update], references: Mapping[str, Weights], norm_bound: float | None,
+                   *, refuse_above: float | None = None, rnd: int | None = None
+                   ) -> tuple[list[Update], ScreenReport]:
+    """Refuse non-finite or absurd updates and clip large ones against the round's median update norm.
+
+    Parameters
+    ----------
+    updates : sequence of Update
+        The round's updates, every cluster together.
+    references : mapping of str to weights
+        The models the updates started from, by model key (the strategy's
+        models before aggregation).
+    norm_bound : float or None
+        Multiple of the median of the round's finite update norms above which
+        an update is clipped; None: no bounding (updates pass unchanged and
+        nothing is refused; the norms are still reported).
+    refuse_above : float, optional
+        Multiple of that median above which an update is refused (with
+        bounding on; never below ``norm_bound``); None: only non-finite
+        updates are refused.
+    rnd : int, optional
+        The round, for the log.
+
+    Returns
+    -------
+    list of Update
+        The updates kept, in their order; clipped ones replaced by copies
+        with clipped weights. An update whose norm cannot be computed (an
+        unknown model key, a missing tensor or another shape) passes
+        unchanged: the strategy's aggregation refuses it with its own reason.
+    ScreenReport
+        Counts, the median norm, the largest ratio of a finite norm to it,
+        and the absolute clipping and refusal bounds used (None when off or
+        the median is 0).
+    """
+    norms: list[float | None] = []
+    for u in updates:
+        ref = references.get(u.model_key)
+        try:
+            norms.append(None if ref is None else delta_norm(u.weights, ref))
+        except ValueError:
+            norms.append(None)
+    finite = [n for n in norms if n is not None and math.isfinite(n)]
+    report = ScreenReport()
+    if finite:
+        median = float(np.median(finite))
+        report.norm_median = median
+        report.norm_max_ratio = float(max(finite) / median) if median > 0 else None
+    if norm_bound is None:
+        return list(updates), report
+    bound = None if not report.norm_median else norm_bound * report.norm_median
+    refuse = None if bound is None or refuse_above is None else max(refuse_above, norm_bound) * report.norm_median
+    report.norm_bound, report.refuse_bound = bound, refuse
+    kept = []
+    for u, n in zip(updates, norms):
+        if n is None:
+            kept.append(u)
+        elif not math.isfinite(n):
+            report.refused_norm += 1
+            log.warning("round %s: update of %s for %s refused: its delta norm is not finite", rnd, u.cid,
+                        u.model_key)
+        elif refuse is not None and n > refuse:
+            report.refused_norm += 1
+            log.warning("round %s: update of %s for %s refused: delta norm %.4g is %.3g x the round's median "
+                        "%.4g (refused above %g x)", rnd, u.cid, u.model_key, n, n / report.norm_median,
+                        report.norm_median, refuse_above)
+        elif bound is not None and n > bound:
+            report.clipped += 1
+            log.warning("round %s: update of %s for %s clipped: delta norm %.4g is %.1f x the round's median "
+                        "%.4g (bound %.4g)", rnd, u.cid, u.model_key, n, n / report.norm_median,
+                        report.norm_median, bound)
+            kept.append(dataclasses.replace(u, weights=clip_update(u.weights, references[u.model_key], bound, n)))
+        else:
+            kept.append(u)
+    return kept, report
+
+
+def cap_samples(updates: Sequence[Update], registered: Mapping[str, int]) -> tuple[list[Update], int]:
+    """Cap each update's ``n_samples`` at the count its client registered.
+
+    Parameters
+    ----------
+    updates : sequence of Update
+    registered : mapping of str to int
+        Client id -> sample count announced at registration; clients absent
+        or registered with 0 are not capped.
+
+    Returns
+    -------
+    list of Update
+        The updates, capped ones replaced by copies.
+    int
+        How many were capped.
+    """
+    out, capped = [], 0
+    for u in updates:
+        limit = int(registered.get(u.cid, 0) or 0)
+        if limit > 0 and u.n_samples > limit:
+            log.warning("update of %s claims %d samples; capped at the %d it registered", u.cid, u.n_samples, limit)
+            out.append(dataclasses.replace(u, n_samples=limit))
+            capped += 1
+        else:
+            out.append(u)
+    return out, capped

@@ -1,0 +1,252 @@
+"""The one strategy interface of every federated-learning method, and the pieces all of them share.
+
+A :class:`Strategy` decides who trains which model each round and how
+updates are combined; a driver owns the loop and the messages. Two drivers
+run the same strategy objects: the MQTT orchestrator
+(:mod:`server_kit.orchestrator`) for real fleets and the in-process simulator
+(:mod:`server_kit.simulate`) for research runs and tests.
+
+The hooks cover the three families of the literature:
+
+* clustering **before** training from client sketches (ours, LADD):
+  ``needs_sketches = True`` and :meth:`Strategy.on_sketches`;
+* clustering **during** training from model updates (CFL, OCFL, Briggs):
+  :meth:`Strategy.aggregate_round` sees every update and may split clusters;
+* clustering **every round** from client-side choices (IFCA):
+  :meth:`Strategy.configure_round` offers several models per task and the
+  client reports which one it trained (``Update.model_key``).
+
+Strategies keep their state in plain data (JSON-able dicts and numpy
+tensors) so a driver can checkpoint it after every round
+(:meth:`Strategy.state` / :meth:`Strategy.load_state`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edge_sdk.sketch import Sketch
+from edge_sdk.worker import Task, TrainSettings, Update
+
+from ..aggregate import StreamingFedAvg
+from ..robust import (
+    DEFAULT_NORM_BOUND,
+    DEFAULT_REFUSE_ABOVE,
+    DEFAULT_TRIM_FRACTION,
+    CoordinateAggregator,
+    RobustConfig,
+    cap_samples,
+    make_aggregator,
+    screen_updates,
+)
+
+__all__ = ["ClientInfo", "Strategy", "Weights", "add_updates", "copy_weights"]
+
+log = logging.getLogger(__name__)
+
+#: A model's tensors by parameter name.
+Weights = Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """What the server knows of a registered client."""
+
+    cid: str
+    n_samples: int = 0
+    classes_present: int = 0
+    capabilities: tuple[str, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def copy_weights(w: Weights) -> dict[str, np.ndarray]:
+    """A deep copy of a model's tensors (the strategies' models never share arrays with updates)."""
+    return {k: np.array(v, copy=True) for k, v in w.items()}
+
+
+def add_updates(agg: StreamingFedAvg | CoordinateAggregator, updates: Sequence[Update], key: str,
+                only: Sequence[str] | None = None) -> int:
+    """Add the updates for model ``key`` (restricted to parameter names ``only``); returns how many."""
+    n = 0
+    for u in updates:
+        if u.model_key != key:
+            continue
+        w = u.weights if only is None else {k: u.weights[k] for k in only if k in u.weights}
+        try:
+            agg.add(w, u.n_samples)
+            n += 1
+        except ValueError as e:
+            log.warning("round %d: update of %s for %s rejected: %s", u.round, u.cid, key, e)
+    return n
+
+
+class Strategy(ABC):
+    """Base of every method. Subclasses fill the hooks; drivers call them in order:
+
+    ``setup`` once; ``on_sketches`` once if ``needs_sketches``; then per round
+    ``configure_round`` -> (clients train) -> ``aggregate`` (which screens the
+    updates, then calls the subclass's ``aggregate_round``);
+    ``model_for`` to evaluate a client; ``assign_late`` for a client that
+    joins after clustering.
+
+    Parameters
+    ----------
+    settings : TrainSettings, optional
+        Local training settings sent with every task.
+    fraction : float
+        Fraction of the clients (of each cluster) sampled per round, in (0, 1].
+    seed : int
+        Seed of sampling and of any random initialisation.
+    aggregator : {"fedavg", "trimmed-mean", "median"}
+        How each model's updates are combined (:mod:`server_kit.robust`).
+    norm_bound : float or None
+        Clip updates above this multiple of the round's median update norm;
+        0 or None: off. Default :data:`server_kit.robust.DEFAULT_NORM_BOUND`.
+    trim_fraction : float
+        ``beta`` of the trimmed mean, in (0, 0.5).
+    refuse_above : float or None
+        With ``norm_bound`` on, refuse updates above this multiple of the
+        round's median update norm (0 or None: only non-finite ones).
+        Default :data:`server_kit.robust.DEFAULT_REFUSE_ABOVE`.
+    """
+
+    name: str = "base"
+    #: Whether the drivers collect one summary per client before training
+    #: and hand them to :meth:`on_sketches`.
+    needs_sketches: bool = False
+    #: Which summary: "sketch" (bits, :class:`edge_sdk.sketch.Sketch`) or a key
+    #: of :data:`edge_sdk.features.SUMMARIES` (a float32 array per client).
+    summary_kind: str = "sketch"
+    #: Keyword arguments of the client-side summary function.
+    summary_params: Mapping[str, Any] = {}
+
+    def __init__(self, *, settings: TrainSettings | None = None, fraction: float = 1.0, seed: int = 0,
+                 aggregator: str = "fedavg", norm_bound: float | None = DEFAULT_NORM_BOUND,
+                 trim_fraction: float = DEFAULT_TRIM_FRACTION,
+                 refuse_above: float | None = DEFAULT_REFUSE_ABOVE) -> None:
+        if not 0.0 < float(fraction) <= 1.0:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+        self.robust = RobustConfig(aggregator=aggregator, norm_bound=norm_bound, trim_fraction=trim_fraction,
+                                   refuse_above=refuse_above)
+        self.settings = settings or TrainSettings()
+        self.fraction = float(fraction)
+        self.seed = int(seed)
+        self.clients: dict[str, ClientInfo] = {}
+        self.models: dict[str, dict[str, np.ndarray]] = {}
+
+    # -- lifecycle -------------------------------------------------------
+    def setup(self, clients: Sequence[ClientInfo], template: Weights) -> None:
+        """Register the clients known at the start and the initial weights."""
+        self.clients = {c.cid: c for c in clients}
+        self._template = copy_weights(template)
+        self.models = {self.default_key: copy_weights(template)}
+
+    default_key: str = "global"
+
+    def on_sketches(self, sketches: Mapping[str, Any]) -> dict[str, int]:
+        """Cluster before training from the clients' summaries. Default: nothing to do."""
+        return {}
+
+    @abstractmethod
+    def configure_round(self, rnd: int, available: Sequence[str]) -> list[Task]:
+        """The tasks of round ``rnd`` for some of the ``available`` clients."""
+
+    @abstractmethod
+    def aggregate_round(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+        """Combine the round's updates; returns a summary for the logs.
+
+        Subclasses combine each model's updates with :meth:`new_aggregator`
+        (the run's FedAvg, trimmed mean or median). Drivers call
+        :meth:`aggregate`, which screens the updates first.
+        """
+
+    def aggregate(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+        """Screen the round's updates, then :meth:`aggregate_round` the rest; what drivers call.
+
+        Screening, against the models the updates started from
+        (``self.models[u.model_key]``, before aggregation): sample counts
+        above the client's registered count are capped at it; with norm
+        bounding on, updates whose delta norm is not finite or above
+        ``refuse_above`` times the median of all the round's update norms are
+        refused, and those above ``norm_bound`` times it are clipped onto that
+        bound (:func:`server_kit.robust.screen_updates`).
+
+        Returns
+        -------
+        dict
+            The summary of :meth:`aggregate_round` plus ``clipped``,
+            ``refused_norm``, ``capped_samples``, ``norm_median``,
+            ``norm_max_ratio`` (largest finite norm over the median),
+            ``norm_bound`` and ``refuse_bound`` (absolute, None when off) and
+            ``aggregator``.
+        """
+        registered = {cid: c.n_samples for cid, c in self.clients.items()}
+        capped_updates, capped = cap_samples(updates, registered)
+        screened, report = screen_updates(capped_updates, self.models, self.robust.norm_bound,
+                                          refuse_above=self.robust.refuse_above, rnd=rnd)
+        summary = dict(self.aggregate_round(rnd, screened))
+        summary.update(report.as_dict())
+        summary["capped_samples"] = capped
+        summary["aggregator"] = self.robust.aggregator
+        return summary
+
+    def new_aggregator(self, template: Weights, *, include: Sequence[str] | None = None
+                       ) -> StreamingFedAvg | CoordinateAggregator:
+        """An empty aggregator of the run's rule for ``template`` (see :func:`server_kit.robust.make_aggregator`)."""
+        return make_aggregator(template, self.robust, include=include)
+
+    def model_key_for(self, cid: str) -> str:
+        """The model a client is evaluated with."""
+        return self.default_key
+
+    def model_for(self, cid: str) -> tuple[str, dict[str, np.ndarray]]:
+        key = self.model_key_for(cid)
+        return key, self.models[key]
+
+    def assign_late(self, cid: str, sketch: Sketch | None = None, info: ClientInfo | None = None) -> str:
+        """Admit a client that joined after the start; returns its model key."""
+        if info is not None:
+            self.clients[cid] = info
+        return self.model_key_for(cid)
+
+    def clusters(self) -> dict[str, int]:
+        """Cluster index of every client (0 for all in a one-model method)."""
+        return {cid: 0 for cid in self.clients}
+
+    # -- helpers ------------------------------------------------------------
+    def round_rng(self, rnd: int) -> np.random.Generator:
+        """A generator derived from the seed and the round only (so a resumed run samples alike)."""
+        return np.random.default_rng([self.seed, rnd])
+
+    def sample(self, members: Sequence[str], rnd: int, salt: int = 0) -> list[str]:
+        """``ceil(fraction * len(members))`` of ``members``, at least one, seeded by round."""
+        pool = sorted(members)
+        if not pool:
+            return []
+        m = max(1, math.ceil(self.fraction * len(pool)))
+        if m >= len(pool):
+            return pool
+        rng = np.random.default_rng([self.seed, rnd, salt])
+        return sorted(rng.choice(pool, size=m, replace=False).tolist())
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """JSON-able state and named tensors, for checkpoints."""
+        tensors = {f"{key}/{name}": v for key, w in self.models.items() for name, v in w.items()}
+        return {"name": self.name, "models": sorted(self.models)}, tensors
+
+    def load_state(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
+        if meta.get("name") != self.name:
+            raise ValueError(f"checkpoint is for strategy {meta.get('name')!r}, not {self.name!r}")
+        models: dict[str, dict[str, np.ndarray]] = {k: {} for k in meta["models"]}
+        for full, v in tensors.items():
+            key, _, name = full.partition("/")
+            models[key][name] = np.array(v)
+        self.models = models
+

@@ -1,0 +1,105 @@
+"""Ours (Prigent et al.): cluster once, before training, from client sketches; FedAvg per cluster."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from edge_sdk.sketch import Sketch, stack_sketches
+
+from ..pretrain_settings import pretrain_config
+from .base import ClientInfo
+from .clustered import ClusteredFedAvg
+
+__all__ = ["FedAESketchClustered", "SketchClustered"]
+
+log = logging.getLogger(__name__)
+
+
+class SketchClustered(ClusteredFedAvg):
+    """Ours (Prigent et al.): cluster once, before training, from client sketches.
+
+    Sketches are clustered by :class:`server_kit.clustering.SketchClustering`
+    (popcount Hamming, Ward linkage built once, threshold by Bayesian
+    optimisation of the Calinski-Harabasz index); then FedAvg per cluster. A
+    late client's sketch joins the nearest cluster centroid.
+    """
+
+    name = "fedsketch"
+    needs_sketches = True
+
+    def __init__(self, *, min_cluster_size: int = 2, clustering: Mapping[str, Any] | None = None,
+                 pretrain: Mapping[str, Any] | None = None, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.min_cluster_size = int(min_cluster_size)
+        self.clustering_params = dict(clustering or {})
+        #: Federated AE pre-training settings (see :func:`pretrain_config`), or None: the
+        #: drivers then sketch with the server's encoder as shipped.
+        self.pretrain: dict[str, Any] | None = None if pretrain is None else pretrain_config(pretrain)
+        self.model_: Any = None
+
+    def on_sketches(self, sketches: Mapping[str, Sketch]) -> dict[str, int]:
+        from ..clustering import SketchClustering
+
+        if not sketches:
+            raise ValueError("no sketches to cluster")
+        cids = sorted(sketches)
+        first = sketches[cids[0]]
+        packed = stack_sketches([sketches[c] for c in cids])
+        self.model_ = SketchClustering(
+            min_cluster_size=self.min_cluster_size, random_state=self.seed, **self.clustering_params
+        ).fit(packed, first.n_bits)
+        assignment = {c: int(k) for c, k in zip(cids, self.model_.labels_)}
+        log.info(
+            "clustered %d sketches of %d bits into %d clusters (threshold %.3g)",
+            len(cids), first.n_bits, self.model_.n_clusters_, self.model_.threshold_,
+        )
+        self.set_assignment(assignment)
+        return assignment
+
+    def assign_late(self, cid: str, sketch: Sketch | None = None, info: ClientInfo | None = None) -> str:
+        if info is not None:
+            self.clients[cid] = info
+        if cid in self.assignment:
+            return self.key(self.assignment[cid])
+        if self.model_ is None or sketch is None:
+            raise ValueError(f"late client {cid!r} needs a sketch and a fitted clustering")
+        k = int(self.model_.predict(sketch.packed()[None])[0])
+        self.assignment[cid] = k
+        log.info("late client %s joins cluster %d (nearest centroid)", cid, k)
+        return self.key(k)
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        meta, tensors = super().state()
+        if self.model_ is not None:
+            tensors["_clustering/centroids"] = np.asarray(self.model_.centroids_, dtype=np.float64)
+            meta["n_bits"] = int(self.model_.n_bits_)
+        return meta, tensors
+
+    def load_state(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
+        tensors = dict(tensors)
+        centroids = tensors.pop("_clustering/centroids", None)
+        super().load_state(meta, tensors)
+        if centroids is not None:
+            from ..clustering import SketchClustering
+
+            self.model_ = SketchClustering.from_centroids(np.asarray(centroids), int(meta["n_bits"]))
+
+
+class FedAESketchClustered(SketchClustered):
+    """Ours with federated autoencoder pre-training (paper, Section V).
+
+    :class:`SketchClustered` whose drivers first train the sketch autoencoder
+    by FedAvg over the clients' own images, export its encoder and send it to
+    every client, which then sketches with it. ``pretrain`` defaults to
+    :data:`~server_kit.pretrain_settings.PRETRAIN_DEFAULTS`, with the
+    architecture of the server's encoder.
+    """
+
+    name = "fedsketch-fedae"
+
+    def __init__(self, *, pretrain: Mapping[str, Any] | None = None, **kw: Any) -> None:
+        super().__init__(pretrain=dict(pretrain or {}), **kw)
