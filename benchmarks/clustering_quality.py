@@ -272,7 +272,7 @@ def run_one(label: str, spec: dict[str, Any], clients, aux, args, architecture: 
     that :func:`replay_one` can replay the same warm-up for another variant.
     """
     from edge_sdk.worker import TrainSettings
-    from server_kit.simulate import Simulator
+    from server_kit.drivers.simulate import Simulator
 
     settings = TrainSettings(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, optimizer=args.optimizer)
     t0 = time.perf_counter()

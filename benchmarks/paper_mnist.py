@@ -96,8 +96,8 @@ def make_method(name, args, clients, arch, tmp):
 
 def run_method(name, args, clients, arch, tmp) -> dict:
     """Run one method on ``clients``; the row of the results table (plain JSON types)."""
+    from server_kit.drivers.simulate import Simulator
     from server_kit.metrics import final_accuracy, rounds_to_target
-    from server_kit.simulate import Simulator
 
     t0 = time.perf_counter()
     strategy, encoder, extra = make_method(name, args, clients, arch, tmp)
@@ -132,7 +132,7 @@ def _worker(name: str, args) -> dict:
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s [{name}] %(message)s", datefmt="%H:%M:%S",
                         force=True)
     if args.progress:  # one log line per round instead of a progress bar per process
-        logging.getLogger("server_kit.simulate").setLevel(logging.INFO)
+        logging.getLogger("server_kit.drivers.simulate").setLevel(logging.INFO)
     arch = architecture_of(args)
     with tempfile.TemporaryDirectory(prefix=f"fedsketch-paper-{name}-") as tmp:
         return run_method(name, args, build_clients(args), arch, tmp)

@@ -25,7 +25,7 @@ Attacks (every round, from round 1):
   orchestrator refuses an update for a model it did not send the device
   (``wrong-model``); the simulator has no such check, so the ``cross`` rows
   of the table measure the aggregation rules alone, and one more run goes
-  through :class:`server_kit.orchestrator.Orchestrator` over the in-memory
+  through :class:`server_kit.drivers.orchestrator.Orchestrator` over the in-memory
   broker with real :class:`edge_sdk.client.EdgeClient` devices (default
   defences) to count the refusals.
 
@@ -171,7 +171,7 @@ class VictimScore:
 def simulate(env, args, defence: str, attack: str | None, record: dict | None = None) -> dict[str, Any]:
     """One in-process run; the victims' accuracy and the screening counts."""
     from edge_sdk import OnnxEncoder
-    from server_kit.simulate import Simulator
+    from server_kit.drivers.simulate import Simulator
 
     strategy = make_strategy(env, args, **DEFENCES[defence])
     sim = Simulator(strategy, env["clients"], architecture=env["arch"], encoder=OnnxEncoder(env["encoder"]),

@@ -3,7 +3,7 @@
 A :class:`LocalWorker` holds one client's local data and answers the
 server's requests: its registration facts, its sketch, a training task, an
 evaluation. The MQTT edge client (:mod:`edge_sdk.client`) and the in-process
-simulator (:mod:`server_kit.simulate`) both call it, so a simulated run and a
+simulator (:mod:`server_kit.drivers.simulate`) both call it, so a simulated run and a
 real fleet execute the same client code.
 
 :class:`Task` and :class:`Update` are what cross between a strategy and a

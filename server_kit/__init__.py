@@ -26,7 +26,7 @@ _EXPORTS: dict[str, str] = {
     "Orchestrator": "drivers.orchestrator",
     "STRATEGIES": "strategies",
     "ServerConfig": "drivers.config",
-    "Simulator": "simulate",
+    "Simulator": "drivers.simulate",
     "SketchClustered": "strategies.fedsketch",
     "SketchClustering": "clustering",
     "Strategy": "strategies.base",

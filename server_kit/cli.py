@@ -1,7 +1,7 @@
 """``fedsketch-server``: run a federation's server over MQTT.
 
 Settings come from command-line options or a TOML file (``--config run.toml``)
-whose keys are those of :class:`server_kit.orchestrator.ServerConfig` plus a
+whose keys are those of :class:`server_kit.drivers.config.ServerConfig` plus a
 ``[strategy]`` table; unknown keys are refused, and so are unknown strategy,
 architecture and encoder names, before connecting.
 
@@ -285,7 +285,7 @@ def _build_strategy(args: argparse.Namespace, name: str, config: Any, strat: dic
     strategy = make_strategy(name, settings=settings, seed=config.seed, architecture=config.architecture,
                              **strat)
     if getattr(strategy, "pretrain", None) is not None:
-        from .pretrain_settings import pretrain_config
+        from .pretrain.settings import pretrain_config
 
         if config.encoder is not None or strategy.pretrain.get("architecture"):
             pretrain_config(strategy.pretrain, config.encoder)  # refuse a bad setting before connecting

@@ -72,7 +72,7 @@ def _defaults() -> dict[str, Any]:
     from edge_sdk.worker import TrainSettings
 
     from .drivers.config import ServerConfig
-    from .pretrain_settings import PRETRAIN_DEFAULTS
+    from .pretrain.settings import PRETRAIN_DEFAULTS
     from .robust import DEFAULT_NORM_BOUND, DEFAULT_REFUSE_ABOVE, DEFAULT_TRIM_FRACTION
     from .strategies.base import Strategy
     from .strategies.fedsketch import SketchClustered

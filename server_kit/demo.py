@@ -147,7 +147,7 @@ def _run_over_mqtt(args: argparse.Namespace, clients: list, settings: TrainSetti
 
 def _run_baseline(args: argparse.Namespace, clients: list, settings: TrainSettings) -> list[float]:
     """Plain FedAvg on the same clients, seeds and settings, in the in-process simulator; its accuracies."""
-    from .simulate import Simulator
+    from .drivers.simulate import Simulator
     from .strategies.fedavg import FedAvg
 
     print("\nbaseline: plain FedAvg on the same clients (in-process simulator, same client code)")

@@ -2,6 +2,8 @@
 
 import warnings
 
+from .drivers.config import MODEL_DELIVERY  # noqa: F401 - public in the old module, outside its __all__
+from .drivers.fleet import ADMISSIONS_LOGGED  # noqa: F401 - likewise
 from .drivers.orchestrator import *  # noqa: F403
 from .drivers.orchestrator import __all__  # noqa: F401
 

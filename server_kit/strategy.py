@@ -1,4 +1,4 @@
-"""Moved to :mod:`server_kit.strategies` and :mod:`server_kit.pretrain_settings`; this path keeps working for one release.
+"""Moved to :mod:`server_kit.strategies` and :mod:`server_kit.pretrain.settings`; this path keeps working for one release.
 
 The interface is in :mod:`server_kit.strategies.base`, FedAvg in
 :mod:`~server_kit.strategies.fedavg`, FedAvg per cluster in
@@ -10,7 +10,7 @@ The interface is in :mod:`server_kit.strategies.base`, FedAvg in
 import warnings
 
 # the old module's whole surface, and the names other modules imported from it
-from .pretrain_settings import PRETRAIN_DEFAULTS, pretrain_config
+from .pretrain.settings import PRETRAIN_DEFAULTS, pretrain_config
 from .strategies import LAZY_STRATEGIES, STRATEGIES, make_strategy, strategy_names  # noqa: F401
 from .strategies.base import ClientInfo, Strategy, Weights, add_updates, copy_weights  # noqa: F401
 from .strategies.clustered import ClusteredFedAvg

@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from edge_sdk.protocol import tensors_body
+from edge_sdk.protocol.commands import Op
 
 from .fleet import some_ids
 
@@ -30,55 +29,40 @@ log = logging.getLogger(__name__)
 
 def pretrain_ae(orch: Orchestrator) -> None:
     """Federated pre-training of the sketch autoencoder, then its encoder sent to every client."""
-    from edge_sdk.trainer import initial_weights, state_spec
+    from edge_sdk.trainer import initial_weights
 
-    from ..aggregate import StreamingFedAvg
-    from ..pretrain import export_encoder
-    from ..pretrain_settings import pretrain_config
+    from ..pretrain import AEPretraining, export_encoder, sample_fraction
+    from ..pretrain.settings import pretrain_config
 
     intake, models = orch.intake, orch.run_models
     t0 = time.monotonic()
     cfg = pretrain_config(orch.strategy.pretrain or {}, models.encoder)
     arch = cfg["architecture"]
     intake.phase = "pretrain"
-    weights = initial_weights(arch, orch.config.seed)
-    intake.ae_spec = state_spec(weights)
+    intake.ae = ae = AEPretraining(initial_weights(arch, orch.config.seed))
     for rnd in range(1, cfg["rounds"] + 1):
         tr = time.monotonic()
-        intake.round = rnd
-        intake.ae_updates = {}
-        pool = orch.trainable()
-        m = max(1, int(np.ceil(cfg["fraction"] * len(pool))))
-        chosen = pool if m >= len(pool) else sorted(
-            np.random.default_rng([orch.config.seed, rnd, 7919]).choice(pool, size=m, replace=False).tolist())
-        intake.tasked = set(chosen)
+        chosen = sample_fraction(orch.trainable(), cfg["fraction"], orch.config.seed, rnd)
+        intake.round, intake.tasked = rnd, set(chosen)
+        ae.begin_round(rnd, chosen)
         intake.expect("ae", chosen, orch.fleet.online_ids)
         size, _ = orch.delivery.deliver({c: ["ae"] for c in chosen},
-                                        {"ae": ({"key": "ae"}, tensors_body(weights))}, "AE_MODEL")
+                                        {"ae": ({"key": "ae"}, tensors_body(ae.weights))}, "AE_MODEL")
         for cid in chosen:
-            orch.link.command(cid, "train_ae", round=rnd, architecture=arch, epochs=cfg["epochs"], lr=cfg["lr"],
+            orch.link.command(cid, Op.TRAIN_AE, round=rnd, architecture=arch, epochs=cfg["epochs"], lr=cfg["lr"],
                               batch_size=cfg["batch_size"])
-        need = max(1, int(np.ceil(orch.config.round_quorum * len(chosen))))
-
-        def done(need: int = need) -> bool:
-            return len(intake.ae_updates) >= need or not intake.awaited.left
-
-        orch.link.pump(done, orch.config.round_timeout_s)
-        got = {c: intake.ae_updates[c] for c in sorted(intake.ae_updates)}
-        missing = sorted(intake.tasked - set(got))
-        if missing:
-            log.warning("AE round %d closed without %d client(s): %s", rnd, len(missing), some_ids(missing))
-        if got:
-            agg = StreamingFedAvg(weights)
-            for w, n, _ in got.values():
-                agg.add(w, n)
-            weights = agg.result()
-        n_tot = sum(n for _, n, _ in got.values())
-        loss = sum(loss * n for _, n, loss in got.values()) / n_tot if n_tot else None
-        orch.pretrain_history.append({"round": rnd, "tasked": len(chosen), "updates": len(got),
-                                      "missing": missing, "loss": loss, "model_bytes_delivered": size,
+        orch.link.pump(lambda: ae.has_quorum(orch.config.round_quorum) or not intake.awaited.left,
+                       orch.config.round_timeout_s)
+        done = ae.close_round()
+        if done.missing:
+            log.warning("AE round %d closed without %d client(s): %s", rnd, len(done.missing),
+                        some_ids(done.missing))
+        orch.pretrain_history.append({"round": rnd, "tasked": len(chosen), "updates": len(done.clients),
+                                      "missing": done.missing, "loss": done.loss, "model_bytes_delivered": size,
                                       "seconds": time.monotonic() - tr})
-        log.info("AE pre-training round %d: %d/%d updates, MSE %s", rnd, len(got), len(chosen), loss)
+        log.info("AE pre-training round %d: %d/%d updates, MSE %s", rnd, len(done.clients), len(chosen), done.loss)
+    weights = ae.weights
+    intake.ae = None
     intake.tasked = set()
     intake.round = 0
     if orch.config.checkpoint_dir:

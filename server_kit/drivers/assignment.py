@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from edge_sdk.protocol.commands import Op
+
 from ..strategies.base import ClientInfo, Strategy
 from ..strategies.clustered import ClusteredFedAvg
 from .config import ServerConfig
@@ -76,7 +78,7 @@ class Assignments:
             if follow is not None:
                 meta["follow"] = follow
         self.told[cid] = key
-        self.link.command(cid, "assign", **meta)
+        self.link.command(cid, Op.ASSIGN, **meta)
 
     def announce(self) -> None:
         """After the clustering: every online device told its model (an unclustered one placed as a late one)."""
@@ -112,4 +114,4 @@ class Assignments:
         if self.models.encoder_msg is not None and self.intake.phase == "train":
             # a late client has not got the federated encoder yet
             self.delivery.send_encoder([cid], self.models.encoder_msg)
-        self.link.command(cid, "sketch", **self.sketch_request())
+        self.link.command(cid, Op.SKETCH, **self.sketch_request())

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from edge_sdk.protocol.commands import Op
+
 from ..strategies.base import ClientInfo
 from .link import ServerLink
 from .models import RunModels
@@ -119,7 +121,7 @@ class Fleet:
             self.clients.pop(cid, None)
             self.set_online(cid, False)
             log.warning("refused client %s: %s", cid, reason)
-            self.link.command(cid, "refused", reason=reason)
+            self.link.command(cid, Op.REFUSED, reason=reason)
             return False
         self.refused.pop(cid, None)
         known = self.clients.get(cid)
@@ -141,7 +143,7 @@ class Fleet:
         welcome: dict[str, Any] = {"num_classes": self.num_classes, "train": trains, **models.welcome()}
         if why:
             welcome["reason"] = why
-        self.link.command(cid, "welcome", **welcome)
+        self.link.command(cid, Op.WELCOME, **welcome)
         if known is None:
             self._log_admission(cid, info, trains, why, registering)
         elif not known.online:

@@ -23,6 +23,7 @@ from edge_sdk.protocol import Kind, Message, ProtocolError, parse_sketch, parse_
 from edge_sdk.sketch import Sketch
 from edge_sdk.worker import Task, Update
 
+from ..pretrain.rounds import AEPretraining
 from ..strategies.base import Strategy
 from .link import ServerLink
 from .models import RunModels
@@ -101,8 +102,8 @@ class Intake:
         self.updates: dict[str, Update] = {}
         self.slowest_update_s = 0.0
         self.round_started = time.monotonic()
-        self.ae_spec: dict[str, tuple[tuple[int, ...], str]] = {}
-        self.ae_updates: dict[str, tuple[dict[str, np.ndarray], int, float]] = {}
+        #: The autoencoder pre-training of the run, while it goes on (:mod:`server_kit.pretrain.rounds`).
+        self.ae: AEPretraining | None = None
         self.metrics: dict[str, dict[str, Any]] = {}
         #: During the final evaluation: the devices asked, and the model key each must evaluate.
         self.eval_keys: dict[str, str] = {}
@@ -194,13 +195,12 @@ class Intake:
         """An autoencoder update (its sample count capped at the ``registered`` one), checked and recorded."""
         m = msg.meta
         rnd = m["round"]
-        if rnd != self.round or cid not in self.tasked or m["model_key"] != "ae":
+        if self.ae is None or rnd != self.round or cid not in self.tasked or m["model_key"] != "ae":
             self.link.reject("stale-update", f"AE update for round {rnd}, model {m['model_key']!r} "
                                               f"(current {self.round}, tasked: {cid in self.tasked})", cid)
             return
         n = min(m["n_samples"], registered)
-        weights = parse_tensors(msg.body, spec=self.ae_spec)
-        self.ae_updates[cid] = (weights, n, m.get("loss", float("nan")))
+        self.ae.receive(cid, parse_tensors(msg.body, spec=self.ae.spec), n, m.get("loss", float("nan")))
         self.awaited.answer("ae", cid)
 
     def on_metrics(self, cid: str, m: Mapping[str, Any]) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
 from edge_sdk.protocol import SERVER_ID, Kind, Message, ProtocolError, Topics
+from edge_sdk.protocol.commands import Op, build
 
 __all__ = ["INBOX_SIZE", "ServerLink", "explain_rejection"]
 
@@ -96,13 +97,13 @@ class ServerLink:
         msg = Message(kind, self.federation, SERVER_ID, self.round_of(), dict(meta or {}), body)
         return self.transport.publish(topic, msg, retain=retain)
 
-    def command(self, cid: str, op: str, **meta: Any) -> None:
-        """Send the command ``op`` to the device ``cid`` (on its command topic)."""
-        self.send(self.topics.cmd(cid), Kind.CMD, meta={"op": op, **meta})
+    def command(self, cid: str, op: Op, **meta: Any) -> None:
+        """Send the command ``op`` to the device ``cid`` (on its command topic), built by the vocabulary."""
+        self.send(self.topics.cmd(cid), Kind.CMD, meta=build(op, **meta))
 
-    def broadcast(self, op: str, **meta: Any) -> None:
-        """Send the command ``op`` to every device (on the broadcast topic)."""
-        self.send(self.topics.broadcast(), Kind.CMD, meta={"op": op, **meta})
+    def broadcast(self, op: Op, **meta: Any) -> None:
+        """Send the command ``op`` to every device (on the broadcast topic), built by the vocabulary."""
+        self.send(self.topics.broadcast(), Kind.CMD, meta=build(op, **meta))
 
     # -- receiving ----------------------------------------------------------
     def subscribe(self, leaves: Iterable[str]) -> None:

@@ -51,6 +51,7 @@ from typing import Any, Callable
 import numpy as np
 
 from edge_sdk.protocol import Kind, Message, Topics
+from edge_sdk.protocol.commands import Op
 from edge_sdk.rejections import RejectionLog
 from edge_sdk.schema import check_meta
 
@@ -223,7 +224,7 @@ class Orchestrator:
     # -- phases -------------------------------------------------------------
     def _register(self) -> None:
         t0 = time.monotonic()
-        self.link.broadcast("hello")
+        self.link.broadcast(Op.HELLO)
         need = self.config.min_clients
         quorum = max(1, int(np.ceil(self.config.register_quorum * need)))
         fleet = self.fleet
@@ -262,7 +263,7 @@ class Orchestrator:
             if cid in self.sketches:
                 awaited.answer("sketch", cid)
         # the same request for every admitted device: one broadcast (a device not admitted ignores it)
-        self.link.broadcast("sketch", **self.assignments.sketch_request())
+        self.link.broadcast(Op.SKETCH, **self.assignments.sketch_request())
         need = max(1, int(np.ceil(self.config.sketch_quorum * len(cids))))
         self.link.pump(lambda: len(awaited.answered) >= need, self.config.sketch_timeout_s)
         got = {c: self.sketches[c] for c in cids if c in self.sketches}
@@ -288,7 +289,7 @@ class Orchestrator:
                  deliveries["cluster_topic"], deliveries["per_device"])
         arch = {"architecture": self.architecture} if self.architecture else {}
         for t in tasks:
-            self.link.command(t.cid, "train", round=rnd, models=sorted(t.models), evaluate_first=t.evaluate_first,
+            self.link.command(t.cid, Op.TRAIN, round=rnd, models=sorted(t.models), evaluate_first=t.evaluate_first,
                               **arch, **t.settings.to_dict())
         need = max(1, int(np.ceil(self.config.round_quorum * len(tasks))))
 
@@ -368,10 +369,10 @@ class Orchestrator:
         delivered, deliveries = self.delivery.deliver_models({c: [keys[c]] for c in asked}, self.strategy.models)
         arch = {"architecture": self.architecture} if self.architecture else {}
         if sampled:  # one command for the sample; each device knows its model and whether it is in it
-            self.link.broadcast("evaluate", round=intake.round, fraction=self.config.eval_fraction,
+            self.link.broadcast(Op.EVALUATE, round=intake.round, fraction=self.config.eval_fraction,
                                 seed=self.config.seed, **arch)
         for cid in extra:
-            self.link.command(cid, "evaluate", round=intake.round, model_key=keys[cid], **arch)
+            self.link.command(cid, Op.EVALUATE, round=intake.round, model_key=keys[cid], **arch)
         log.info("final evaluation: %d of %d assigned device(s) asked (fraction %g, %d added so that every "
                  "cluster is evaluated); models once on %d cluster topic(s), %d copies per device", len(asked),
                  len(keys), self.config.eval_fraction, len(extra), deliveries["cluster_topic"],
@@ -422,7 +423,7 @@ class Orchestrator:
             self._register()
         except (RuntimeError, ValueError) as e:  # the devices are told, so they do not wait in vain
             if self.config.stop_clients:
-                self.link.broadcast("stop", reason=f"the server stopped: {e}"[:300])
+                self.link.broadcast(Op.STOP, reason=f"the server stopped: {e}"[:300])
             raise
         self.strategy.setup([s.info for s in self.clients.values()], self.template)
         self.assignments.clustered = None
@@ -437,7 +438,7 @@ class Orchestrator:
         """A killed run, continued: its checkpoint, then the devices asked to say hello; returns its last round."""
         last = self._restore()
         self.intake.phase = "train"
-        self.link.broadcast("hello")
+        self.link.broadcast(Op.HELLO)
         self.link.pump(lambda: len(self.fleet.online_ids) >= min(self.config.min_clients, len(self.clients)),
                        self.config.register_timeout_s)
         self.link.pump(lambda: False, 0.5)
@@ -458,7 +459,7 @@ class Orchestrator:
         final = self._final_eval()
         self.timings["training_s"] = time.monotonic() - t_train
         if self.config.stop_clients:
-            self.link.broadcast("stop", reason="finished")
+            self.link.broadcast(Op.STOP, reason="finished")
         self.timings["total_s"] = time.monotonic() - t0
         return {
             "strategy": self.strategy.name,

@@ -36,7 +36,6 @@ commanded, and its last cluster models stay in the graph.
 from __future__ import annotations
 
 import logging
-import queue
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,6 +56,7 @@ from edge_sdk.protocol import (
     tensors_body,
 )
 
+from ..drivers.link import ServerLink
 from .server import FedCRefServer
 
 __all__ = ["FedCRefCoordinator", "FedCRefMqttResult", "SERVER_ID"]
@@ -122,6 +122,16 @@ class _Reject(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
+
+
+def _explain(msg: Message, error: Exception) -> tuple[str, str]:
+    """The reason and detail of refusing ``msg`` whose handling raised ``error`` (FedCRef's wording)."""
+    if isinstance(error, _Reject):
+        return error.reason, str(error)
+    if isinstance(error, (ProtocolError, ValueError, KeyError, TypeError)):
+        return getattr(error, "reason", "invalid"), f"{msg.kind.name} {msg.meta.get('type')!r} from {msg.sender}: {error}"
+    return "handler-error", (f"{msg.kind.name} {str(msg.meta.get('type'))[:32]!r} from {msg.sender}: "
+                             f"{type(error).__name__}: {error}")
 
 
 class FedCRefCoordinator:
@@ -197,7 +207,10 @@ class FedCRefCoordinator:
         self.federation = transport.federation
         self.rejected_: dict[str, int] = {}
         self.gone_: dict[str, str] = {}
-        self._inbox: queue.Queue[tuple[str, Message]] = queue.Queue(maxsize=100_000)
+        #: The message loop shared with the main job's orchestrator (send, inbox, pump, safe handling).
+        self.link = ServerLink(transport, self.topics, self.federation, handler=self._handle,
+                               rejections=lambda reason, sender, detail: self._reject(reason, detail),
+                               round_of=lambda: self.server.iteration_, explain=_explain)
         self._phase = "idle"
         self._waiting: set[str] = set()
         self._community: tuple[int, int] = (-1, -1)
@@ -206,13 +219,7 @@ class FedCRefCoordinator:
         self._n_clusters: dict[str, int] = {}
 
     # ------------------------------------------------------------------ plumbing: the message loop
-    # (_enqueue, _reject, _publish, _pump, _wait, _gone: every message in and out goes through here)
-
-    def _enqueue(self, topic: str, msg: Message) -> None:
-        try:
-            self._inbox.put_nowait((topic, msg))
-        except queue.Full:
-            self._reject("inbox-full", f"dropped {msg.kind.name} from {msg.sender}")
+    # (every message in and out goes through self.link, a ServerLink; _wait and _gone keep who is awaited)
 
     def _reject(self, reason: str, detail: str) -> None:
         self.rejected_[reason] = self.rejected_.get(reason, 0) + 1
@@ -220,36 +227,14 @@ class FedCRefCoordinator:
 
     def _publish(self, topic: str, kind: Kind, payload: tuple[Mapping[str, Any], Mapping[str, np.ndarray]]) -> None:
         meta, tensors = payload
-        body = tensors_body(tensors) if tensors else b""
-        self.transport.publish(topic, Message(kind, self.federation, SERVER_ID, self.server.iteration_,
-                                              dict(meta), body))
+        self.link.send(topic, kind, meta=meta, body=tensors_body(tensors) if tensors else b"")
 
     def _alive(self) -> list[str]:
         return [c for c in sorted(self.server.clients_) if c not in self.gone_]
 
     def _pump(self, timeout: float) -> bool:
         """Handle messages until nobody is awaited or the deadline; returns whether all answered."""
-        deadline = time.monotonic() + timeout
-        while self._waiting:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            try:
-                topic, msg = self._inbox.get(timeout=min(left, 0.2))
-            except queue.Empty:
-                continue
-            try:
-                self._handle(topic, msg)
-            except _Reject as e:
-                self._reject(e.reason, str(e))
-            except (ProtocolError, ValueError, KeyError, TypeError) as e:
-                self._reject(getattr(e, "reason", "invalid"),
-                             f"{msg.kind.name} {msg.meta.get('type')!r} from {msg.sender}: {e}")
-            except Exception as e:  # no message may end the coordinator
-                log.debug("handler error", exc_info=True)
-                self._reject("handler-error", f"{msg.kind.name} {str(msg.meta.get('type'))[:32]!r} from "
-                                              f"{msg.sender}: {type(e).__name__}: {e}")
-        return True
+        return self.link.pump(lambda: not self._waiting, timeout)
 
     def _wait(self, phase: str, clients: list[str], timeout: float) -> None:
         self._phase = phase
@@ -457,7 +442,7 @@ class FedCRefCoordinator:
         t_start = time.perf_counter()
         srv = self.server
         for leaf in ("hello", "update", "sketch", "metrics", "status"):
-            self.transport.subscribe(self.topics.all_clients(leaf), self._enqueue)
+            self.transport.subscribe(self.topics.all_clients(leaf), self.link.enqueue)
         if not self.transport.is_connected:
             self.transport.connect()
         self._register()

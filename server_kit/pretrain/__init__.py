@@ -38,7 +38,8 @@ sketches with it.
 
 The package, one job per module: :mod:`.rounds` (the rounds' state, shared
 by both drivers), :mod:`.inprocess` (the in-process driver), :mod:`.wire`
-(the envelopes) and :mod:`.encoder` (the export of the encoder).
+(the envelopes), :mod:`.encoder` (the export of the encoder) and :mod:`.settings`
+(the pre-training settings a strategy carries and their defaults).
 
 torch is imported only inside the functions that need it.
 """
@@ -49,11 +50,13 @@ from __future__ import annotations
 from .encoder import ExportedEncoder, export_encoder
 from .inprocess import PretrainResult, federated_ae_pretrain
 from .rounds import AEPretraining, AERound, sample_fraction
+from .settings import PRETRAIN_DEFAULTS, pretrain_config
 from .wire import FEDERATION, MODEL_KEY, SERVER_ID, client_ids, model_message, update_message
 
 __all__ = [
     "FEDERATION",
     "MODEL_KEY",
+    "PRETRAIN_DEFAULTS",
     "SERVER_ID",
     "AEPretraining",
     "AERound",
@@ -63,6 +66,7 @@ __all__ = [
     "export_encoder",
     "federated_ae_pretrain",
     "model_message",
+    "pretrain_config",
     "sample_fraction",
     "update_message",
 ]

@@ -1,7 +1,7 @@
 """Run reports: a folder with the results as JSON and the plots a person would look at.
 
 :func:`write_report` writes a server run's report folder from what
-:meth:`server_kit.orchestrator.Orchestrator.run` returns:
+:meth:`server_kit.drivers.orchestrator.Orchestrator.run` returns:
 
 * ``results.json``: the run's result plus the derived measures of
   :func:`build_results`, each defined in its ``"definitions"`` entry;

@@ -1,6 +1,6 @@
 """The content of ``results.json``: a run's result plus the derived measures, each defined.
 
-:func:`build_results` adds to what :meth:`server_kit.orchestrator.Orchestrator.run`
+:func:`build_results` adds to what :meth:`server_kit.drivers.orchestrator.Orchestrator.run`
 returns the accuracy series (:func:`accuracy_per_round`,
 :func:`accuracy_per_cluster_per_round`), the final accuracy, the bytes, the
 refusals and, with the true groups (:func:`load_truth`), the clustering's
@@ -110,7 +110,7 @@ def accuracy_per_round(result: Mapping[str, Any]) -> list[float | None]:
     Parameters
     ----------
     result : mapping
-        What :meth:`server_kit.orchestrator.Orchestrator.run` returns
+        What :meth:`server_kit.drivers.orchestrator.Orchestrator.run` returns
         (``history`` and ``final`` are read).
 
     Returns
@@ -130,7 +130,7 @@ def accuracy_per_cluster_per_round(result: Mapping[str, Any]) -> dict[str, list[
     Parameters
     ----------
     result : mapping
-        What :meth:`server_kit.orchestrator.Orchestrator.run` returns: each
+        What :meth:`server_kit.drivers.orchestrator.Orchestrator.run` returns: each
         round's ``acc_before_per_model`` and the final ``per_model`` are read.
 
     Returns
@@ -219,7 +219,7 @@ def build_results(result: Mapping[str, Any], *, target_accuracy: float = 0.8,
     Parameters
     ----------
     result : mapping
-        What :meth:`server_kit.orchestrator.Orchestrator.run` returns.
+        What :meth:`server_kit.drivers.orchestrator.Orchestrator.run` returns.
     target_accuracy : float, default 0.8
         The accuracy ``rounds_to_target`` waits for.
     truth : mapping, optional

@@ -3,8 +3,8 @@
 A :class:`Strategy` decides who trains which model each round and how
 updates are combined; a driver owns the loop and the messages. Two drivers
 run the same strategy objects: the MQTT orchestrator
-(:mod:`server_kit.orchestrator`) for real fleets and the in-process simulator
-(:mod:`server_kit.simulate`) for research runs and tests.
+(:mod:`server_kit.drivers.orchestrator`) for real fleets and the in-process simulator
+(:mod:`server_kit.drivers.simulate`) for research runs and tests.
 
 The hooks cover the three families of the literature:
 

@@ -24,7 +24,7 @@ Choices made here (the paper leaves them open):
   round (what the authors' code does, aggregating over the new clusters), so
   no client's round of training is lost. With ``shared_prefixes`` the shared
   layers are the average over all clients, as in
-  :class:`~server_kit.strategy.ClusteredFedAvg`.
+  :class:`~server_kit.strategies.clustered.ClusteredFedAvg`.
 * **Members without an update** in the splitting round (``fraction < 1``,
   dropped clients, a rejected NaN update) cannot be placed by their update:
   they join the larger child (ties: the child of the first client by id),
@@ -231,7 +231,7 @@ class CFL(ClusteredFedAvg):
     linkage : {"complete", "single"}
         Of the bipartition (:func:`optimal_bipartition`).
     shared_prefixes, settings, fraction, seed
-        As for :class:`~server_kit.strategy.ClusteredFedAvg`; ``fraction`` of
+        As for :class:`~server_kit.strategies.clustered.ClusteredFedAvg`; ``fraction`` of
         each cluster trains per round (1.0: all, so every client can be
         placed by its own update).
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from edge_sdk.sketch import Sketch, stack_sketches
 
-from ..pretrain_settings import pretrain_config
+from ..pretrain.settings import pretrain_config
 from .base import ClientInfo
 from .clustered import ClusteredFedAvg
 
@@ -95,7 +95,7 @@ class FedAESketchClustered(SketchClustered):
     :class:`SketchClustered` whose drivers first train the sketch autoencoder
     by FedAvg over the clients' own images, export its encoder and send it to
     every client, which then sketches with it. ``pretrain`` defaults to
-    :data:`~server_kit.pretrain_settings.PRETRAIN_DEFAULTS`, with the
+    :data:`~server_kit.pretrain.settings.PRETRAIN_DEFAULTS`, with the
     architecture of the server's encoder.
     """
 

@@ -117,7 +117,7 @@ class FLISHC(AuxInference, UpdateClustered):
     ----------
     architecture : str
         Classifier key of :data:`edge_sdk.nets.ARCHITECTURES` the clients train
-        (:func:`~server_kit.strategy.make_strategy` passes the driver's).
+        (:func:`~server_kit.strategies.make_strategy` passes the driver's).
     aux_path : str, optional
         An ``.npz`` file with arrays ``x`` (float samples in the model's input
         or image shape, in [0, 1]) and ``y`` (int labels): the server's
@@ -264,7 +264,7 @@ class FLISDC(AuxInference, Strategy):
     architecture, aux_path, aux_x, aux_y, inference, predictions, temperature, models_dir
         As for :class:`FLISHC`.
     settings, fraction, seed
-        As for :class:`~server_kit.strategy.Strategy`; ``fraction`` of all
+        As for :class:`~server_kit.strategies.base.Strategy`; ``fraction`` of all
         clients is sampled each round.
 
     Attributes

@@ -63,7 +63,7 @@ class IFCA(Strategy):
         it, model ``j`` is the template given to :meth:`setup` plus seeded
         Gaussian noise of each tensor's std (:func:`perturbed_copy`).
     settings, fraction, seed
-        As for :class:`~server_kit.strategy.Strategy`: local training
+        As for :class:`~server_kit.strategies.base.Strategy`: local training
         settings, the fraction of all clients sampled per round, the seed.
 
     Attributes

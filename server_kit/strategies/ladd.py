@@ -4,7 +4,7 @@ Before training, every client sends :func:`edge_sdk.features.ladd_features`
 of its data (per class, the mean of the centred ``(2b+1) x (2b+1)`` window
 of the images' shifted 2-D FFT amplitudes); the server concatenates each
 client's rows, clusters the vectors with K-means for the given K, and then
-runs FedAvg per cluster (:class:`~server_kit.strategy.ClusteredFedAvg`). A
+runs FedAvg per cluster (:class:`~server_kit.strategies.clustered.ClusteredFedAvg`). A
 late client joins the cluster of the nearest K-means centre.
 
 FFT amplitudes cannot tell an image from its 180-degree rotation, so clients
@@ -54,7 +54,7 @@ class LADD(ClusteredFedAvg):
         :func:`edge_sdk.features.ladd_features` through ``summary_params``;
         None lets the client use ``floor(0.1 * min(H, W))`` (at least 1).
     shared_prefixes, settings, fraction, seed
-        As for :class:`~server_kit.strategy.ClusteredFedAvg`; ``seed`` is also
+        As for :class:`~server_kit.strategies.clustered.ClusteredFedAvg`; ``seed`` is also
         K-means' ``random_state``.
 
     Attributes

@@ -10,7 +10,7 @@ OCFL, Briggs et al., K-means on weights and FLIS share one life cycle:
    cluster for every client that sent one, or None to wait another round;
 3. **clustered**: every cluster starts from the global model as it stands
    after that round (children inherit the parent model) and trains by FedAvg
-   per cluster (:class:`~server_kit.strategy.ClusteredFedAvg`, with
+   per cluster (:class:`~server_kit.strategies.clustered.ClusteredFedAvg`, with
    ``fraction`` of each cluster per round and optional shared layers).
 
 A client that sent no update in the deciding round, or registers later,
@@ -55,7 +55,7 @@ class UpdateClustered(ClusteredFedAvg):
         Fraction of the available clients trained per warm-up round (1.0: all,
         so that every client is clustered from its own update).
     shared_prefixes, settings, fraction, seed
-        As for :class:`~server_kit.strategy.ClusteredFedAvg`; ``fraction``
+        As for :class:`~server_kit.strategies.clustered.ClusteredFedAvg`; ``fraction``
         applies per cluster after clustering.
 
     Attributes

@@ -1,0 +1,324 @@
+"""The in-process driver: the same strategies and client code, no broker.
+
+For research runs and most tests. Each simulated client is an
+:class:`edge_sdk.worker.LocalWorker`, exactly what a device runs behind the
+MQTT client; the strategy object is the one the orchestrator drives. What the
+simulator leaves out is the transport: messages, chunking, deadlines.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edge_sdk.protocol import Kind, sketch_body
+from edge_sdk.protocol.commands import Op, build
+from edge_sdk.sketch import Sketch, Sketcher
+from edge_sdk.worker import LocalWorker
+
+from ..data.partition import ClientData
+from ..metrics import (
+    CommLedger,
+    clustering_scores,
+    final_accuracy,
+    message_bytes,
+    weights_message_bytes,
+)
+from ..strategies.base import ClientInfo, Strategy
+
+__all__ = ["RoundRecord", "SimulationResult", "Simulator"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundRecord:
+    """What one round did.
+
+    ``bytes_total`` is the ledger's total after the round: every byte in and
+    out of the server since the start, the sketches (or pre-training) before
+    round 1 included.
+    """
+
+    round: int
+    accuracy: float
+    cluster_accuracy: dict[str, float]
+    sampled: int
+    summary: dict[str, Any]
+    seconds: float
+    bytes_total: int = 0
+
+
+@dataclass
+class SimulationResult:
+    """What a run did: per-round records, the final clusters and their scores, the bytes.
+
+    ``bytes_before_training`` is the ledger's total before round 1: the
+    clients' sketches or summaries and their requests, and any federated
+    autoencoder pre-training (0 for a method that asks for neither).
+    """
+
+    strategy: str
+    rounds: list[RoundRecord] = field(default_factory=list)
+    assignment: dict[str, int] = field(default_factory=dict)
+    ari: float | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    seconds_clustering: float = 0.0
+    seconds_training: float = 0.0
+    ledger: CommLedger = field(default_factory=CommLedger)
+    bytes_before_training: int = 0
+
+    @property
+    def accuracies(self) -> list[float]:
+        return [r.accuracy for r in self.rounds]
+
+    @property
+    def final_accuracy(self) -> float | None:
+        """Mean of the last 5 rounds (the paper's final accuracy)."""
+        return final_accuracy(self.accuracies)
+
+    def total_bytes(self) -> int:
+        return self.ledger.total()
+
+    def bytes_until(self, rnd: int) -> int:
+        """Bytes in and out of the server up to the end of round ``rnd``.
+
+        Round 0 is before training (:attr:`bytes_before_training`: sketches for
+        a method that clusters from them). So the bytes a method spent until it
+        clustered are ``bytes_until(cluster_round)``.
+
+        Raises
+        ------
+        ValueError
+            If ``rnd`` is negative, not an integer, or a round this run did not reach.
+        """
+        if isinstance(rnd, bool) or not isinstance(rnd, (int, np.integer)) or rnd < 0:
+            raise ValueError(f"rnd must be a round number >= 0, got {rnd!r}")
+        if rnd == 0:
+            return self.bytes_before_training
+        for r in self.rounds:
+            if r.round == rnd:
+                return r.bytes_total
+        ran = f"rounds 1 to {self.rounds[-1].round}" if self.rounds else "no rounds"
+        raise ValueError(f"round {rnd} was not run: this run has {ran}")
+
+
+def mean_accuracy(workers: dict[str, LocalWorker], strategy: Strategy, cids: Sequence[str]) -> tuple[float, dict[str, float]]:
+    """Mean local test accuracy over ``cids`` of their current models, overall and per model."""
+    per_model: dict[str, list[float]] = {}
+    accs = []
+    for cid in cids:
+        key, weights = strategy.model_for(cid)
+        acc = workers[cid].evaluate(weights)["accuracy"]
+        accs.append(acc)
+        per_model.setdefault(key, []).append(acc)
+    return float(np.mean(accs)) if accs else float("nan"), {k: float(np.mean(v)) for k, v in per_model.items()}
+
+
+class Simulator:
+    """Runs a strategy over in-process clients.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        Any strategy of :mod:`server_kit.strategies`.
+    clients : sequence of ClientData
+        The federation's local datasets (with true groups for scoring).
+    architecture : str
+        Classifier architecture key (see :mod:`edge_sdk.nets`).
+    encoder : optional
+        The encoder used for sketches when the strategy needs them.
+    flip_prob : float
+        P of the clients' sketches.
+    seed : int
+        Seed of the initial model, client shuffling and sketches.
+    progress : bool
+        Show a progress bar over rounds.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        clients: Sequence[ClientData],
+        *,
+        architecture: str,
+        num_classes: int = 10,
+        encoder: Any = None,
+        flip_prob: float = 0.1,
+        seed: int = 0,
+        progress: bool = False,
+    ) -> None:
+        self.strategy = strategy
+        self.data = {c.cid: c for c in clients}
+        self.architecture = architecture
+        self.num_classes = num_classes
+        self.encoder = encoder
+        self.flip_prob = flip_prob
+        self.seed = seed
+        self.progress = progress
+        self.exported_encoder: Any = None
+        self._encoder_tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._size_cache: dict[Any, int] = {}
+        self.workers = {
+            c.cid: LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test,
+                               architecture=architecture, num_classes=num_classes, seed=seed * 1000 + i)
+            for i, c in enumerate(clients)
+        }
+
+    def _summaries(self, s: Strategy) -> dict[str, Any]:
+        """Every client's summary of the kind the strategy asks for (sketch bits or features)."""
+        if s.summary_kind == "sketch":
+            if self.encoder is None:
+                raise ValueError(f"strategy {s.name!r} needs sketches: give the simulator an encoder")
+            return {
+                cid: w.sketch(Sketcher(self.encoder, self.num_classes, self.flip_prob, seed=self.seed * 1000 + i))
+                for i, (cid, w) in enumerate(self.workers.items())
+            }
+        from edge_sdk.features import SUMMARIES
+
+        if s.summary_kind not in SUMMARIES:
+            raise ValueError(f"unknown summary kind {s.summary_kind!r}; known: {sorted(SUMMARIES)}")
+        fn = SUMMARIES[s.summary_kind]
+        return {cid: fn(w.x, w.y, num_classes=w.num_classes, **dict(s.summary_params))
+                for cid, w in self.workers.items()}
+
+    def run(self, rounds: int, *, stop: Callable[[Strategy, RoundRecord], bool] | None = None) -> SimulationResult:
+        """Sketch (if the strategy asks), then train ``rounds`` rounds; score the final clusters.
+
+        Parameters
+        ----------
+        rounds : int
+            Rounds to run at most (0: only the sketches, if any).
+        stop : callable, optional
+            Called after each round with the strategy and the round's record;
+            a true result ends the run there (for example once an
+            update-based method has clustered: ``lambda s, r: s.cluster_round_
+            is not None``).
+        """
+        from edge_sdk.trainer import initial_weights
+
+        s = self.strategy
+        infos = [ClientInfo(cid, **{k: v for k, v in w.hello().items() if k in ("n_samples", "classes_present")})
+                 for cid, w in self.workers.items()]
+        s.setup(infos, initial_weights(self.architecture, self.seed))
+        result = SimulationResult(strategy=s.name)
+        t0 = time.perf_counter()
+        ledger = result.ledger
+        if getattr(s, "pretrain", None) is not None:
+            self._pretrain_encoder(s, ledger)
+        if s.needs_sketches:
+            summaries = self._summaries(s)
+            ask = message_bytes(Kind.CMD, meta=build(Op.SKETCH, num_classes=self.num_classes,
+                                                     flip_prob=self.flip_prob, summary=s.summary_kind))
+            ledger.add("CMD", "down", ask, len(summaries))
+            for v in summaries.values():
+                if isinstance(v, Sketch):
+                    ledger.add("SKETCH", "up", message_bytes(Kind.SKETCH, sketch_body(v)))
+                else:
+                    ledger.add("FEATURES", "up", weights_message_bytes(Kind.FEATURES, {"features": v},
+                                                                       {"summary": s.summary_kind}))
+            s.on_sketches(summaries)
+        result.seconds_clustering = time.perf_counter() - t0
+        result.bytes_before_training = ledger.total()
+        cids = sorted(self.workers)
+        bar = _progress(range(1, rounds + 1), f"{s.name} rounds", self.progress)
+        t1 = time.perf_counter()
+        for rnd in bar:
+            tr = time.perf_counter()
+            tasks = s.configure_round(rnd, cids)
+            self._count_tasks(ledger, tasks)
+            updates = [self.workers[t.cid].fit(t) for t in tasks]
+            for u in updates:
+                ledger.add("UPDATE", "up", self._update_bytes(u))
+            summary = s.aggregate(rnd, updates)
+            acc, per = mean_accuracy(self.workers, s, [t.cid for t in tasks])
+            record = RoundRecord(rnd, acc, per, len(tasks), summary, time.perf_counter() - tr, ledger.total())
+            result.rounds.append(record)
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(acc=f"{acc:.3f}")
+            log.info("%s round %d: %d clients, mean accuracy %.4f, %d bytes so far", s.name, rnd, len(tasks), acc,
+                     record.bytes_total)
+            if stop is not None and stop(s, record):
+                log.info("%s: stopped after round %d", s.name, rnd)
+                break
+        if hasattr(bar, "close"):
+            bar.close()
+        result.seconds_training = time.perf_counter() - t1
+        result.assignment = s.clusters()
+        truth = [self.data[c].group for c in cids]
+        result.scores = clustering_scores(truth, [result.assignment.get(c, 0) for c in cids])
+        result.ari = result.scores["ari"]
+        return result
+
+    def _pretrain_encoder(self, s: Strategy, ledger: CommLedger) -> None:
+        """Federated AE pre-training (``strategy.pretrain``); the exported encoder replaces ``self.encoder``."""
+        from edge_sdk.encoder import OnnxEncoder
+
+        from ..pretrain import export_encoder, federated_ae_pretrain
+        from ..pretrain.settings import pretrain_config
+
+        cfg = pretrain_config(s.pretrain or {}, self.encoder)
+        if cfg["architecture"] is None:
+            raise ValueError(f"strategy {s.name!r} pre-trains an autoencoder: give its architecture "
+                             "in pretrain or an encoder to take it from")
+        cids = sorted(self.workers)
+        per_round = max(1, math.ceil(cfg["fraction"] * len(cids)))
+        res = federated_ae_pretrain([self.workers[c].x for c in cids], architecture=cfg["architecture"],
+                                    rounds=cfg["rounds"], clients_per_round=per_round, epochs=cfg["epochs"],
+                                    lr=cfg["lr"], batch_size=cfg["batch_size"], seed=self.seed)
+        ledger.add("AE_MODEL", "down", res.bytes_down, cfg["rounds"] * per_round)
+        ledger.add("AE_UPDATE", "up", res.bytes_up, cfg["rounds"] * per_round)
+        ledger.add("CMD", "down", message_bytes(Kind.CMD, meta=build(
+            Op.TRAIN_AE, round=1, architecture=cfg["architecture"], epochs=cfg["epochs"],
+            lr=cfg["lr"], batch_size=cfg["batch_size"])) * cfg["rounds"] * per_round,
+            cfg["rounds"] * per_round)
+        self._encoder_tmp = tempfile.TemporaryDirectory(prefix="fedsketch-fedae-sim-")
+        exp = export_encoder(res.weights, cfg["architecture"], self._encoder_tmp.name, name="fedae_sim",
+                             metadata={"pretrain": cfg})
+        enc_msg = message_bytes(Kind.MODEL, exp.path.read_bytes(), {
+            "key": "encoder", "name": exp.name, "sha256": exp.sha256, "entry": exp.entry})
+        ledger.add("ENCODER", "down", enc_msg * len(cids), len(cids))
+        self.exported_encoder = exp
+        self.encoder = OnnxEncoder(exp.name, models_dir=exp.models_dir)
+        log.info("federated encoder: %d rounds, MSE %.5f, %d bytes", cfg["rounds"],
+                 res.history[-1]["loss"], exp.nbytes)
+
+    def _count_tasks(self, ledger: CommLedger, tasks) -> None:
+        """A train command and every model offered, per client (IFCA offers K)."""
+        for t in tasks:
+            ledger.add("CMD", "down", message_bytes(Kind.CMD, meta=build(
+                Op.TRAIN, round=t.round, models=sorted(t.models), **t.settings.to_dict())))
+            for key, w in t.models.items():
+                ledger.add("MODEL", "down", self._model_bytes(key, w))
+
+    def _model_bytes(self, key: str, weights) -> int:
+        # the size depends only on names, shapes and dtypes: computed once per model key
+        if key not in self._size_cache:
+            self._size_cache[key] = weights_message_bytes(Kind.MODEL, weights, {"key": key})
+        return self._size_cache[key]
+
+    def _update_bytes(self, u) -> int:
+        k = ("update", u.model_key)
+        if k not in self._size_cache:
+            self._size_cache[k] = weights_message_bytes(Kind.UPDATE, u.weights, {
+                "round": u.round, "model_key": u.model_key, "n_samples": u.n_samples, "loss": u.loss,
+                "metrics": dict(u.metrics)})
+        return self._size_cache[k]
+
+
+def _progress(it, desc: str, enabled: bool):
+    if not enabled:
+        return it
+    try:
+        from tqdm.auto import tqdm
+
+        return tqdm(it, desc=desc, leave=False)
+    except ImportError:  # pragma: no cover
+        return it
