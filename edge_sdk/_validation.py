@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_int", "check_number", "check_positive", "check_positive_int"]
+__all__ = ["check_choice", "check_int", "check_number", "check_positive", "check_positive_int"]
 
 
 def _is_int(value: Any) -> bool:
@@ -55,3 +55,13 @@ def check_number(value: Any, name: str, *, low: float | None = None, high: float
     if high is not None and v > high:
         raise ValueError(f"{name} must be <= {high}, got {value!r}")
     return v
+
+
+def check_choice(value: Any, name: str, choices: Any, shown: Any = None) -> Any:
+    """``value`` if it is one of ``choices``, or ``ValueError("<name> must be one of <shown>, got <value>")``.
+
+    ``shown`` is how the message writes the choices (default ``list(choices)``).
+    """
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices) if shown is None else shown}, got {value!r}")
+    return value

@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ._validation import check_positive_int
+from ._validation import check_choice, check_positive_int
 from .artifacts import ArtifactSpec
 from .encoder import check_model_input
 from .evaluation import EvalResult, evaluate
@@ -110,8 +110,8 @@ def _check_settings(epochs: Any, batch_size: Any, lr: Any, seed: Any, threads: A
     n_epochs = check_positive_int(epochs, "epochs")
     bs = check_positive_int(batch_size, "batch_size")
     _check_lr(lr)
-    if optimizer is not None and optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {optimizer!r}")
+    if optimizer is not None:
+        check_choice(optimizer, "optimizer", OPTIMIZERS)
     _check_seed(seed)
     if threads is not None:
         check_positive_int(threads, "threads")

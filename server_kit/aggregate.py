@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
+from edge_sdk._validation import check_choice
+
 if TYPE_CHECKING:
     import torch
 
@@ -333,8 +335,7 @@ class StreamingFedAvg:
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating torch dtype, got {dtype!r}")
         self.dtype = dtype
-        if kernels not in KERNELS:
-            raise ValueError(f"kernels must be one of {list(KERNELS)}, got {kernels!r}")
+        check_choice(kernels, "kernels", KERNELS)
         if kernels == "auto":
             kernels = "numpy" if self.device.type == "cpu" else "torch"
         if kernels == "numpy" and self.device.type != "cpu":

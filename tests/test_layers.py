@@ -64,7 +64,7 @@ def test_the_shared_checks_say_what_they_refuse():
     import numpy as np
     import pytest
 
-    from edge_sdk._validation import check_int, check_positive, check_positive_int
+    from edge_sdk._validation import check_choice, check_int, check_positive, check_positive_int
 
     assert check_int(np.int64(3), "n", 0) == 3 and type(check_int(np.int64(3), "n", 0)) is int
     for bad in (True, np.bool_(True), 2.0, "2", -1):
@@ -75,6 +75,11 @@ def test_the_shared_checks_say_what_they_refuse():
     assert check_positive(np.float32(0.5), "lr") == 0.5
     with pytest.raises(ValueError, match=r"^timeout_s must be a positive number of seconds, got nan$"):
         check_positive(float("nan"), "timeout_s", "number of seconds")
+    assert check_choice("sgd", "optimizer", ("adam", "sgd")) == "sgd"
+    with pytest.raises(ValueError, match=r"^optimizer must be one of \['adam', 'sgd'\], got 'rmsprop'$"):
+        check_choice("rmsprop", "optimizer", ("adam", "sgd"))
+    with pytest.raises(ValueError, match=r"^init must be one of \('a', 'b'\), got 'c'$"):
+        check_choice("c", "init", ("a", "b"), ("a", "b"))
 
 
 def test_public_faces_are_pinned_sorted_and_cheap_to_import():

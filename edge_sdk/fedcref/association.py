@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .._validation import check_choice
 from .checks import check_alpha
 
 __all__ = [
@@ -59,8 +60,7 @@ def minmax_normalize(values: Any) -> np.ndarray:
 
 def check_normalization(normalization: Any) -> str:
     """Validate the name of the association test's normalisation (:data:`NORMALIZATIONS`)."""
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    check_choice(normalization, "normalization", NORMALIZATIONS, NORMALIZATIONS)
     return str(normalization)
 
 

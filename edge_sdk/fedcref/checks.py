@@ -19,33 +19,28 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
+def _in_range(value: Any, high: float, refusal: str) -> float:
+    """``value`` as a float if it is a finite number in (0, ``high``]; otherwise ``ValueError(refusal)``."""
+    if not _is_number(value) or not math.isfinite(float(value)) or not 0.0 < float(value) <= high:
+        raise ValueError(refusal)
+    return float(value)
+
+
 def check_alpha(alpha: Any) -> float:
     """Validate the association percentile ``alpha`` (in (0, 100]) and return it as float."""
-    if not _is_number(alpha) or not math.isfinite(float(alpha)) or not 0.0 < float(alpha) <= 100.0:
-        raise ValueError(
-            f"alpha must be a percentile in (0, 100] (the paper uses 75), got {alpha!r}"
-        )
-    return float(alpha)
+    return _in_range(alpha, 100.0, f"alpha must be a percentile in (0, 100] (the paper uses 75), got {alpha!r}")
 
 
 def check_theta(theta: Any) -> float:
     """Validate the association threshold ``theta`` (in (0, 1]) and return it as float."""
-    if not _is_number(theta) or not math.isfinite(float(theta)) or not 0.0 < float(theta) <= 1.0:
-        raise ValueError(
-            f"theta must be an association threshold in (0, 1] on normalised error differences "
-            f"(the paper uses 0.2), got {theta!r}"
-        )
-    return float(theta)
+    return _in_range(theta, 1.0, f"theta must be an association threshold in (0, 1] on normalised error "
+                                 f"differences (the paper uses 0.2), got {theta!r}")
 
 
 def check_tau(tau: Any) -> float:
     """Validate the stability threshold ``tau`` (in (0, 1]) and return it as float."""
-    if not _is_number(tau) or not math.isfinite(float(tau)) or not 0.0 < float(tau) <= 1.0:
-        raise ValueError(
-            f"tau must be a stability threshold in (0, 1] on the clustering accuracy between "
-            f"iterations (the paper uses 0.8), got {tau!r}"
-        )
-    return float(tau)
+    return _in_range(tau, 1.0, f"tau must be a stability threshold in (0, 1] on the clustering accuracy "
+                               f"between iterations (the paper uses 0.8), got {tau!r}")
 
 
 def check_k_range(k_range: Any) -> tuple[int, int]:

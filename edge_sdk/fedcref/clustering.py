@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .._validation import check_int
+from .._validation import check_choice, check_int
 from .checks import check_dirtiness, check_k_range
 
 __all__ = [
@@ -45,8 +45,7 @@ DEFAULT_ENCODERS: dict[int, str] = {64: "digits_encoder", 784: "fmnist_fc_encode
 
 def check_init(init: Any) -> str:
     """Validate the name of an initial clustering method (:data:`INIT_METHODS`)."""
-    if init not in INIT_METHODS:
-        raise ValueError(f"init must be one of {INIT_METHODS}, got {init!r}")
+    check_choice(init, "init", INIT_METHODS, INIT_METHODS)
     return init
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from .._validation import check_choice
 from ..protocol import (
     DEFAULT_CHUNK_DEADLINE,
     DEFAULT_CHUNK_MEMORY,
@@ -88,8 +89,7 @@ class BrokerConfig:
 
     def __post_init__(self) -> None:
         self._split()  # validates the URL
-        if self.protocol not in _PROTOCOLS:
-            raise ValueError(f"protocol must be one of {_PROTOCOLS}, got {self.protocol!r}")
+        check_choice(self.protocol, "protocol", _PROTOCOLS, _PROTOCOLS)
         if not self.tls and (self.ca_certs or self.certfile or self.keyfile or self.tls_insecure):
             raise ValueError(
                 f"url {self.url!r} is plain mqtt://: ca_certs, certfile, keyfile and "

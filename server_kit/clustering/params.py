@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk._validation import check_int
+from edge_sdk._validation import check_choice, check_int
 
 from .threshold import ACQ_FUNCS
 
@@ -34,8 +34,7 @@ def check_params(model: Any) -> None:
             f"n_initial_points must be at most n_calls ({model.n_calls}), "
             f"got {model.n_initial_points}"
         )
-    if model.acq_func not in ACQ_FUNCS:
-        raise ValueError(f"acq_func must be one of {ACQ_FUNCS}, got {model.acq_func!r}")
+    check_choice(model.acq_func, "acq_func", ACQ_FUNCS, ACQ_FUNCS)
     kappa = model.kappa
     if (
         isinstance(kappa, bool)

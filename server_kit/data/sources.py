@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edge_sdk._validation import check_choice
 from server_kit.data.clients import load_digits_images
 from server_kit.data.idx import load_fashion_mnist, load_idx_dataset, load_mnist
 
@@ -167,8 +168,7 @@ def load_source(spec: str = "digits", *, split: str = "train", verify: bool | st
     ValueError
         On a source that is missing, malformed or not one of the forms above.
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    check_choice(split, "split", SPLITS)
     try:
         return read_source(spec, split, verify, max_samples, seed)
     except SplitError as e:

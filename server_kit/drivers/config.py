@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edge_sdk._validation import check_choice
+
 __all__ = ["MODEL_DELIVERY", "ServerConfig"]
 
 #: How models reach the clients (see :mod:`server_kit.drivers.delivery`).
@@ -64,5 +66,4 @@ class ServerConfig:
                 raise ValueError(f"{name} must be positive or None, got {getattr(self, name)}")
         if not 0.0 <= self.flip_prob <= 0.5:
             raise ValueError(f"flip_prob must be in [0, 0.5], got {self.flip_prob}")
-        if self.model_delivery not in MODEL_DELIVERY:
-            raise ValueError(f"model_delivery must be one of {list(MODEL_DELIVERY)}, got {self.model_delivery!r}")
+        check_choice(self.model_delivery, "model_delivery", MODEL_DELIVERY)

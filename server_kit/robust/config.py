@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from edge_sdk._validation import check_choice
+
 from ..aggregate import StreamingFedAvg
 from .coordinate import DEFAULT_TRIM_FRACTION, CoordinateAggregator
 
@@ -86,8 +88,7 @@ class RobustConfig:
     refuse_above: float | None = DEFAULT_REFUSE_ABOVE
 
     def __post_init__(self) -> None:
-        if self.aggregator not in AGGREGATORS:
-            raise ValueError(f"aggregator must be one of {list(AGGREGATORS)}, got {self.aggregator!r}")
+        check_choice(self.aggregator, "aggregator", AGGREGATORS)
         object.__setattr__(self, "norm_bound", _multiple("norm_bound", self.norm_bound, "for no bounding"))
         object.__setattr__(self, "refuse_above",
                            _multiple("refuse_above", self.refuse_above, "to refuse only non-finite updates"))

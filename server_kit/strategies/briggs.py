@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk._validation import check_int, check_number
+from edge_sdk._validation import check_choice, check_int, check_number
 from edge_sdk.worker import Update
 
 from ..clustering.hierarchy import cut_tree
@@ -110,10 +110,8 @@ class Briggs(UpdateClustered):
         if self.cluster_round > self.max_warmup_rounds:
             raise ValueError(f"cluster_round must be <= max_warmup_rounds={self.max_warmup_rounds}, "
                              f"got {cluster_round!r}")
-        if metric not in METRICS:
-            raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
-        if linkage not in LINKAGES:
-            raise ValueError(f"linkage must be one of {list(LINKAGES)}, got {linkage!r}")
+        check_choice(metric, "metric", METRICS, sorted(METRICS))
+        check_choice(linkage, "linkage", LINKAGES)
         if linkage == "ward" and metric != "euclidean":
             raise ValueError(f"linkage 'ward' needs metric 'euclidean', got metric {metric!r}")
         self.metric = metric

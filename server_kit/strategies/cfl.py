@@ -83,7 +83,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk._validation import check_int, check_number
+from edge_sdk._validation import check_choice, check_int, check_number
 from edge_sdk.worker import Update
 
 from ..clustering.updates import CHUNK, cosine_distances_from_gram, delta_chunks, delta_gram
@@ -162,8 +162,7 @@ def optimal_bipartition(similarity: np.ndarray, linkage: str = "complete") -> np
     from scipy.cluster.hierarchy import to_tree
     from scipy.spatial.distance import squareform
 
-    if linkage not in LINKAGES:
-        raise ValueError(f"linkage must be one of {list(LINKAGES)}, got {linkage!r}")
+    check_choice(linkage, "linkage", LINKAGES)
     s = np.asarray(similarity, dtype=np.float64)
     if s.ndim != 2 or s.shape[0] != s.shape[1] or s.shape[0] < 2:
         raise ValueError(f"similarity must be a square matrix of at least 2 x 2, got shape {s.shape}")
@@ -268,8 +267,7 @@ class CFL(ClusteredFedAvg):
         self.gamma_max = None if gamma_max is None else check_number(gamma_max, "gamma_max", low=0.0)
         if self.gamma_max is not None and self.gamma_max >= 1.0:
             raise ValueError(f"gamma_max must be in [0, 1) or None, got {gamma_max!r}")
-        if linkage not in LINKAGES:
-            raise ValueError(f"linkage must be one of {list(LINKAGES)}, got {linkage!r}")
+        check_choice(linkage, "linkage", LINKAGES)
         self.linkage = linkage
         self.split_history_: list[dict[str, Any]] = []
         self.last_norms_: dict[str, dict[str, Any]] = {}

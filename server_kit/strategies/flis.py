@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk._validation import check_int, check_number
+from edge_sdk._validation import check_choice, check_int, check_number
 from edge_sdk.worker import Task, Update
 
 from .base import ClientInfo, Strategy, Weights, copy_weights
@@ -179,15 +179,13 @@ class FLISHC(AuxInference, UpdateClustered):
                  cluster_init: str = "initial", **kw: Any) -> None:
         super().__init__(**kw)
         self.distance_threshold = check_number(distance_threshold, "distance_threshold", low=0.0, high=1.0)
-        if linkage not in LINKAGES:
-            raise ValueError(f"linkage must be one of {LINKAGES}, got {linkage!r}")
+        check_choice(linkage, "linkage", LINKAGES, LINKAGES)
         self.linkage = linkage
         self.cluster_round = check_int(cluster_round, "cluster_round")
         if self.cluster_round > self.max_warmup_rounds:
             raise ValueError(f"cluster_round={cluster_round} is after max_warmup_rounds={self.max_warmup_rounds}, "
                              "the round at which clustering is forced")
-        if cluster_init not in CLUSTER_INITS:
-            raise ValueError(f"cluster_init must be one of {CLUSTER_INITS}, got {cluster_init!r}")
+        check_choice(cluster_init, "cluster_init", CLUSTER_INITS, CLUSTER_INITS)
         self.cluster_init = cluster_init
         self.similarity_: np.ndarray | None = None
         self.similarity_cids_: list[str] = []

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk._validation import check_number
+from edge_sdk._validation import check_choice, check_number
 from edge_sdk.worker import Update
 
 from .base import ClientInfo, Weights
@@ -113,10 +113,8 @@ class AuxInference:
         if not architecture or not isinstance(architecture, str):
             raise ValueError(f"{self.name} runs the clients' models on the server's auxiliary set: give "
                              f"architecture (a classifier key of edge_sdk.nets), got {architecture!r}")
-        if inference not in INFERENCE:
-            raise ValueError(f"inference must be one of {INFERENCE}, got {inference!r}")
-        if predictions not in PREDICTIONS:
-            raise ValueError(f"predictions must be one of {PREDICTIONS}, got {predictions!r}")
+        check_choice(inference, "inference", INFERENCE, INFERENCE)
+        check_choice(predictions, "predictions", PREDICTIONS, PREDICTIONS)
         from edge_sdk.trainer import torch_available
 
         if inference == "torch" and not torch_available():

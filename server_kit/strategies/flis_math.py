@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from edge_sdk._validation import check_choice
+
 from ..clustering.hierarchy import cut_tree
 
 __all__ = [
@@ -119,8 +121,7 @@ def hierarchical_labels(similarity: np.ndarray, distance_threshold: float, linka
     largest pairwise distance; average; single: the smallest) is at most the
     threshold. Labels are 0-based, numbered by first appearance.
     """
-    if linkage not in LINKAGES:
-        raise ValueError(f"linkage must be one of {LINKAGES}, got {linkage!r}")
+    check_choice(linkage, "linkage", LINKAGES, LINKAGES)
     s = np.asarray(similarity, dtype=np.float64)
     if s.ndim != 2 or s.shape[0] != s.shape[1]:
         raise ValueError(f"similarity must be a square matrix, got shape {s.shape}")

@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk._validation import check_int, check_number
+from edge_sdk._validation import check_choice, check_int, check_number
 from edge_sdk.worker import Update
 
 from ..clustering.updates import clustering_temperature, cosine_distances_from_gram, delta_gram
@@ -326,8 +326,7 @@ class OCFL(UpdateClustered):
                  damping: float = 0.5, preference: float | None = None, k: int | None = None,
                  max_k: int = 10, n_init: int = 10, **kw: Any) -> None:
         super().__init__(**kw)
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {sorted(ALGORITHMS)}, got {algorithm!r}")
+        check_choice(algorithm, "algorithm", ALGORITHMS, sorted(ALGORITHMS))
         given = {"min_samples": min_samples, "selection": selection, "bandwidth": bandwidth, "quantile": quantile,
                  "damping": damping,
                  "preference": preference, "k": k, "max_k": max_k, "n_init": n_init}
