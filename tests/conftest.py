@@ -6,14 +6,23 @@ threads of an in-memory federation, client processes of a real one). On a
 oversubscribes the CPU badly (seen: 1 s of work taking 30 s), so the suite
 runs torch and OpenMP single-threaded, in this process and in the processes
 it starts.
+
+Constants and small classes that several test files share are in
+tests/helpers.py, importable as ``helpers`` because this file puts tests/ on
+``sys.path``; the shared fixtures are below.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+# --import-mode=importlib adds no test folder to sys.path: add this one for ``from helpers import ...``
+sys.path.append(str(Path(__file__).resolve().parent))
 
 try:
     import torch
@@ -54,6 +63,37 @@ def start_edge_clients():
         return threads, edges
 
     return start
+
+
+@pytest.fixture(scope="session")
+def server_transport():
+    """``make(broker, **kw)``: the server's :class:`edge_sdk.transport.MemoryTransport` on ``broker``.
+
+    ``make`` returns ``MemoryTransport(broker, SERVER_ID, **kw)``, not yet
+    connected; ``federation=`` and any other option go in ``kw``.
+    """
+    from edge_sdk.protocol import SERVER_ID
+    from edge_sdk.transport import MemoryTransport
+
+    def make(broker, **kw):
+        return MemoryTransport(broker, SERVER_ID, **kw)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def digits12():
+    """scikit-learn's digits split among 12 clients in 4 rotation groups (seed 0), built once per session.
+
+    Client ``i`` holds a disjoint shard rotated by ``90 * (i mod 4)`` degrees
+    (:func:`server_kit.data.partition.rotation_partition`); tests only read it.
+    Skips where torch is missing: the tests using it train models.
+    """
+    pytest.importorskip("torch")
+    from server_kit.data.partition import load_digits_images, rotation_partition
+
+    images, labels = load_digits_images()
+    return rotation_partition(images, labels, 12, groups=4, seed=0)
 
 
 @pytest.fixture(scope="session")

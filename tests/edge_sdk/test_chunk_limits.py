@@ -24,6 +24,8 @@ from edge_sdk.protocol import (
 from edge_sdk.transport import BrokerConfig, MemoryBroker, MemoryTransport, MqttTransport
 from server_kit.broker import MosquittoBroker, find_mosquitto
 
+from helpers import Collector
+
 FED = "demo"
 T = Topics("fedsketch", FED)
 ids = itertools.count()
@@ -211,10 +213,10 @@ def test_broker_config_chunk_defaults_reach_the_reassembler():
                                    "expired_deadline": 0, "refused": {}}
 
 
-def test_memory_transport_expires_on_request_and_counts_refusals():
+def test_memory_transport_expires_on_request_and_counts_refusals(server_transport):
     clock = Clock(100.0)
     broker = MemoryBroker()
-    server = MemoryTransport(broker, "server", federation=FED, chunk_limits={"chunk_timeout_s": 5, "clock": clock})
+    server = server_transport(broker, federation=FED, chunk_limits={"chunk_timeout_s": 5, "clock": clock})
     got: list[Message] = []
     server.subscribe(T.all_clients("update"), lambda topic, m: got.append(m))
     server.connect()
@@ -274,21 +276,6 @@ def wait_for(cond, timeout: float = 5.0) -> bool:
     return cond()
 
 
-class Collector:
-    def __init__(self) -> None:
-        self.items: list[Message] = []
-        self._cv = threading.Condition()
-
-    def __call__(self, topic: str, msg: Message) -> None:
-        with self._cv:
-            self.items.append(msg)
-            self._cv.notify_all()
-
-    def wait(self, n: int, timeout: float) -> bool:
-        with self._cv:
-            return self._cv.wait_for(lambda: len(self.items) >= n, timeout)
-
-
 @pytest.mark.broker
 def test_one_flooding_sender_does_not_starve_honest_updates(connect):
     got = Collector()
@@ -314,7 +301,7 @@ def test_one_flooding_sender_does_not_starve_honest_updates(connect):
         t.publish(T.update(t.client_id), Message(Kind.UPDATE, FED, t.client_id, 1, {"n_samples": 5},
                                                  bodies[t.client_id]))
     assert got.wait(4, timeout=8)
-    assert {m.sender: m.body for m in got.items} == bodies
+    assert {m.sender: m.body for m in got.messages} == bodies
     flooder.join(5)
     evil._wait_acks(None, 5)
     refused = (n_transfers - 2) * rounds
@@ -347,4 +334,4 @@ def test_partial_transfer_is_freed_without_further_traffic(connect):
     assert time.monotonic() - t0 >= 0.5
     assert server.stats()["chunks"] == {"pending": 0, "pending_bytes": 0, "held_bytes": 0, "expired": 1,
                                         "expired_deadline": 0, "refused": {}}
-    assert got.items == [] and server.rejected == {}
+    assert got.messages == [] and server.rejected == {}

@@ -63,11 +63,11 @@ def test_devices_jitter_alike_only_by_chance():
     assert len({round(d, 3) for d in dues}) == 20 and max(dues) - min(dues) > 1.0
 
 
-def test_the_server_asking_again_gets_a_hello_at_once():
+def test_the_server_asking_again_gets_a_hello_at_once(server_transport):
     broker = MemoryBroker()
     ec = device(broker, hello_jitter_s=30.0)  # a pending boot hello far away
     ec.start()
-    server = MemoryTransport(broker, "server", federation=FED)
+    server = server_transport(broker, federation=FED)
     server.connect()
     server.publish(server.topics.broadcast(), Message(Kind.CMD, FED, "server", 0, {"op": "hello"}))
     assert ec.step() is True
@@ -91,11 +91,11 @@ def test_a_reconnection_schedules_a_hello_again():
     assert len(sent(broker, "hello")) == 2
 
 
-def test_step_says_false_once_the_server_said_stop():
+def test_step_says_false_once_the_server_said_stop(server_transport):
     broker = MemoryBroker()
     ec = device(broker)
     ec.start()
-    server = MemoryTransport(broker, "server", federation=FED)
+    server = server_transport(broker, federation=FED)
     server.connect()
     server.publish(server.topics.cmd("c1"), Message(Kind.CMD, FED, "server", 0, {"op": "stop", "reason": "done"}))
     ec.step()  # the hello

@@ -15,8 +15,9 @@ from edge_sdk.schema import COMMANDS
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import LocalWorker
 
+from helpers import ARCH
+
 FED = "cmds"
-ARCH = "digits_cnn_1x8x8_10"
 
 #: Every field of every command, with a value the device accepts.
 EVERY_FIELD = {

@@ -104,11 +104,11 @@ def test_keygen_writes_an_openssl_compatible_pair(tmp_path, capsys):
         load_verifier(tmp_path / "k" / "server.key")
 
 
-def test_signed_chunks_through_a_transport(key):
+def test_signed_chunks_through_a_transport(key, server_transport):
     """A 200 KB model cut into 4 KB chunks: each chunk and the whole are signed; forged ones are dropped."""
     broker = MemoryBroker()
     t = Topics("fedsketch", FED)
-    server = MemoryTransport(broker, "server", federation=FED, max_payload=4096)
+    server = server_transport(broker, federation=FED, max_payload=4096)
     server.sign_with(Signer(key))
     device = MemoryTransport(broker, "c1", federation=FED)
     device.verify_with(Verifier(key.public_key()))

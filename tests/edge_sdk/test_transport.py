@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 
 import numpy as np
@@ -28,30 +27,10 @@ from edge_sdk.transport import (
 )
 from server_kit.broker import EmbeddedBroker, MosquittoBroker, find_mosquitto, free_port
 
+from helpers import Collector
+
 FED = "demo"
 needs_mosquitto = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")
-
-
-class Collector:
-    """A handler that records what it gets and lets a test wait for it."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple[str, Message]] = []
-        self._cv = threading.Condition()
-
-    def __call__(self, topic: str, msg: Message) -> None:
-        with self._cv:
-            self.items.append((topic, msg))
-            self._cv.notify_all()
-
-    def wait(self, n: int = 1, timeout: float = 10.0) -> bool:
-        with self._cv:
-            return self._cv.wait_for(lambda: len(self.items) >= n, timeout)
-
-    @property
-    def messages(self) -> list[Message]:
-        with self._cv:
-            return [m for _, m in self.items]
 
 
 def sketch(seed: int = 0) -> Sketch:
@@ -143,9 +122,9 @@ def test_transport_refuses_bad_ids_and_topics():
 
 
 @pytest.fixture
-def memory():
+def memory(server_transport):
     broker = MemoryBroker()
-    server = MemoryTransport(broker, "server", federation=FED)
+    server = server_transport(broker, federation=FED)
     client = MemoryTransport(broker, "c1", federation=FED, max_payload=4096)
     return broker, server, client
 
@@ -218,9 +197,9 @@ def test_memory_chunking_round_trip(memory):
     assert rec == {"messages": 1, "bytes": sent, "chunks": len(frames)}
 
 
-def test_memory_retained_persistent_session_and_will():
+def test_memory_retained_persistent_session_and_will(server_transport):
     broker = MemoryBroker()
-    server = MemoryTransport(broker, "server", federation=FED)
+    server = server_transport(broker, federation=FED)
     server.connect()
     model = Message(Kind.MODEL, FED, "server", 1, {"key": "k0"}, tensors_body({"w": np.ones(3, np.float32)}))
     server.publish(server.topics.model("k0"), model, retain=True)

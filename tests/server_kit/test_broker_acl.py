@@ -7,7 +7,6 @@ import re
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -16,6 +15,8 @@ import pytest
 from edge_sdk.protocol import Kind, Message, Topics
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from server_kit.broker import MosquittoBroker, find_mosquitto, free_port
+
+from helpers import Collector
 
 pytestmark = [
     pytest.mark.broker,
@@ -26,25 +27,6 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 FED = "demo"
 PASSWORDS = {"server": "server-pw", "c1": "c1-pw", "c2": "c2-pw"}
 T = Topics("fedsketch", FED)
-
-
-class Collector:
-    def __init__(self) -> None:
-        self.items: list[tuple[str, Message]] = []
-        self._cv = threading.Condition()
-
-    def __call__(self, topic: str, msg: Message) -> None:
-        with self._cv:
-            self.items.append((topic, msg))
-            self._cv.notify_all()
-
-    def wait(self, n: int = 1, timeout: float = 5.0) -> bool:
-        with self._cv:
-            return self._cv.wait_for(lambda: len(self.items) >= n, timeout)
-
-    def topics(self) -> list[str]:
-        with self._cv:
-            return [t for t, _ in self.items]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +60,7 @@ def msg(kind: Kind, sender: str, **meta) -> Message:
 
 
 def test_client_cannot_publish_under_another_client(login):
-    seen = Collector()
+    seen = Collector(timeout=5.0)
     server = login("server", subscribe=[(T.all_clients("#"), seen)])
     c1 = login("c1")
     time.sleep(0.1)
@@ -93,7 +75,7 @@ def test_client_cannot_publish_under_another_client(login):
 
 
 def test_client_reads_only_its_commands_cluster_models_and_broadcasts(login):
-    c1_got, c2_got = Collector(), Collector()
+    c1_got, c2_got = Collector(timeout=5.0), Collector(timeout=5.0)
     c1 = login("c1", subscribe=[(T.cmd("c1"), c1_got), (T.cmd("c2"), c1_got), (T.model("+"), c1_got),
                                 (T.broadcast(), c1_got)])
     login("c2", subscribe=[(T.cmd("c2"), c2_got)])
@@ -112,7 +94,7 @@ def test_client_reads_only_its_commands_cluster_models_and_broadcasts(login):
 
 
 def test_client_cannot_snoop_with_wildcards(login):
-    snoop, seen = Collector(), Collector()
+    snoop, seen = Collector(timeout=5.0), Collector(timeout=5.0)
     login("c1", subscribe=[("fedsketch/#", snoop)])
     login("server", subscribe=[(T.all_clients("update"), seen)])
     c2 = login("c2")
@@ -195,7 +177,7 @@ def production_broker(tmp_path_factory, shipped_acl):
 
 
 def test_production_config_over_tls(login, production_broker):
-    seen = Collector()
+    seen = Collector(timeout=5.0)
     login("server", url=production_broker["plain"], subscribe=[(T.all_clients("hello"), seen)])
     c1 = login("c1", url=production_broker["tls"], ca_certs=production_broker["ca"])
     time.sleep(0.1)
@@ -210,7 +192,7 @@ def test_production_config_over_tls(login, production_broker):
 
 def test_production_config_refuses_retained_messages(login, production_broker):
     """retain_available false: a device that tries to retain a message is disconnected, nothing is stored."""
-    seen = Collector()
+    seen = Collector(timeout=5.0)
     login("server", url=production_broker["plain"], subscribe=[(T.all_clients("hello"), seen)])
     c1 = login("c1", url=production_broker["tls"], ca_certs=production_broker["ca"])
     time.sleep(0.1)
@@ -220,6 +202,6 @@ def test_production_config_refuses_retained_messages(login, production_broker):
         time.sleep(0.05)
     assert c1.stats()["errors"]["connection-lost"] >= 1
     assert not seen.wait(1, timeout=0.5)
-    late = Collector()  # a server started later finds nothing retained
+    late = Collector(timeout=5.0)  # a server started later finds nothing retained
     login("server", url=production_broker["plain"], subscribe=[(T.all_clients("hello"), late)])
     assert not late.wait(1, timeout=0.5)

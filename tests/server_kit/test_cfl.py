@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-from edge_sdk.transport import MemoryBroker, MemoryTransport
+from edge_sdk.transport import MemoryBroker
 from edge_sdk.worker import TrainSettings, Update
 from server_kit.clustering.updates import delta_gram, mean_update_norm, update_norms
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig
-from server_kit.simulate import Simulator
+from server_kit.drivers.simulate import Simulator
 from server_kit.strategies import make_strategy
 from server_kit.strategies.base import ClientInfo
 from server_kit.strategies.cfl import (
@@ -25,9 +25,9 @@ from server_kit.strategies.cfl import (
     update_norm_stats,
 )
 
-pytest.importorskip("torch")
+from helpers import ARCH
 
-ARCH = "digits_cnn_1x8x8_10"
+pytest.importorskip("torch")
 
 
 def wv(vec) -> dict[str, np.ndarray]:
@@ -364,11 +364,11 @@ def test_homogeneous_federation_stays_one_cluster(digits):
 # -- over MQTT (in-memory broker) ------------------------------------------------------------------
 
 
-def test_cfl_over_mqtt_splits_like_the_simulator(digits, tmp_path, start_edge_clients):
+def test_cfl_over_mqtt_splits_like_the_simulator(digits, tmp_path, start_edge_clients, server_transport):
     clients = rotation_partition(*digits, 12, groups=4, seed=0)
     broker, fed = MemoryBroker(), "cfl"
     threads, _ = start_edge_clients(broker, clients, fed, architecture=ARCH)
-    server = MemoryTransport(broker, "server", federation=fed)
+    server = server_transport(broker, federation=fed)
     server.connect()
     cfg = ServerConfig(federation=fed, rounds=4, min_clients=12, register_timeout_s=20, round_timeout_s=60,
                        eval_timeout_s=20, architecture=ARCH, seed=0, checkpoint_dir=str(tmp_path))

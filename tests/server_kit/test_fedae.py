@@ -19,14 +19,15 @@ from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import LocalWorker, TrainSettings
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig
-from server_kit.pretrain_settings import pretrain_config
+from server_kit.pretrain.settings import pretrain_config
 from server_kit.strategies import make_strategy
 from server_kit.strategies.fedsketch import FedAESketchClustered
+
+from helpers import ARCH
 
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-ARCH = "digits_cnn_1x8x8_10"
 AE = "fc_ae_64_48_20"
 FED = "fae"
 PRETRAIN = {"architecture": AE, "rounds": 2, "epochs": 2}
@@ -62,10 +63,10 @@ def test_strategy_option_and_defaults():
         make_strategy("fedsketch-fedae", pretrain={"rounds": 0})
 
 
-def test_fedae_federation_over_the_memory_broker(digits8, tmp_path, start_edge_clients):
+def test_fedae_federation_over_the_memory_broker(digits8, tmp_path, start_edge_clients, server_transport):
     broker = MemoryBroker()
     threads, edge = start_edge_clients(broker, digits8, FED, architecture=ARCH)
-    server = MemoryTransport(broker, "server", federation=FED)
+    server = server_transport(broker, federation=FED)
     server.connect()
     strategy = make_strategy("fedsketch-fedae", pretrain=PRETRAIN, min_cluster_size=2,
                              settings=TrainSettings(epochs=1, lr=1e-2, batch_size=16))
@@ -130,7 +131,7 @@ def test_client_rejects_a_tampered_encoder(digits8, caplog):
 
 
 def test_simulator_runs_the_same_option(digits8):
-    from server_kit.simulate import Simulator
+    from server_kit.drivers.simulate import Simulator
 
     strategy = make_strategy("fedsketch-fedae", pretrain=PRETRAIN, min_cluster_size=2,
                              settings=TrainSettings(epochs=1, lr=1e-2, batch_size=16))

@@ -77,12 +77,12 @@ def check_same_as_in_process(got, clients, reference):
     assert got.gone == {}
 
 
-def test_memory_broker_run_matches_in_process_and_rejects_hostile_messages(data, reference, caplog):
+def test_memory_broker_run_matches_in_process_and_rejects_hostile_messages(data, reference, caplog, server_transport):
     broker = MemoryBroker()
     clients = make_clients(data)
     edges, threads = start_edges(clients, lambda cid: MemoryTransport(broker, cid, federation=FED))
     evil = MemoryTransport(broker, "intruder", federation=FED)  # no ACL on the memory broker: it writes as c0
-    server_t = MemoryTransport(broker, "server", federation=FED)
+    server_t = server_transport(broker, federation=FED)
 
     def hostile(record):
         if record["iteration"] == 1:  # garbage bytes, then a well-formed but stale object, on c0's topics
@@ -155,7 +155,7 @@ def test_real_broker_run_matches_in_process(data, reference, caplog, shipped_acl
     assert "rejected (magic) from fedsketch/fedcref/clients/c0/update" in caplog.text
 
 
-def test_a_client_that_vanishes_is_logged_and_left_behind(data, caplog):
+def test_a_client_that_vanishes_is_logged_and_left_behind(data, caplog, server_transport):
     broker = MemoryBroker()
     clients = make_clients(data[:2], epochs=2)
     _, threads = start_edges(clients, lambda cid: MemoryTransport(broker, cid, federation=FED))
@@ -172,7 +172,7 @@ def test_a_client_that_vanishes_is_logged_and_left_behind(data, caplog):
         dying.topics.hello("c8"), Message(Kind.HELLO, FED, "c8", 0, dict(hello, cid="c8"))))
     dying.subscribe(dying.topics.cmd("c8"), lambda topic, msg: dying.kill())
     dying.connect()
-    server_t = MemoryTransport(broker, "server", federation=FED)
+    server_t = server_transport(broker, federation=FED)
     with caplog.at_level(logging.WARNING):
         got = FedCRefCoordinator(FedCRefServer(theta=0.3, community_rounds=1, max_iterations=2), server_t,
                                  min_clients=4, timeout_s=4).run()

@@ -16,8 +16,6 @@ from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.strategies.fedsketch import SketchClustered
 
-ARCH = "digits_cnn_1x8x8_10"
-
 
 @pytest.fixture(scope="module")
 def clients():
@@ -83,12 +81,12 @@ def test_devices_come_back_after_the_broker_restarts_and_a_late_device_joins(cli
     assert all(e.exit_code == 0 and e.handled.get("stop") == 1 for e in edges)  # told the server finished
 
 
-def test_slow_devices_reporting_progress_keep_their_round_open(clients):
+def test_slow_devices_reporting_progress_keep_their_round_open(clients, server_transport):
     """Rounds whose deadline (0.5 s) is far shorter than the training: nothing is lost, nothing is late."""
     broker = MemoryBroker()
     few = clients[:4]
     threads, edges = start(few, lambda cid: MemoryTransport(broker, cid, federation="fleet"), progress_interval_s=0.2)
-    server = MemoryTransport(broker, "server", federation="fleet")
+    server = server_transport(broker, federation="fleet")
     server.connect()
     slow = SketchClustered(settings=TrainSettings(epochs=40, lr=1e-2, batch_size=8), min_cluster_size=1, seed=0)
     t0 = time.monotonic()
@@ -102,13 +100,13 @@ def test_slow_devices_reporting_progress_keep_their_round_open(clients):
     assert time.monotonic() - t0 < 120
 
 
-def test_a_fleet_that_cannot_train_stops_at_registration(clients, monkeypatch):
+def test_a_fleet_that_cannot_train_stops_at_registration(clients, monkeypatch, server_transport):
     import edge_sdk.trainer
 
     monkeypatch.setattr(edge_sdk.trainer, "torch_available", lambda: False)  # every device says: no torch
     broker = MemoryBroker()
     threads, edges = start(clients[:3], lambda cid: MemoryTransport(broker, cid, federation="fleet"))
-    server = MemoryTransport(broker, "server", federation="fleet")
+    server = server_transport(broker, federation="fleet")
     server.connect()
     orch = Orchestrator(strategy(), server, config(3))
     with pytest.raises(RuntimeError, match=r"none of the 3 admitted clients can train \(c00: no torch on the "
@@ -121,7 +119,7 @@ def test_a_fleet_that_cannot_train_stops_at_registration(clients, monkeypatch):
     assert all(e.handled.get("welcome") == 1 and e.handled.get("stop") == 1 for e in edges)
 
 
-def test_refused_and_not_training_devices(clients):
+def test_refused_and_not_training_devices(clients, server_transport):
     """A device whose labels do not fit is refused (it exits 4); one without torch is admitted, never tasked."""
     import numpy as np
 
@@ -146,7 +144,7 @@ def test_refused_and_not_training_devices(clients):
     more = [threading.Thread(target=e.run, kwargs={"max_idle_s": 60}, daemon=True) for e in (odd, nt)]
     for th in more:
         th.start()
-    server = MemoryTransport(broker, "server", federation="fleet")
+    server = server_transport(broker, federation="fleet")
     server.connect()
     result = Orchestrator(strategy(), server, config(6, rounds=2)).run()
     for th in threads + more:

@@ -7,11 +7,11 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.trainer import initial_weights, train_local
-from edge_sdk.transport import MemoryBroker, MemoryTransport
+from edge_sdk.transport import MemoryBroker
 from edge_sdk.worker import TrainSettings, Update
 from server_kit.data.partition import label_flip_groups, load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig
-from server_kit.simulate import Simulator
+from server_kit.drivers.simulate import Simulator
 from server_kit.strategies import make_strategy
 from server_kit.strategies.base import ClientInfo
 from server_kit.strategies.flis import (
@@ -25,9 +25,10 @@ from server_kit.strategies.flis import (
     threshold_clusters,
 )
 
+from helpers import ARCH
+
 pytest.importorskip("torch")
 
-ARCH = "digits_cnn_1x8x8_10"
 #: Enough local training for the models to answer confidently on the auxiliary set.
 SETTINGS = TrainSettings(epochs=10, lr=5e-3, batch_size=8)
 N_HELD = 100  # digits the clients never see: the server's auxiliary set is made of them
@@ -375,12 +376,12 @@ def test_flis_keeps_a_homogeneous_federation_in_one_cluster(digits):
     assert sorted(hc.models) == ["c0"] and sorted(dc.models) == ["c0"]
 
 
-def test_flis_dc_over_mqtt_offers_every_cluster_model(digits, start_edge_clients):
+def test_flis_dc_over_mqtt_offers_every_cluster_model(digits, start_edge_clients, server_transport):
     images, labels = digits[:2]
     clients = label_flip_groups(images[:600], labels[:600], 4, groups=2, seed=0)
     broker, fed = MemoryBroker(), "flis-dc"
     threads, _ = start_edge_clients(broker, clients, fed, architecture=ARCH)
-    server = MemoryTransport(broker, "server", federation=fed)
+    server = server_transport(broker, federation=fed)
     server.connect()
     cfg = ServerConfig(federation=fed, rounds=2, min_clients=4, register_timeout_s=20, sketch_timeout_s=20,
                        round_timeout_s=60, eval_timeout_s=20, architecture=ARCH, seed=0)

@@ -40,7 +40,8 @@ from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.strategies.fedavg import FedAvg
 from server_kit.strategies.fedsketch import SketchClustered
 
-ARCH = "digits_cnn_1x8x8_10"
+from helpers import ARCH
+
 SETTINGS = TrainSettings(epochs=3, lr=1e-2, batch_size=16)
 needs_mosquitto = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")
 
@@ -231,11 +232,11 @@ class CrossClusterAttacker(EdgeClient):
                    {"round": r, "model_key": victim, "n_samples": 10**9, "loss": 0.0}, tensors_body(weights))
 
 
-def _memory_run(clients, hostile=None):
+def _memory_run(server_transport, clients, hostile=None):
     broker = MemoryBroker()
     threads, _ = start_devices(clients, "mem", lambda cid: MemoryTransport(broker, cid, federation="mem"),
                                hostile=hostile)
-    server = MemoryTransport(broker, "server", federation="mem")
+    server = server_transport(broker, federation="mem")
     server.connect()
     result = run_server(server, "mem", len(clients))
     for th in threads:
@@ -243,9 +244,9 @@ def _memory_run(clients, hostile=None):
     return result
 
 
-def test_update_under_another_clusters_key_is_refused(digits):
-    clean = _memory_run(digits)
-    attacked = _memory_run(digits, hostile={digits[0].cid: CrossClusterAttacker})
+def test_update_under_another_clusters_key_is_refused(digits, server_transport):
+    clean = _memory_run(server_transport, digits)
+    attacked = _memory_run(server_transport, digits, hostile={digits[0].cid: CrossClusterAttacker})
     assert attacked["rejected"]["wrong-model"] == 3  # one per round
     own = attacked["assignment"][digits[0].cid]
     victim = "c1" if f"c{own}" != "c1" else "c0"
@@ -253,9 +254,9 @@ def test_update_under_another_clusters_key_is_refused(digits):
 
 
 @pytest.fixture(scope="module")
-def orchestrator():
+def orchestrator(server_transport):
     broker = MemoryBroker()
-    transport = MemoryTransport(broker, "server", federation="fz")
+    transport = server_transport(broker, federation="fz")
     transport.connect()
     template = {"w": np.zeros((2, 3), np.float32)}
     orch = Orchestrator(FedAvg(seed=0), transport, ServerConfig(federation="fz", architecture=ARCH),

@@ -6,29 +6,24 @@ import numpy as np
 import pytest
 
 from edge_sdk.features import ladd_features
-from edge_sdk.transport import MemoryBroker, MemoryTransport
+from edge_sdk.transport import MemoryBroker
 from edge_sdk.worker import LocalWorker, TrainSettings, Update
-from server_kit.data.partition import ClientData, load_digits_images, rotation_partition
+from server_kit.data.partition import ClientData
 from server_kit.drivers import Orchestrator, ServerConfig
-from server_kit.simulate import Simulator
+from server_kit.drivers.simulate import Simulator
 from server_kit.strategies.base import ClientInfo
 from server_kit.strategies.ifca import IFCA, perturbed_copy
 from server_kit.strategies.ladd import LADD, nearest_center
 
+from helpers import ARCH
+
 pytest.importorskip("torch")
 
-ARCH = "digits_cnn_1x8x8_10"
 SETTINGS = TrainSettings(epochs=2, lr=1e-2, batch_size=16)
 
 
 def w(a, b):
     return {"conv.w": np.full(2, a, np.float32), "fc.w": np.full(3, b, np.float32)}
-
-
-@pytest.fixture(scope="module")
-def digits12():
-    images, labels = load_digits_images()
-    return rotation_partition(images, labels, 12, groups=4, seed=0)
 
 
 # -- IFCA units -----------------------------------------------------------------
@@ -199,10 +194,10 @@ def test_ladd_in_the_simulator_cannot_separate_rotations(digits12):
 # -- over MQTT (in-memory broker) -------------------------------------------------------
 
 
-def run_federation(start_edge_clients, strategy, clients, fed, rounds=3):
+def run_federation(start_edge_clients, server_transport, strategy, clients, fed, rounds=3):
     broker = MemoryBroker()
     threads, edge = start_edge_clients(broker, clients, fed, architecture=ARCH)
-    server = MemoryTransport(broker, "server", federation=fed)
+    server = server_transport(broker, federation=fed)
     server.connect()
     per_round: list[int] = []
 
@@ -218,8 +213,8 @@ def run_federation(start_edge_clients, strategy, clients, fed, rounds=3):
     return result, np.diff([0, *per_round]).tolist(), received
 
 
-def test_ifca_over_mqtt(digits12, start_edge_clients):
-    result, models_per_round, received = run_federation(start_edge_clients, IFCA(settings=SETTINGS, k=4, architecture=ARCH), digits12,
+def test_ifca_over_mqtt(digits12, start_edge_clients, server_transport):
+    result, models_per_round, received = run_federation(start_edge_clients, server_transport, IFCA(settings=SETTINGS, k=4, architecture=ARCH), digits12,
                                                         "ifca")
     assert [h["updates"] for h in result["history"]] == [12, 12, 12]
     # round 1: one random model per client, on its own topic; then all 4 to everyone: one broadcast each
@@ -231,8 +226,8 @@ def test_ifca_over_mqtt(digits12, start_edge_clients):
           f"MODEL bytes {result['transport']['sent']['MODEL']['bytes']}")
 
 
-def test_ladd_over_mqtt_clusters_like_the_simulator(digits12, start_edge_clients):
-    result, models_per_round, received = run_federation(start_edge_clients, LADD(settings=SETTINGS, k=4, seed=0), digits12, "ladd",
+def test_ladd_over_mqtt_clusters_like_the_simulator(digits12, start_edge_clients, server_transport):
+    result, models_per_round, received = run_federation(start_edge_clients, server_transport, LADD(settings=SETTINGS, k=4, seed=0), digits12, "ladd",
                                                         rounds=1)
     stats = result["transport"]
     assert stats["received"]["FEATURES"]["messages"] == 12

@@ -26,15 +26,16 @@ from edge_sdk.worker import LocalWorker, TrainSettings
 from server_kit.broker import EmbeddedBroker, MosquittoBroker, find_mosquitto
 from server_kit.data.partition import load_digits_images, rotation_partition, save_client
 from server_kit.drivers import Orchestrator, ServerConfig
-from server_kit.simulate import Simulator
+from server_kit.drivers.simulate import Simulator
 from server_kit.strategies.fedavg import FedAvg
 from server_kit.strategies.fedsketch import SketchClustered
+
+from helpers import ARCH
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.broker
 
 ROOT = Path(__file__).resolve().parents[2]
-ARCH = "digits_cnn_1x8x8_10"
 FED = "e2e"
 SETTINGS = TrainSettings(epochs=3, lr=1e-2, batch_size=16)
 needs_mosquitto = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")

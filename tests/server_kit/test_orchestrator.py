@@ -13,21 +13,15 @@ from edge_sdk.protocol import Kind, Message, Topics, encode_message, sketch_body
 from edge_sdk.sketch import Sketch
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import TrainSettings
-from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.strategies.fedavg import FedAvg
 from server_kit.strategies.fedsketch import SketchClustered
 
+from helpers import ARCH
+
 pytest.importorskip("torch")
 
-ARCH = "digits_cnn_1x8x8_10"
 FED = "t"
-
-
-@pytest.fixture(scope="module")
-def digits12():
-    images, labels = load_digits_images()
-    return rotation_partition(images, labels, 12, groups=4, seed=0)
 
 
 def config(**kw):
@@ -38,10 +32,10 @@ def config(**kw):
     return ServerConfig(**base)
 
 
-def test_clustered_federation_recovers_rotation_groups(digits12, start_edge_clients):
+def test_clustered_federation_recovers_rotation_groups(digits12, start_edge_clients, server_transport):
     broker = MemoryBroker()
     threads, edge = start_edge_clients(broker, digits12, FED, architecture=ARCH)
-    server = MemoryTransport(broker, "server", federation=FED)
+    server = server_transport(broker, federation=FED)
     server.connect()
     strategy = SketchClustered(settings=TrainSettings(epochs=3, lr=1e-2, batch_size=16), min_cluster_size=3)
     result = Orchestrator(strategy, server, config()).run()
@@ -70,11 +64,11 @@ def test_clustered_federation_recovers_rotation_groups(digits12, start_edge_clie
     assert not result["rejected"]
 
 
-def test_hostile_messages_are_rejected_and_the_round_finishes(digits12, start_edge_clients):
+def test_hostile_messages_are_rejected_and_the_round_finishes(digits12, start_edge_clients, server_transport):
     clients = digits12[:4]
     broker = MemoryBroker()
     threads, _ = start_edge_clients(broker, clients, FED, architecture=ARCH)
-    server = MemoryTransport(broker, "server", federation=FED)
+    server = server_transport(broker, federation=FED)
     server.connect()
     rogue = MemoryTransport(broker, "rogue", federation=FED)  # publishes under other clients' topics
     topics = Topics("fedsketch", FED)
@@ -125,12 +119,12 @@ def test_bad_server_config_is_refused():
 
 
 @pytest.mark.parametrize("mode, per_step", [("cluster", 2), ("client", 1), ("auto", 1)])
-def test_model_delivery_bytes_on_the_wire(digits12, mode, per_step, start_edge_clients):
+def test_model_delivery_bytes_on_the_wire(digits12, mode, per_step, start_edge_clients, server_transport):
     """Broadcast on cluster topics: every device downloads both clusters' models; per client: only its own."""
     clients = [c for c in digits12 if c.group in (0, 2)]  # 6 clients, 0 and 180 degrees: 2 clusters
     broker = MemoryBroker()
     threads, edge = start_edge_clients(broker, clients, FED, architecture=ARCH)
-    server = MemoryTransport(broker, "server", federation=FED)
+    server = server_transport(broker, federation=FED)
     server.connect()
     strategy = SketchClustered(settings=TrainSettings(epochs=1, lr=1e-2, batch_size=16), min_cluster_size=3)
     result = Orchestrator(strategy, server, config(min_clients=6, rounds=1, model_delivery=mode)).run()

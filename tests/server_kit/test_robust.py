@@ -27,7 +27,7 @@ from server_kit.strategies.base import ClientInfo
 from server_kit.strategies.clustered import ClusteredFedAvg
 from server_kit.strategies.fedavg import FedAvg
 
-ARCH = "digits_cnn_1x8x8_10"
+from helpers import ARCH
 
 
 def w(a, b, steps=0):
@@ -294,7 +294,7 @@ def victims_accuracy(federation, rounds, attack=None, **robust):
     """Mean over the last 3 rounds of the hostile's cluster model on held-out images of its rotation; clipped."""
     from edge_sdk import OnnxEncoder
     from edge_sdk.trainer import evaluate
-    from server_kit.simulate import Simulator
+    from server_kit.drivers.simulate import Simulator
     from server_kit.strategies.fedsketch import SketchClustered
 
     clients, xh, yh = federation

@@ -27,12 +27,12 @@ from edge_sdk.sampling import in_sample, sample_point
 from edge_sdk.sketch import Sketch
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import LocalWorker, TrainSettings
-from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.drivers.delivery import _Follow
 from server_kit.strategies.fedsketch import SketchClustered
 
-ARCH = "digits_cnn_1x8x8_10"
+from helpers import ARCH
+
 FED = "s"
 
 
@@ -115,7 +115,7 @@ class _Meter:
         orch.link.handle_safely = metered_handle
 
 
-def _fleet_costs(n: int) -> tuple[dict[str, int], dict[str, int], Orchestrator]:
+def _fleet_costs(server_transport, n: int) -> tuple[dict[str, int], dict[str, int], Orchestrator]:
     """Registration, sketches, one round and the final evaluation of ``n`` scripted devices.
 
     The devices' messages are put in the server's inbox (no device code
@@ -125,7 +125,7 @@ def _fleet_costs(n: int) -> tuple[dict[str, int], dict[str, int], Orchestrator]:
     of one handler call per message kind.
     """
     broker = MemoryBroker()
-    server = MemoryTransport(broker, "server", federation=FED)
+    server = server_transport(broker, federation=FED)
     server.connect()
     template = {"w": np.zeros((2, 3), np.float32)}
     strategy = SketchClustered(min_cluster_size=2, seed=0)
@@ -176,15 +176,15 @@ def _fleet_costs(n: int) -> tuple[dict[str, int], dict[str, int], Orchestrator]:
     return ({p: max(v) for p, v in meter.until.items()}, {m: max(v) for m, v in meter.handler.items()}, orch)
 
 
-def test_per_message_work_does_not_grow_with_the_fleet():
+def test_per_message_work_does_not_grow_with_the_fleet(server_transport):
     """Every phase's stopping rule and every handler: as many Python lines at 10,000 devices as at 100.
 
     Before the pending sets, "all sketches in" and a round's "anyone left"
     scanned the fleet before every message (10,000 lines each at 10,000
     devices), and the final evaluation's rule scanned the answered prefix.
     """
-    small_until, small_handler, _ = _fleet_costs(100)
-    big_until, big_handler, orch = _fleet_costs(10_000)
+    small_until, small_handler, _ = _fleet_costs(server_transport, 100)
+    big_until, big_handler, orch = _fleet_costs(server_transport, 10_000)
     assert set(big_until) == {"register", "sketch", "round", "evaluate"}
     for phase, cost in big_until.items():
         assert cost <= small_until[phase] + 5, (phase, small_until, big_until)
@@ -195,9 +195,9 @@ def test_per_message_work_does_not_grow_with_the_fleet():
     assert not orch.delivery.pending  # every confirmation was taken in
 
 
-def test_a_model_goes_on_a_cluster_topic_only_to_confirmed_followers_that_all_need_it():
+def test_a_model_goes_on_a_cluster_topic_only_to_confirmed_followers_that_all_need_it(server_transport):
     broker = MemoryBroker()
-    server = MemoryTransport(broker, "server", federation=FED)
+    server = server_transport(broker, federation=FED)
     orch = Orchestrator(SketchClustered(), server, ServerConfig(federation=FED, architecture=ARCH),
                         template={"w": np.zeros(2, np.float32)})
     orch.delivery.online = lambda: ["a", "b", "c", "d"]  # online devices, without registering them
@@ -214,9 +214,9 @@ def test_a_model_goes_on_a_cluster_topic_only_to_confirmed_followers_that_all_ne
     assert orch.delivery.topic_receivers({"a": ["c0"], "c": ["c1"]}, ["c0", "c1"]) == {"c1": {"c"}}
 
 
-def test_a_device_saying_hello_again_must_confirm_its_topic_again():
+def test_a_device_saying_hello_again_must_confirm_its_topic_again(server_transport):
     broker = MemoryBroker()
-    server = MemoryTransport(broker, "server", federation=FED)
+    server = server_transport(broker, federation=FED)
     server.connect()
     template = {"w": np.zeros(2, np.float32)}
     strategy = SketchClustered()
@@ -253,17 +253,10 @@ def test_a_device_saying_hello_again_must_confirm_its_topic_again():
 # -- traffic, in memory ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def digits12():
-    pytest.importorskip("torch")
-    images, labels = load_digits_images()
-    return rotation_partition(images, labels, 12, groups=4, seed=0)
-
-
-def _run(digits12, start_edge_clients, **kw):
+def _run(digits12, start_edge_clients, server_transport, **kw):
     broker = MemoryBroker()
     threads, edges = start_edge_clients(broker, digits12, FED, architecture=ARCH)
-    server = MemoryTransport(broker, "server", federation=FED)
+    server = server_transport(broker, federation=FED)
     server.connect()
     strategy = SketchClustered(settings=TrainSettings(epochs=1, lr=1e-2, batch_size=16), min_cluster_size=3,
                                fraction=kw.pop("fraction", 1.0))
@@ -284,8 +277,8 @@ def _published(broker):
     return out
 
 
-def test_sampled_rounds_go_per_device_and_the_evaluation_once_per_cluster(digits12, start_edge_clients):
-    result, edges, broker = _run(digits12, start_edge_clients, fraction=0.5)
+def test_sampled_rounds_go_per_device_and_the_evaluation_once_per_cluster(digits12, start_edge_clients, server_transport):
+    result, edges, broker = _run(digits12, start_edge_clients, server_transport, fraction=0.5)
     topics = Topics("fedsketch", FED)
     k = len(set(result["assignment"].values()))
     assert k == 4
@@ -309,8 +302,8 @@ def test_sampled_rounds_go_per_device_and_the_evaluation_once_per_cluster(digits
     assert not result["rejected"]
 
 
-def test_eval_fraction_asks_the_sample_and_waits_for_it_only(digits12, start_edge_clients):
-    result, edges, broker = _run(digits12, start_edge_clients, rounds=1, eval_fraction=0.5)
+def test_eval_fraction_asks_the_sample_and_waits_for_it_only(digits12, start_edge_clients, server_transport):
+    result, edges, broker = _run(digits12, start_edge_clients, server_transport, rounds=1, eval_fraction=0.5)
     final = result["final"]
     assignment = result["assignment"]
     sampled = {c for c in assignment if in_sample(c, 0.5, 0)}
@@ -359,7 +352,7 @@ def _deliver_cmd(ec, topic, meta, rnd=0):
     return ec.handle(ec._cmds.get_nowait())
 
 
-def test_device_follows_its_cluster_topic_and_ignores_broadcasts_not_for_it(caplog):
+def test_device_follows_its_cluster_topic_and_ignores_broadcasts_not_for_it(caplog, server_transport):
     broker = MemoryBroker()
     topics = Topics("fedsketch", FED)
     watcher = MemoryTransport(broker, "watch", federation=FED)
@@ -384,7 +377,7 @@ def test_device_follows_its_cluster_topic_and_ignores_broadcasts_not_for_it(capl
         assert seen == [{"state": "online", "follow": ["c1"]}]  # the confirmation
         assert {f for f, _ in ec.transport._inbox.filters()} == {topics.cmd("c1"), topics.broadcast(),
                                                                   topics.model("c1")}
-        server = MemoryTransport(broker, "server", federation=FED)
+        server = server_transport(broker, federation=FED)
         server.connect()
         body = tensors_body({"w": np.zeros(4, np.float32)})
         for key in ("c0", "c1", "c2"):
@@ -410,13 +403,13 @@ def test_device_follows_its_cluster_topic_and_ignores_broadcasts_not_for_it(capl
     ec.transport.close()
 
 
-def test_a_fleet_registering_logs_the_first_admissions_then_the_count(caplog):
+def test_a_fleet_registering_logs_the_first_admissions_then_the_count(caplog, server_transport):
     import logging
 
     from server_kit.drivers.fleet import ADMISSIONS_LOGGED
 
     broker = MemoryBroker()
-    server = MemoryTransport(broker, "server", federation=FED)
+    server = server_transport(broker, federation=FED)
     server.connect()
     n = ADMISSIONS_LOGGED + 10
     config = ServerConfig(federation=FED, rounds=1, min_clients=n, register_timeout_s=30,

@@ -7,14 +7,15 @@ import pytest
 from edge_sdk.protocol import Kind, sketch_body
 from edge_sdk.worker import TrainSettings
 from server_kit.data.partition import load_digits_images, rotation_groups
+from server_kit.drivers.simulate import RoundRecord, SimulationResult, Simulator
 from server_kit.metrics import message_bytes, weights_message_bytes
-from server_kit.simulate import RoundRecord, SimulationResult, Simulator
 from server_kit.strategies.fedavg import FedAvg
 from server_kit.strategies.fedsketch import SketchClustered
 
+from helpers import ARCH
+
 pytest.importorskip("torch")
 
-ARCH = "digits_cnn_1x8x8_10"
 SETTINGS = TrainSettings(epochs=1, lr=1e-2, batch_size=32)
 
 

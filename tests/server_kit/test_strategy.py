@@ -8,18 +8,18 @@ from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.protocol import Kind
 from edge_sdk.sketch import Sketch
-from edge_sdk.transport import MemoryBroker, MemoryTransport
+from edge_sdk.transport import MemoryBroker
 from edge_sdk.worker import TrainSettings, Update
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig
-from server_kit.simulate import Simulator
+from server_kit.drivers.simulate import Simulator
 from server_kit.strategies import make_strategy
 from server_kit.strategies.base import ClientInfo
 from server_kit.strategies.clustered import ClusteredFedAvg
 from server_kit.strategies.fedavg import FedAvg
 from server_kit.strategies.fedsketch import SketchClustered
 
-ARCH = "digits_cnn_1x8x8_10"
+from helpers import ARCH
 
 
 def w(a, b):
@@ -94,7 +94,7 @@ def test_simulator_recovers_groups_and_beats_fedavg(digits):
     assert len(set(ours.assignment.values())) == 4 and set(base.assignment.values()) == {0}
 
 
-def test_late_client_joins_the_nearest_cluster(digits, start_edge_clients):
+def test_late_client_joins_the_nearest_cluster(digits, start_edge_clients, server_transport):
     """12 clients cluster; a 13th arrives after training started and lands with its rotation group."""
     fed = "late"
     broker = MemoryBroker()
@@ -106,7 +106,7 @@ def test_late_client_joins_the_nearest_cluster(digits, start_edge_clients):
 
     for i, c in enumerate(early):
         start(c, i)
-    server = MemoryTransport(broker, "server", federation=fed)
+    server = server_transport(broker, federation=fed)
     server.connect()
 
     def on_round(rec):

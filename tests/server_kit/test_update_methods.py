@@ -18,8 +18,8 @@ from server_kit.clustering.updates import (
     delta_gram,
 )
 from server_kit.data.partition import load_digits_images, rotation_partition
+from server_kit.drivers.simulate import Simulator
 from server_kit.metrics import weighted_purity
-from server_kit.simulate import Simulator
 from server_kit.strategies import make_strategy
 from server_kit.strategies.base import ClientInfo
 from server_kit.strategies.briggs import Briggs
@@ -27,9 +27,10 @@ from server_kit.strategies.kmeans_weights import KMeansWeights, l1_kmedians, med
 from server_kit.strategies.ocfl import OCFL, absorb_noise, merge_small_clusters, unit_embedding
 from server_kit.strategies.update_clustered import UpdateClustered
 
+from helpers import ARCH
+
 pytest.importorskip("torch")
 
-ARCH = "digits_cnn_1x8x8_10"
 SETTINGS = TrainSettings(epochs=2, lr=1e-2, batch_size=16)
 TRUTH4 = [i % 4 for i in range(12)]  # rotation_partition: client i is in group i mod groups
 
@@ -55,12 +56,6 @@ def record(clients, rounds=4):
     s = Recorder(settings=SETTINGS, max_warmup_rounds=rounds)
     Simulator(s, clients, architecture=ARCH, seed=0).run(rounds)
     return s.rounds
-
-
-@pytest.fixture(scope="module")
-def digits12():
-    images, labels = load_digits_images()
-    return rotation_partition(images, labels, 12, groups=4, seed=0)
 
 
 @pytest.fixture(scope="module")
