@@ -129,19 +129,24 @@ class LocalWorker:
     ) -> None:
         if selection not in ("onnx", "torch"):
             raise ValueError(f"selection must be 'onnx' or 'torch', got {selection!r}")
-        if len(x) != len(y):
-            raise ValueError(f"x and y differ in length: {len(x)} vs {len(y)}")
-        if len(y) == 0:
-            raise ValueError(f"client {cid!r} has no training samples")
         self.cid = cid
-        self.x, self.y = np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int64)
-        self.x_test = self.x if x_test is None else np.asarray(x_test, dtype=np.float32)
-        self.y_test = self.y if y_test is None else np.asarray(y_test, dtype=np.int64)
+        self.replace_data(x, y, x_test, y_test)
         self.architecture = architecture
         self.num_classes = int(num_classes)
         self.seed = seed
         self.selection = selection
         self._calls = 0
+
+    def replace_data(self, x: np.ndarray, y: np.ndarray, x_test: np.ndarray | None = None,
+                     y_test: np.ndarray | None = None) -> None:
+        """Use new local data from now on (the device's data changed: a moved camera, new samples)."""
+        if len(x) != len(y):
+            raise ValueError(f"x and y differ in length: {len(x)} vs {len(y)}")
+        if len(y) == 0:
+            raise ValueError(f"client {self.cid!r} has no training samples")
+        self.x, self.y = np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int64)
+        self.x_test = self.x if x_test is None else np.asarray(x_test, dtype=np.float32)
+        self.y_test = self.y if y_test is None else np.asarray(y_test, dtype=np.int64)
 
     def hello(self) -> dict[str, Any]:
         """Registration facts: sample count, classes, sample shape, capabilities (torch or not), version."""

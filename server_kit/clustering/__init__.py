@@ -14,6 +14,7 @@ and consolidation (:mod:`.refine`), the late-joiner rule (:mod:`.centroids`),
 large fleets (:mod:`.sampled`), the settings' checks (:mod:`.params`) and the
 report figure (:mod:`.plot`). :mod:`.updates` and :mod:`.hierarchy` serve the
 methods that cluster from model updates.
+:mod:`.migration` keeps, moves or pools a device from a fresh sketch (drift).
 """
 
 from .sketch import (

@@ -73,6 +73,8 @@ class SimulationResult:
     seconds_clustering: float = 0.0
     seconds_training: float = 0.0
     ledger: CommLedger = field(default_factory=CommLedger)
+    #: Bytes spent following drift: fresh sketches asked and sent unasked, and their requests.
+    drift_bytes: int = 0
     bytes_before_training: int = 0
 
     @property
@@ -141,6 +143,11 @@ class Simulator:
         Seed of the initial model, client shuffling and sketches.
     progress : bool
         Show a progress bar over rounds.
+    drift : DriftSchedule, optional
+        Devices whose data changes during the run (:mod:`server_kit.data.drift`).
+        A device whose data changed re-sketches (its own key) and sends the sketch
+        unasked when it moved beyond flip noise (:class:`edge_sdk.drift.DriftWatch`),
+        if the strategy follows drift.
     """
 
     def __init__(
@@ -154,8 +161,11 @@ class Simulator:
         flip_prob: float = 0.1,
         seed: int = 0,
         progress: bool = False,
+        drift: Any = None,
     ) -> None:
         self.strategy = strategy
+        self.drift = drift
+        self._watches: dict[str, Any] = {}
         self.data = {c.cid: c for c in clients}
         self.architecture = architecture
         self.num_classes = num_classes
@@ -177,10 +187,14 @@ class Simulator:
         if s.summary_kind == "sketch":
             if self.encoder is None:
                 raise ValueError(f"strategy {s.name!r} needs sketches: give the simulator an encoder")
-            return {
-                cid: w.sketch(Sketcher(self.encoder, self.num_classes, self.flip_prob, seed=self.seed * 1000 + i))
-                for i, (cid, w) in enumerate(self.workers.items())
-            }
+            sketches = {cid: w.sketch(self._sketcher(cid)) for cid, w in self.workers.items()}
+            if getattr(s, "follows_drift", False):
+                from edge_sdk.drift import DriftWatch
+
+                for cid, sk in sketches.items():
+                    self._watches[cid] = DriftWatch(self._sketcher(cid))
+                    self._watches[cid].sent(sk)
+            return sketches
         from edge_sdk.features import SUMMARIES
 
         if s.summary_kind not in SUMMARIES:
@@ -188,6 +202,39 @@ class Simulator:
         fn = SUMMARIES[s.summary_kind]
         return {cid: fn(w.x, w.y, num_classes=w.num_classes, **dict(s.summary_params))
                 for cid, w in self.workers.items()}
+
+    def _sketcher(self, cid: str) -> Sketcher:
+        """Device ``cid``'s sketcher: its own flip key for the whole run."""
+        i = list(self.workers).index(cid)
+        return Sketcher(self.encoder, self.num_classes, self.flip_prob, seed=self.seed * 1000 + i)
+
+    def _drift_step(self, rnd: int, s: Strategy, ledger: CommLedger, result: SimulationResult) -> dict[str, Any]:
+        """Before round ``rnd``: drifting data changes, fresh sketches (unasked and asked) reach the strategy."""
+        fresh: dict[str, Sketch] = {}
+        before = ledger.total()
+        for cid, c in (self.drift.apply(self.data, rnd) if self.drift is not None else {}).items():
+            self.data[cid] = c
+            self.workers[cid].replace_data(c.x_train, c.y_train, c.x_test, c.y_test)
+            watch = self._watches.get(cid)
+            new = None if watch is None else watch.check(self.workers[cid].x, self.workers[cid].y)
+            if new is not None:
+                fresh[cid] = new
+                log.info("round %d: device %s's data changed (%d bits from its last sketch): sketch sent unasked",
+                         rnd, cid, watch.last.hamming(new))
+        if s.resketch_due(rnd):
+            asked = s.sample(sorted(self.workers), rnd, 104729)
+            ask = message_bytes(Kind.CMD, meta=build(Op.SKETCH, num_classes=self.num_classes,
+                                                     flip_prob=self.flip_prob, summary="sketch"))
+            ledger.add("CMD", "down", ask * len(asked), len(asked))
+            fresh.update({cid: self.workers[cid].sketch(self._sketcher(cid)) for cid in asked})
+        for sk in fresh.values():
+            ledger.add("SKETCH", "up", message_bytes(Kind.SKETCH, sketch_body(sk)))
+        summary = s.on_resketch(rnd, fresh) if fresh else {}
+        for cid, sk in fresh.items():
+            if cid in self._watches:
+                self._watches[cid].sent(sk)
+        result.drift_bytes += ledger.total() - before
+        return summary
 
     def run(self, rounds: int, *, stop: Callable[[Strategy, RoundRecord], bool] | None = None) -> SimulationResult:
         """Sketch (if the strategy asks), then train ``rounds`` rounds; score the final clusters.
@@ -232,12 +279,15 @@ class Simulator:
         t1 = time.perf_counter()
         for rnd in bar:
             tr = time.perf_counter()
+            drift = self._drift_step(rnd, s, ledger, result)
             tasks = s.configure_round(rnd, cids)
             self._count_tasks(ledger, tasks)
             updates = [self.workers[t.cid].fit(t) for t in tasks]
             for u in updates:
                 ledger.add("UPDATE", "up", self._update_bytes(u))
             summary = s.aggregate(rnd, updates)
+            if drift:
+                summary["drift"] = drift
             acc, per = mean_accuracy(self.workers, s, [t.cid for t in tasks])
             record = RoundRecord(rnd, acc, per, len(tasks), summary, time.perf_counter() - tr, ledger.total())
             result.rounds.append(record)

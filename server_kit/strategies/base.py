@@ -154,6 +154,17 @@ class Strategy(ABC):
         """Cluster before training from the clients' summaries. Default: nothing to do."""
         return {}
 
+    def resketch_due(self, rnd: int) -> bool:
+        """Whether the drivers ask for fresh sketches before round ``rnd`` trains. Default: never."""
+        return False
+
+    def on_resketch(self, rnd: int, sketches: Mapping[str, Any]) -> dict[str, Any]:
+        """Fresh sketches during training (asked, or sent unasked by a drifting device); a summary.
+
+        Default: ignored (methods that do not follow drift).
+        """
+        return {}
+
     @abstractmethod
     def configure_round(self, rnd: int, available: Sequence[str]) -> list[Task]:
         """The tasks of round ``rnd`` for some of the ``available`` clients."""

@@ -11,8 +11,9 @@ import numpy as np
 from edge_sdk.sketch import Sketch, stack_sketches
 
 from ..pretrain.settings import pretrain_config
-from .base import ClientInfo
+from .base import ClientInfo, copy_weights
 from .clustered import ClusteredFedAvg
+from .drift import DriftTracker
 
 __all__ = ["FedAESketchClustered", "SketchClustered"]
 
@@ -26,16 +27,31 @@ class SketchClustered(ClusteredFedAvg):
     (popcount Hamming, Ward linkage built once, threshold by Bayesian
     optimisation of the Calinski-Harabasz index); then FedAvg per cluster. A
     late client's sketch joins the nearest cluster centroid.
+
+    With ``follow_drift`` (or ``resketch_every``), sketches that arrive during
+    training move devices between clusters, pool those that fit none and make
+    new clusters from the pool (:mod:`server_kit.strategies.drift`); the
+    drivers ask the fleet for fresh sketches every ``resketch_every`` rounds,
+    and a device whose data changed sends one unasked. Off by default: the
+    paper's method clusters once.
     """
 
     name = "fedsketch"
     needs_sketches = True
 
     def __init__(self, *, min_cluster_size: int = 2, clustering: Mapping[str, Any] | None = None,
-                 pretrain: Mapping[str, Any] | None = None, **kw: Any) -> None:
+                 pretrain: Mapping[str, Any] | None = None, follow_drift: bool = False,
+                 resketch_every: int | None = None, drift_z: float = 4.0, flip_prob: float = 0.1,
+                 **kw: Any) -> None:
         super().__init__(**kw)
         self.min_cluster_size = int(min_cluster_size)
         self.clustering_params = dict(clustering or {})
+        #: What follows drift during training, or None (the paper's method: cluster once).
+        self.drift_: DriftTracker | None = None
+        if follow_drift or resketch_every is not None:
+            self.drift_ = DriftTracker(resketch_every=resketch_every, flip_prob=flip_prob, z=drift_z,
+                                       min_cluster_size=self.min_cluster_size, random_state=self.seed,
+                                       clustering=self.clustering_params)
         #: Federated AE pre-training settings (see :func:`pretrain_config`), or None: the
         #: drivers then sketch with the server's encoder as shipped.
         self.pretrain: dict[str, Any] | None = None if pretrain is None else pretrain_config(pretrain)
@@ -58,7 +74,30 @@ class SketchClustered(ClusteredFedAvg):
             len(cids), first.n_bits, self.model_.n_clusters_, self.model_.threshold_,
         )
         self.set_assignment(assignment)
+        if self.drift_ is not None:
+            self.drift_.start({c: row for c, row in zip(cids, packed)}, assignment, first.n_bits)
         return assignment
+
+    @property
+    def follows_drift(self) -> bool:
+        """Whether sketches sent during training are acted on."""
+        return self.drift_ is not None
+
+    def resketch_due(self, rnd: int) -> bool:
+        return self.drift_ is not None and self.drift_.due(rnd)
+
+    def on_resketch(self, rnd: int, sketches: Mapping[str, Sketch]) -> dict[str, Any]:
+        """Move, pool or regroup devices from their fresh sketches; new clusters get their models here."""
+        if self.drift_ is None:
+            return {}
+        report = self.drift_.observe(rnd, {c: s.packed() for c, s in sketches.items()}, self.assignment)
+        for new in report.new_clusters:
+            src = new["started_from"]
+            start = self.models[self.key(src)] if src is not None and self.key(src) in self.models else self._template
+            self.models[self.key(new["cluster"])] = copy_weights(start)
+        for k in report.retired:
+            self.models.pop(self.key(k), None)
+        return report.summary()
 
     def assign_late(self, cid: str, sketch: Sketch | None = None, info: ClientInfo | None = None) -> str:
         if info is not None:
@@ -77,11 +116,18 @@ class SketchClustered(ClusteredFedAvg):
         if self.model_ is not None:
             tensors["_clustering/centroids"] = np.asarray(self.model_.centroids_, dtype=np.float64)
             meta["n_bits"] = int(self.model_.n_bits_)
+        if self.drift_ is not None and self.drift_.migration is not None:
+            drift_meta, drift_tensors = self.drift_.state()
+            meta["drift"] = drift_meta
+            tensors.update(drift_tensors)
         return meta, tensors
 
     def load_state(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
         tensors = dict(tensors)
         centroids = tensors.pop("_clustering/centroids", None)
+        drift = {k: tensors.pop(k) for k in [k for k in tensors if k.startswith("_drift/")]}
+        if self.drift_ is not None and "drift" in meta:
+            self.drift_.load_state(meta["drift"], drift)
         super().load_state(meta, tensors)
         if centroids is not None:
             from ..clustering import SketchClustering
