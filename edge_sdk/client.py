@@ -7,7 +7,8 @@ pre-training of the sketch autoencoder when asked ("train_ae", then the
 exported encoder arrives as raw ONNX bytes, checked against its sha256 and
 kept in a private models folder), and keeps going across broker
 restarts (paho reconnects with back-off; the persistent session keeps its
-subscriptions and queued QoS 1 messages). All work is done by an
+subscriptions and queued QoS 1 messages). The application says when the
+local data changed (``data_changed``). All work is done by an
 :class:`edge_sdk.worker.LocalWorker`; this module only speaks the protocol,
 and what each command does is in :mod:`edge_sdk.client_commands`.
 """
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .client_commands import VIA, ClientCommands
+from .client_commands import VIA, ClientCommands, DeviceDrift
 from .protocol import SERVER_ID, Kind, Message, ProtocolError, Topics, parse_tensors
 from .rejections import RejectionLog
 from .schema import check_meta
@@ -59,7 +60,7 @@ class EdgeClient(ClientCommands):
     federation, root : str
         Topic namespace.
     seed : int, optional
-        Seed of the sketch (default: drawn from the OS once).
+        Seed of the sketch, the device's key for its life (default: drawn from the OS once).
     model_timeout_s : float
         How long a command waits for the model it names.
     max_models : int
@@ -104,6 +105,8 @@ class EdgeClient(ClientCommands):
         self.federation = federation
         self.topics = Topics(root, federation)
         self.seed = seed
+        #: The sketch key and the last sketch sent, for :meth:`data_changed`.
+        self.drift = DeviceDrift(seed)
         self.model_timeout_s = model_timeout_s
         if int(max_models) < 1:
             raise ValueError(f"max_models must be a positive integer, got {max_models!r}")

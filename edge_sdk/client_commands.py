@@ -5,11 +5,17 @@
 :func:`edge_sdk.protocol.commands.parse` (the command vocabulary) and runs the
 method its op names in :data:`ENDINGS` or :data:`HANDLERS`. A subclass may
 override one handler (a test's hostile device overrides ``_do_train``).
+
+The application's own command, :meth:`~ClientCommands.data_changed` (the
+device's data changed), is queued like the server's and done on the same
+loop, between two commands; :class:`DeviceDrift` holds what it needs (the
+device's sketch key, its last sketch sent).
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -17,19 +23,23 @@ from typing import Any
 
 import numpy as np
 
+from .bits import fresh_seed
+from .drift import DriftWatch
 from .protocol import Kind, Message, ProtocolError, sketch_body, tensors_body
 from .protocol.commands import Op, parse
 from .sampling import in_sample
-from .sketch import Sketcher
+from .sketch import Sketch, Sketcher
 from .worker import Task, TrainSettings
 
-__all__ = ["ENDINGS", "HANDLERS", "VIA", "ClientCommands"]
+__all__ = ["ENDINGS", "HANDLERS", "LOCAL", "VIA", "ClientCommands", "DeviceDrift"]
 
 # the device's log keeps its one name: these lines were the client's and still are
 log = logging.getLogger("edge_sdk.client")
 
 #: Meta key the device's own command callback adds: the topic a command came by ("cmd" or "broadcast").
 VIA = "_via"
+#: The ``VIA`` of the application's own command (:meth:`ClientCommands.data_changed`), never of a message.
+LOCAL = "local"
 
 #: The commands after which the client may stop: op -> its method, called with the command's clean
 #: fields, which returns whether to keep serving.
@@ -46,6 +56,56 @@ HANDLERS: dict[str, str] = {
 }
 
 
+class DeviceDrift:
+    """What a device keeps to tell the server that its data changed (see :meth:`ClientCommands.data_changed`).
+
+    Parameters
+    ----------
+    seed : int, optional
+        The device's sketch key: the seed of every :class:`~edge_sdk.sketch.Sketcher`
+        it makes (None: one drawn from the operating system once, here). Kept for the
+        device's life, so that sketching unchanged data again gives the same bits.
+
+    Attributes
+    ----------
+    watch : DriftWatch or None
+        The device's sketcher and the last sketch it sent, asked or unasked (None before the first).
+    unasked : int
+        Sketches sent unasked.
+    """
+
+    def __init__(self, seed: int | None = None) -> None:
+        self.seed = fresh_seed() if seed is None else seed
+        self.watch: DriftWatch | None = None
+        self.unasked = 0
+        self._lock = threading.Lock()
+        self._new: tuple[Any, ...] | None = None
+
+    def sketcher(self, encoder: Any, num_classes: int, flip_prob: float) -> Sketcher:
+        """The device's sketcher for these settings (the same one while they stay; always its own key)."""
+        w = self.watch
+        if (w is None or w.sketcher.encoder is not encoder or w.sketcher.num_classes != num_classes
+                or w.sketcher.flip_prob != flip_prob):
+            self.watch = DriftWatch(Sketcher(encoder, num_classes, flip_prob, seed=self.seed))
+        return self.watch.sketcher
+
+    def sent(self, sketch: Sketch) -> None:
+        """Remember the sketch just sent."""
+        if self.watch is not None:
+            self.watch.sent(sketch)
+
+    def offer(self, data: tuple[Any, ...]) -> None:
+        """New local data (any thread); the latest offered wins."""
+        with self._lock:
+            self._new = data
+
+    def take(self) -> tuple[Any, ...] | None:
+        """The new local data offered since the last call, or None (the client's loop)."""
+        with self._lock:
+            data, self._new = self._new, None
+        return data
+
+
 class ClientCommands:
     """The command handlers of :class:`edge_sdk.client.EdgeClient` (a mixin).
 
@@ -53,8 +113,9 @@ class ClientCommands:
     ``transport``, ``seed``, ``stay``, ``model_key``, ``followed``, the
     model store (``_wait_model``, ``_on_model``, ``encoder_dirs``,
     ``_encoders``, ``_models_cv``, ``model_timeout_s``), ``_send``,
-    ``hello``, and the bookkeeping (``handled``, ``_rejections``,
-    ``exit_code``, ``refused_reason``, ``progress_interval_s``).
+    ``hello``, the command queue (``_cmds``, ``federation``), ``drift``
+    (a :class:`DeviceDrift`), and the bookkeeping (``handled``,
+    ``_rejections``, ``exit_code``, ``refused_reason``, ``progress_interval_s``).
     """
 
     def handle(self, msg: Message) -> bool:
@@ -64,6 +125,9 @@ class ClientCommands:
         devices it is not among, a sketch request before it was admitted) is
         ignored, logged at DEBUG.
         """
+        self._apply_data_change()  # the application's change comes before the next command
+        if msg.meta.get(VIA) == LOCAL:
+            return True  # data_changed's wake-up: done above
         broadcast = msg.meta.get(VIA) == "broadcast"
         try:
             m = parse(msg)  # every field checked: types, ranges, lengths; unknown ops refused
@@ -156,11 +220,70 @@ class ClientCommands:
                        tensors_body({"features": np.ascontiguousarray(feats, dtype=np.float32)}))
             log.info("sent %s summary %s", kind, feats.shape)
             return
-        sketcher = Sketcher(self._encoder(m["encoder"], wait=True), m["num_classes"], m["flip_prob"],
-                            seed=self.seed)
+        sketcher = self.drift.sketcher(self._encoder(m["encoder"], wait=True), m["num_classes"], m["flip_prob"])
         sk = self.worker.sketch(sketcher)
         self._send(self.topics.sketch(self.cid), Kind.SKETCH, rnd, body=sketch_body(sk))
+        self.drift.sent(sk)
         log.info("sent sketch (%d bits, %d bytes)", sk.n_bits, sk.nbytes)
+
+    # -- the application's command: the local data changed ----------------------
+    def data_changed(self, x: Any, y: Any, x_test: Any = None, y_test: Any = None) -> None:
+        """Say that the device's local data changed: a moved camera, another user (thread-safe).
+
+        Any thread may call it. The client's own loop (:meth:`run`, or
+        :meth:`step` for a driver that steps clients itself: step the client
+        after this call) then, between two commands (never during training),
+        gives the worker the new data (:meth:`~edge_sdk.worker.LocalWorker.replace_data`;
+        test data default to the training data), sketches it with the
+        device's own sketcher (its key unchanged) and, when the new sketch is
+        farther from the last one sent than flip noise explains
+        (:class:`edge_sdk.drift.DriftWatch`), sends it unasked: a server
+        that follows drift may move the device to another cluster. A smaller
+        change sends nothing, nor does a device that never sent a sketch (the
+        server's request will get the new data). The sample count of the
+        hello is not said again: the server weighs the device's updates by at
+        most the one it registered.
+
+        Raises
+        ------
+        ValueError
+            If ``x`` and ``y`` differ in length or are empty (in the caller's thread).
+        """
+        if len(x) != len(y):
+            raise ValueError(f"x and y differ in length: {len(x)} vs {len(y)}")
+        if len(y) == 0:
+            raise ValueError(f"client {self.cid!r} has no training samples")
+        self.drift.offer((x, y, x_test, y_test))
+        try:  # wake the loop; a full queue is fine: the change is taken before the next command
+            self._cmds.put_nowait(Message(Kind.CMD, self.federation, self.cid, 0, {VIA: LOCAL}))
+        except queue.Full:
+            pass
+
+    def _apply_data_change(self) -> None:
+        """Take the data :meth:`data_changed` offered, if any; send its sketch unasked if it changed enough."""
+        data = self.drift.take()
+        if data is None:
+            return
+        try:
+            self.worker.replace_data(*data)
+            watch = self.drift.watch
+            if watch is None or watch.last is None:
+                log.info("local data changed (%d samples); no sketch sent yet: nothing to tell", len(self.worker.y))
+                return
+            new = watch.check(self.worker.x, self.worker.y)
+            if new is None:
+                log.info("local data changed (%d samples), within the flip noise of the last sketch sent "
+                         "(%.1f bits): not told", len(self.worker.y), watch.threshold_bits)
+                return
+            bits = watch.last.hamming(new)
+            self._send(self.topics.sketch(self.cid), Kind.SKETCH, meta={"unasked": True}, body=sketch_body(new))
+        except (ValueError, TypeError, ConnectionError) as e:  # the device keeps serving
+            log.error("local data change: %s", e)
+            return
+        self.drift.sent(new)
+        self.drift.unasked += 1
+        log.info("local data changed: sketch sent unasked (%d bits from the last one sent, noise threshold %.1f)",
+                 bits, watch.threshold_bits)
 
     def _use_architecture(self, m: Mapping[str, Any]) -> None:
         arch = m.get("architecture")

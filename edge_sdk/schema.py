@@ -229,7 +229,8 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "working": Field("int", 0, MAX_ROUND),  # the round it is training, while it trains
         "follow": _FOLLOW,  # the model topics it now follows (the answer to an assign's "follow")
     },
-    Kind.SKETCH: {},
+    # sent by a device whose data changed, without being asked (edge_sdk.client_commands: data_changed)
+    Kind.SKETCH: {"unasked": Field("bool")},
     Kind.FEATURES: {"summary": Field("str", max_len=64, required=True)},
     Kind.UPDATE: {
         "round": _ROUND,

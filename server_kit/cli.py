@@ -280,6 +280,8 @@ def _build_strategy(args: argparse.Namespace, name: str, config: Any, strat: dic
         batch_size=args.batch_size or strat.pop("batch_size", 32),
     )
     _apply_strategy_options(args, name, strat, robust)
+    if strat.get("follow_drift") or strat.get("resketch_every") is not None:
+        strat.setdefault("flip_prob", config.flip_prob)  # the noise a fresh sketch is judged against
     if args.shared_base or strat.pop("shared_base", False):
         strat["shared_prefixes"] = _shared_prefixes(name, config.architecture)
     strategy = make_strategy(name, settings=settings, seed=config.seed, architecture=config.architecture,
@@ -302,6 +304,12 @@ def _apply_strategy_options(args: argparse.Namespace, name: str, strat: dict[str
     if args.k is not None:
         strat["k"] = args.k
     strat.update({key: v for key, v in robust.items() if v is not None})
+    if args.follow_drift or args.resketch_every is not None:
+        if name not in ("fedsketch", "fedsketch-fedae"):
+            raise ValueError("--follow-drift and --resketch-every apply to --strategy fedsketch and fedsketch-fedae")
+        strat["follow_drift"] = True
+        if args.resketch_every is not None:
+            strat["resketch_every"] = args.resketch_every
     strat.update(parse_params(args.params))
     for opt, key in ((args.ae_rounds, "rounds"), (args.ae_epochs, "epochs")):
         if opt is not None:

@@ -173,6 +173,16 @@ def _add_training_options(p: argparse.ArgumentParser, dflt: Callable[..., str]) 
                    help=f"fraction of each cluster sampled per round {dflt('fraction')}")
     p.add_argument("--min-cluster-size", type=int, default=None,
                    help=f"smallest cluster the sketch clustering accepts (fedsketch) {dflt('min_cluster_size')}")
+    p.add_argument("--follow-drift", action="store_true",
+                   help="fedsketch: follow data that drifts during training. A device whose data changed sends a "
+                        "fresh sketch unasked; the server moves it to the cluster it now fits (each move logged "
+                        "with its distances), pools devices that fit none and makes a new cluster of at least "
+                        "--min-cluster-size of them; counted in each round's record and the results (default: off, "
+                        "the paper's method: cluster once)")
+    p.add_argument("--resketch-every", type=int, default=None, metavar="N",
+                   help="fedsketch: also ask devices for fresh sketches every N rounds (before rounds N+1, 2N+1, "
+                        "...; the share --fraction of the online clustered devices, a seeded sample); implies "
+                        "--follow-drift (default: never, only the sketches devices send unasked)")
     p.add_argument("--ae-rounds", type=int, default=None,
                    help=f"federated AE pre-training rounds (fedsketch-fedae) {dflt('ae_rounds')}")
     p.add_argument("--ae-epochs", type=int, default=None,

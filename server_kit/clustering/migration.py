@@ -22,13 +22,17 @@ member (a 0/1 centroid) both are the Hamming distance.
 The reach is the largest leave-one-out distance of its members (each member to
 the centroid of the *others*: what a new device of the group sees); a cluster
 of fewer than :data:`MIN_REACH_MEMBERS` members has no reliable reach of its
-own and takes the largest reach of the clusters that have one. The margin is ``z`` standard
+own and takes the largest reach of the clusters that have one (of all clusters,
+when none has that many members). The margin is ``z`` standard
 deviations of the distance of one sketch to the centroid under flip noise,
 ``sigma_k = sqrt(p (1 - p) sum_b (1 - 2 c_b) ** 2)`` (a bit that flips changes
 ``(x_b - c_b) ** 2`` by ``|1 - 2 c_b|``), ``z = 2`` by default: about 7 bits
-for 200-bit sketches at P = 0.1. A member as clustered is always inside (its
+for 200-bit sketches at P = 0.1. In a cluster of at least
+:data:`MIN_REACH_MEMBERS` members, a member as clustered is always inside (its
 distance to the centroid of all members is ``((m - 1) / m) ** 2`` times its
-leave-one-out distance).
+leave-one-out distance); a smaller cluster's borrowed reach may leave one of
+its own members outside, which the tracker never asks about (it decides only
+sketches that changed).
 
 **Decision** (the device's fresh sketch; the caller decides only sketches that
 changed, see :class:`~server_kit.strategies.drift.DriftTracker`: a device keeps
@@ -307,7 +311,7 @@ class Migration:
     # -- checkpoints --------------------------------------------------------------------------------
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """JSON-able meta and numpy arrays (``centroids`` and ``radii`` of the live clusters, in id order)."""
+        """JSON-able meta and numpy arrays (``centroids`` and ``reach`` of the live clusters, in id order)."""
         ids = self.clusters
         meta = {"version": STATE_VERSION, "n_bits": self.n_bits, "flip_prob": self.flip_prob, "z": self.z,
                 "clusters": ids, "sizes": [self._sizes[k] for k in ids], "retired": self.retired,

@@ -2,7 +2,8 @@
 
 The folder holds ``models.safetensors`` (the strategy's tensors),
 ``state.json`` (the round, the strategy's other state, the history, the
-clients, their sketches, the configuration, the models of the run) and,
+clients, their sketches, the configuration, the models of the run; in a
+run that follows drift, the fresh sketches not yet acted on) and,
 after federated pre-training, ``encoder/`` (the federated encoder and its
 manifest). Each file is written to a temporary name first and then renamed,
 so a server killed while writing leaves the previous checkpoint whole.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,12 @@ __all__ = ["Checkpoint", "read_checkpoint", "read_encoder", "write_checkpoint"]
 def write_checkpoint(directory: str | Path, rnd: int, strategy: Strategy, *, history: list[dict[str, Any]],
                      timings: Mapping[str, float], clients: Mapping[str, ClientInfo], sketches: Mapping[str, Any],
                      config: ServerConfig, encoder: str | None, architecture: str | None, latent_dim: int | None,
-                     pretrain_history: list[dict[str, Any]]) -> None:
-    """Write the state after round ``rnd`` to ``directory`` (created if missing); see the module docstring."""
+                     pretrain_history: list[dict[str, Any]], fresh: Mapping[str, Sketch] | None = None) -> None:
+    """Write the state after round ``rnd`` to ``directory`` (created if missing); see the module docstring.
+
+    ``fresh``: the sketches a run that follows drift got during training and has not handed to its strategy
+    yet (:mod:`~server_kit.drivers.resketch`); None (a run that does not follow drift) writes no such key.
+    """
     from safetensors.numpy import save_file
 
     path = Path(directory)
@@ -43,12 +48,13 @@ def write_checkpoint(directory: str | Path, rnd: int, strategy: Strategy, *, his
     state = {
         "round": rnd, "strategy": meta, "history": history, "timings": timings,
         "clients": {c: asdict(info) for c, info in clients.items()},
-        "sketches": {c: [s.bits.hex(), s.num_classes, s.latent_dim] for c, s in sketches.items()
-                     if isinstance(s, Sketch)},
+        "sketches": _sketches_json(sketches),
         "config": asdict(config),
         "encoder": encoder, "architecture": architecture, "latent_dim": latent_dim,
         "pretrain_history": pretrain_history,
     }
+    if fresh is not None:
+        state["fresh_sketches"] = _sketches_json(fresh)
     tmp = path / "state.json.tmp"
     tmp.write_text(json.dumps(state, indent=1, default=list))
     os.replace(tmp, path / "state.json")
@@ -70,6 +76,18 @@ class Checkpoint:
     encoder: str | None
     architecture: str | None
     latent_dim: int | None
+    #: Fresh sketches of a run that follows drift, not yet acted on.
+    fresh: dict[str, Sketch] = field(default_factory=dict)
+
+
+def _sketches_json(sketches: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """Each sketch as ``[bits in hex, num_classes, latent_dim]`` (float summaries are not kept)."""
+    return {c: [s.bits.hex(), s.num_classes, s.latent_dim] for c, s in sketches.items() if isinstance(s, Sketch)}
+
+
+def _sketches_read(rows: Mapping[str, Any]) -> dict[str, Sketch]:
+    """What :func:`_sketches_json` wrote."""
+    return {c: Sketch(bytes.fromhex(hx), n, lat) for c, (hx, n, lat) in rows.items()}
 
 
 def read_checkpoint(directory: str | Path) -> Checkpoint:
@@ -86,7 +104,7 @@ def read_checkpoint(directory: str | Path) -> Checkpoint:
              for c, i in state["clients"].items()}
     return Checkpoint(
         path=path, round=int(state["round"]), strategy=state["strategy"], tensors=tensors, clients=infos,
-        sketches={c: Sketch(bytes.fromhex(hx), n, lat) for c, (hx, n, lat) in state.get("sketches", {}).items()},
+        sketches=_sketches_read(state.get("sketches", {})), fresh=_sketches_read(state.get("fresh_sketches", {})),
         history=list(state.get("history", [])), timings=dict(state.get("timings", {})),
         pretrain_history=list(state.get("pretrain_history", [])), encoder=state.get("encoder"),
         architecture=state.get("architecture"),

@@ -8,8 +8,8 @@ or its in-memory twin in unit tests) for a server driver:
   :meth:`~ServerLink.broadcast` (a CMD to every device);
 - receiving: :meth:`~ServerLink.subscribe` puts every message of the
   device topics in a bounded inbox (the transport's threads only enqueue);
-  :meth:`~ServerLink.pump` takes them out on the driver's thread and hands
-  each to the driver's handler through :meth:`~ServerLink.handle_safely`,
+  :meth:`~ServerLink.pump` (or :meth:`~ServerLink.drain`, without waiting)
+  takes them out on the driver's thread and hands each to the driver's handler through :meth:`~ServerLink.handle_safely`,
   where whatever the handler raises is a counted rejection, never the end of
   the server.
 
@@ -97,13 +97,19 @@ class ServerLink:
         msg = Message(kind, self.federation, SERVER_ID, self.round_of(), dict(meta or {}), body)
         return self.transport.publish(topic, msg, retain=retain)
 
-    def command(self, cid: str, op: Op, **meta: Any) -> None:
-        """Send the command ``op`` to the device ``cid`` (on its command topic), built by the vocabulary."""
-        self.send(self.topics.cmd(cid), Kind.CMD, meta=build(op, **meta))
+    def command(self, cid: str, op: Op, **meta: Any) -> int:
+        """Send the command ``op`` to the device ``cid`` (on its command topic), built by the vocabulary.
 
-    def broadcast(self, op: Op, **meta: Any) -> None:
-        """Send the command ``op`` to every device (on the broadcast topic), built by the vocabulary."""
-        self.send(self.topics.broadcast(), Kind.CMD, meta=build(op, **meta))
+        Returns what :meth:`send` returns (the bytes sent, for the MQTT transport).
+        """
+        return self.send(self.topics.cmd(cid), Kind.CMD, meta=build(op, **meta))
+
+    def broadcast(self, op: Op, **meta: Any) -> int:
+        """Send the command ``op`` to every device (on the broadcast topic), built by the vocabulary.
+
+        Returns what :meth:`send` returns (the bytes sent, for the MQTT transport).
+        """
+        return self.send(self.topics.broadcast(), Kind.CMD, meta=build(op, **meta))
 
     # -- receiving ----------------------------------------------------------
     def subscribe(self, leaves: Iterable[str]) -> None:
@@ -136,6 +142,17 @@ class ServerLink:
             except queue.Empty:
                 continue
             self.handle_safely(topic, msg)
+
+    def drain(self) -> int:
+        """Handle the messages already in the inbox, without waiting for more; returns how many."""
+        n = 0
+        while True:
+            try:
+                topic, msg = self.inbox.get_nowait()
+            except queue.Empty:
+                return n
+            self.handle_safely(topic, msg)
+            n += 1
 
     def handle_safely(self, topic: str, msg: Message) -> None:
         """Handle one message; whatever it raises is a counted rejection, never the end of the server."""

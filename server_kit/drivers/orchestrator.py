@@ -12,8 +12,9 @@ or its in-memory twin in unit tests):
    every client (model key "encoder", raw .onnx bytes, sha256 in meta);
 3. if the strategy clusters from sketches: ask every client for its sketch,
    collect until quorum or deadline, cluster once, tell each client its model;
-4. rounds: deliver each client the models it needs (see
-   :mod:`~server_kit.drivers.delivery`), command the round's clients to
+4. rounds: (a strategy that follows drift: fresh sketches first, see
+   :mod:`~server_kit.drivers.resketch`) deliver each client the models it
+   needs (see :mod:`~server_kit.drivers.delivery`), command the round's clients to
    train, collect updates until quorum or deadline (a client that vanished,
    announced by its last will, is not waited for), aggregate, checkpoint;
 5. a final evaluation: one broadcast ``evaluate`` command (each device
@@ -66,6 +67,7 @@ from .intake import Intake
 from .link import ServerLink
 from .models import RunModels
 from .records import eval_result, eval_sample, round_record
+from .resketch import Resketch, drift_totals
 
 __all__ = ["Orchestrator", "ServerConfig"]
 
@@ -110,6 +112,8 @@ class Orchestrator:
         self.pretrain_history: list[dict[str, Any]] = []
         self.assignments = Assignments(strategy, config, self.link, self.fleet, self.intake, self.delivery,
                                        self.run_models)
+        self.resketch = Resketch(strategy, config, self.link, self.fleet, self.intake, self.assignments,
+                                 self.delivery, self.round_deadline)
 
     # -- the run's devices and models ---------------------------------------
     @property
@@ -187,10 +191,14 @@ class Orchestrator:
             if "follow" in msg.meta:
                 self.delivery.confirm(cid, msg.meta["follow"])
         elif msg.kind in (Kind.SKETCH, Kind.FEATURES):
+            if not self.resketch.admits(cid, msg):
+                return  # sent unasked, and this run does not follow drift: refused, counted
             sk = intake.on_summary(cid, msg)
             if intake.phase == "train" and not self.assignments.in_clusters(cid):
                 key = self.strategy.assign_late(cid, sk, state.info)
                 self.assignments.assign(cid, key)
+            elif intake.phase == "train":
+                self.resketch.collect(cid, sk, msg)  # for the next round (a run that follows drift)
         elif msg.kind == Kind.UPDATE and intake.phase == "pretrain":
             intake.on_ae_update(cid, msg, state.info.n_samples)
         elif msg.kind == Kind.UPDATE:
@@ -279,6 +287,7 @@ class Orchestrator:
 
     def _run_round(self, rnd: int) -> dict[str, Any]:
         t0 = time.monotonic()
+        drift = self.resketch.before_round(rnd)  # fresh sketches, moves (a run that follows drift)
         tasks = self.strategy.configure_round(rnd, self.trainable())
         intake = self.intake
         awaited = intake.open_round(rnd, tasks, t0, self.fleet.online_ids)
@@ -306,6 +315,8 @@ class Orchestrator:
         if missing:
             log.warning("round %d closed without %d client(s): %s", rnd, len(missing), some_ids(missing))
         summary = self.strategy.aggregate(rnd, updates) if updates else {"updates": 0}
+        if drift is not None:
+            summary["drift"] = drift
         self.assignments.clustered = None  # the strategy may have clustered (update-based methods)
         rec = round_record(rnd, len(tasks), updates, missing, summary, delivered, deliveries, t0)
         self.history.append(rec)
@@ -391,7 +402,7 @@ class Orchestrator:
                          timings=self.timings, clients={c: s.info for c, s in self.clients.items()},
                          sketches=self.sketches, config=self.config, encoder=self.encoder_name,
                          architecture=self.architecture, latent_dim=self.run_models.latent,
-                         pretrain_history=self.pretrain_history)
+                         pretrain_history=self.pretrain_history, fresh=self.resketch.pending())
 
     def _restore(self) -> int:
         ck = read_checkpoint(self.config.checkpoint_dir or "")
@@ -404,6 +415,7 @@ class Orchestrator:
         self.fleet.restore(ck.clients)
         self.assignments.clustered = None
         self.intake.sketches = ck.sketches
+        self.resketch.restore(ck.fresh)
         self.history = ck.history
         self.timings = ck.timings
         self.pretrain_history = ck.pretrain_history
@@ -477,4 +489,5 @@ class Orchestrator:
             "not_training": dict(self.not_training),
             "dropped": {c: f"offline since round {self.fleet.went_offline.get(c, 0)}"
                         for c, st in sorted(self.clients.items()) if not st.online},
+            **({"drift": drift_totals(self.history)} if self.resketch.follows else {}),
         }

@@ -1,0 +1,202 @@
+"""Fresh sketches during training, for a strategy that follows drift: asked, sent unasked, acted on.
+
+A strategy that follows drift (``strategy.follows_drift``: ours with
+``follow_drift`` or ``resketch_every``) gets fresh sketches while training
+goes on, as the in-process driver gives them
+(:meth:`server_kit.drivers.simulate.Simulator._drift_step`):
+
+- **asked**: before a round for which ``strategy.resketch_due(rnd)``, the
+  server asks a seeded sample of the online clustered devices that can train
+  (``strategy.sample`` with the round's fraction and the simulator's salt)
+  for a fresh sketch with the usual ``sketch`` command: one broadcast when
+  the sample is all of them, one command per device otherwise. It cannot ask
+  exactly the devices the round will train: which those are depends on the
+  clusters, which the fresh sketches may change. It waits for them like the
+  first sketches (``sketch_quorum``), at most ``sketch_timeout_s`` or the
+  round's deadline, whichever is shorter;
+- **unasked**: a device whose data changed sends its new sketch with
+  ``unasked`` in the meta (:meth:`edge_sdk.client_commands.ClientCommands.data_changed`).
+  One that arrives during a round is kept and handed to the strategy before
+  the next round trains (never during an aggregation); one that arrived
+  between rounds is handled at once, at the start of the next round. A run
+  whose strategy does not follow drift refuses it (counted as
+  ``unasked-sketch``; the device keeps its cluster, nothing else changes).
+
+The strategy then decides (``strategy.on_resketch``: moves, a pool, new
+clusters with their models, retired clusters). Every device whose cluster
+changed is told its new model through the usual assignment
+(:meth:`~.assignment.Assignments.assign`: with automatic delivery it
+follows its new cluster's topic, and confirms, before the round's models go
+out), so it gets its new cluster's model before it trains. The round's
+record holds the summary under ``summary["drift"]`` (with the sketches
+asked, answered and sent unasked, the devices re-assigned and the bytes),
+and the run's result sums them (:func:`drift_totals`). Sketches kept and not
+yet handed to the strategy go into the checkpoint.
+
+A run whose strategy does not follow drift sends and waits for nothing here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable
+
+from edge_sdk.protocol import Message
+from edge_sdk.protocol.commands import Op
+from edge_sdk.sketch import Sketch
+
+from ..strategies.base import Strategy
+from .assignment import Assignments
+from .config import ServerConfig
+from .delivery import Delivery
+from .fleet import Fleet, some_ids
+from .intake import Intake
+from .link import ServerLink
+
+__all__ = ["RESKETCH_SALT", "Resketch", "drift_totals"]
+
+log = logging.getLogger(__name__)
+
+#: The salt of the seeded sample of devices asked for fresh sketches (the in-process driver's).
+RESKETCH_SALT = 104729
+
+#: The per-round counts of a drift summary that :func:`drift_totals` adds up.
+_COUNTED = ("sketches", "asked", "answered", "unasked", "reassigned", "bytes")
+_LISTED = ("moves", "pooled", "new_clusters", "retired")
+
+
+def drift_totals(history: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """The run's drift counts: each round's ``summary["drift"]`` added up (moves, pooled, ... bytes)."""
+    totals = {k: 0 for k in _LISTED + _COUNTED}
+    for rec in history:
+        drift = (rec.get("summary") or {}).get("drift") or {}
+        for k in _LISTED:
+            totals[k] += len(drift.get(k) or ())
+        for k in _COUNTED:
+            totals[k] += int(drift.get(k) or 0)
+    totals["rounds"] = sum(1 for rec in history if (rec.get("summary") or {}).get("drift"))
+    return totals
+
+
+class Resketch:
+    """Asks for fresh sketches, keeps those sent unasked, and acts on them between rounds (see the module docstring).
+
+    Parameters
+    ----------
+    strategy : Strategy
+        Whether it follows drift (``follows_drift``), when it wants fresh sketches (``resketch_due``), what it
+        makes of them (``on_resketch``).
+    config : ServerConfig
+        The sketch quorum and deadline, the round deadline of confirmations.
+    link, fleet, intake, assignments, delivery
+        The driver's parts this one speaks through and reads.
+    deadline : callable
+        ``deadline(rnd)``: the seconds round ``rnd`` waits (``Orchestrator.round_deadline``).
+    """
+
+    def __init__(self, strategy: Strategy, config: ServerConfig, link: ServerLink, fleet: Fleet, intake: Intake,
+                 assignments: Assignments, delivery: Delivery, deadline: Callable[[int], float]) -> None:
+        self.strategy = strategy
+        self.config = config
+        self.deadline = deadline
+        self.link = link
+        self.fleet = fleet
+        self.intake = intake
+        self.assignments = assignments
+        self.delivery = delivery
+        #: Fresh sketches of clustered devices, not yet handed to the strategy.
+        self.fresh: dict[str, Sketch] = {}
+        self._unasked: set[str] = set()
+        self._bytes = 0
+
+    @property
+    def follows(self) -> bool:
+        """Whether the strategy acts on sketches sent during training."""
+        return bool(getattr(self.strategy, "follows_drift", False))
+
+    # -- what arrives ----------------------------------------------------------
+    def admits(self, cid: str, msg: Message) -> bool:
+        """Whether a summary is taken: one sent unasked during training, only by a run that follows drift."""
+        if not msg.meta.get("unasked") or self.follows or self.intake.phase != "train":
+            return True
+        self.link.reject("unasked-sketch", "a sketch sent unasked (the device's data changed); this run does "
+                                           "not follow drift: the device keeps its cluster", cid)
+        return False
+
+    def collect(self, cid: str, sketch: Any, msg: Message) -> None:
+        """A clustered device's sketch during training: kept for the next :meth:`before_round` (O(1))."""
+        if not self.follows or not isinstance(sketch, Sketch):
+            return
+        self.fresh[cid] = sketch
+        self._bytes += msg.wire_size()
+        if msg.meta.get("unasked"):
+            self._unasked.add(cid)
+
+    # -- between rounds ----------------------------------------------------------
+    def before_round(self, rnd: int) -> dict[str, Any] | None:
+        """Before round ``rnd`` trains: ask if due, hand the fresh sketches over, re-assign; the summary or None."""
+        if not self.follows:
+            return None
+        self.link.drain()  # what arrived between rounds counts now
+        asked: list[str] = []
+        if self.strategy.resketch_due(rnd):
+            asked = self._ask(rnd)
+        if not self.fresh:
+            return None
+        fresh, self.fresh = self.fresh, {}
+        unasked, self._unasked = len(self._unasked & set(fresh)), set()
+        before = self.strategy.clusters()
+        summary = dict(self.strategy.on_resketch(rnd, fresh))
+        self.assignments.clustered = None
+        reassigned = self._reassign(before)
+        summary.update({"asked": len(asked), "answered": len(set(asked) & set(fresh)), "unasked": unasked,
+                        "reassigned": len(reassigned), "bytes": self._bytes})
+        self._bytes = 0
+        log.info("round %d: %d fresh sketch(es) (%d asked, %d unasked): %d device(s) re-assigned%s", rnd,
+                 len(fresh), len(asked), unasked, len(reassigned),
+                 f" ({some_ids(reassigned)})" if reassigned else "")
+        return summary
+
+    def _ask(self, rnd: int) -> list[str]:
+        """Ask a seeded sample of the clustered devices that can train for fresh sketches; wait for them."""
+        cands = [c for c in self.fleet.trainable() if self.assignments.in_clusters(c)]
+        asked = self.strategy.sample(cands, rnd, RESKETCH_SALT)
+        if not asked:
+            return []
+        awaited = self.intake.expect("sketch", asked, self.fleet.online_ids)
+        request = self.assignments.sketch_request()
+        if len(asked) == len(cands) and len(asked) > 1:  # all of them: one broadcast
+            self._bytes += self.link.broadcast(Op.SKETCH, **request) or 0
+        else:
+            for cid in asked:
+                self._bytes += self.link.command(cid, Op.SKETCH, **request) or 0
+        need = max(1, math.ceil(self.config.sketch_quorum * len(asked)))
+        limit = min(self.config.sketch_timeout_s, self.deadline(rnd))
+        if not self.link.pump(lambda: len(awaited.answered) >= need or not awaited.left, limit):
+            log.warning("round %d: %d of the %d fresh sketches asked for arrived within %g s", rnd,
+                        len(awaited.answered), len(asked), limit)
+        return asked
+
+    def _reassign(self, before: Mapping[str, int]) -> list[str]:
+        """Tell every device whose cluster changed its new model (and topic); wait for them to follow it."""
+        after = self.strategy.clusters()
+        moved = sorted(c for c, k in after.items() if before.get(c) != k)
+        for cid in moved:
+            key = self.strategy.model_key_for(cid)
+            if self.assignments.told.get(cid) != key:
+                self.assignments.assign(cid, key)
+        if moved:
+            self.delivery.await_confirmations(self.config.round_timeout_s)
+        return moved
+
+    # -- checkpoints ---------------------------------------------------------
+    def pending(self) -> dict[str, Sketch] | None:
+        """The fresh sketches not yet handed to the strategy, for a checkpoint (None: this run does not follow)."""
+        return dict(self.fresh) if self.follows else None
+
+    def restore(self, fresh: Mapping[str, Sketch]) -> None:
+        """The fresh sketches a checkpoint kept (handed to the strategy before the next round)."""
+        self.fresh = dict(fresh)
+
