@@ -236,12 +236,15 @@ class Strategy(ABC):
         """A generator derived from the seed and the round only (so a resumed run samples alike)."""
         return np.random.default_rng([self.seed, rnd])
 
-    def sample(self, members: Sequence[str], rnd: int, salt: int = 0) -> list[str]:
-        """``ceil(fraction * len(members))`` of ``members``, at least one, seeded by round."""
+    def sample(self, members: Sequence[str], rnd: int, salt: int = 0, fraction: float | None = None) -> list[str]:
+        """``ceil(fraction * len(members))`` of ``members``, at least one, seeded by round.
+
+        ``fraction`` defaults to the strategy's.
+        """
         pool = sorted(members)
         if not pool:
             return []
-        m = max(1, math.ceil(self.fraction * len(pool)))
+        m = max(1, math.ceil((self.fraction if fraction is None else fraction) * len(pool)))
         if m >= len(pool):
             return pool
         rng = np.random.default_rng([self.seed, rnd, salt])

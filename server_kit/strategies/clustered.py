@@ -60,8 +60,13 @@ class ClusteredFedAvg(Strategy):
         for k in sorted(set(self.assignment.values())):
             members = [c for c in available if self.assignment.get(c) == k]
             key = self.key(k)
-            tasks += [Task(c, rnd, {key: self.models[key]}, self.settings) for c in self.sample(members, rnd, k + 1)]
+            chosen = self.sample(members, rnd, k + 1, self.cluster_fraction(k, rnd))
+            tasks += [Task(c, rnd, {key: self.models[key]}, self.settings) for c in chosen]
         return tasks
+
+    def cluster_fraction(self, cluster: int, rnd: int) -> float | None:
+        """The share of ``cluster``'s devices that train in round ``rnd`` (None: the strategy's ``fraction``)."""
+        return None
 
     def _is_shared(self, name: str) -> bool:
         return bool(self.shared_prefixes) and name.startswith(self.shared_prefixes)

@@ -14,6 +14,9 @@ does with sketches that arrive during training (``on_resketch``):
   clustering method groups together (:func:`~server_kit.clustering.migration.group_pool`),
   each such group becomes a new cluster, started from the model of the
   existing cluster whose centroid is nearest to the group's;
+- a new cluster trains every one of its devices for its first
+  :data:`WARMUP_ROUNDS` rounds (it starts from another cluster's model, far
+  behind the others);
 - a cluster left without devices is retired (its model is dropped).
 
 Every move is logged with its distances and counted; :meth:`DriftTracker.state`
@@ -31,7 +34,10 @@ import numpy as np
 
 from edge_sdk._validation import check_int
 
-__all__ = ["DriftReport", "DriftTracker"]
+__all__ = ["WARMUP_ROUNDS", "DriftReport", "DriftTracker"]
+
+#: Rounds a new cluster trains every one of its devices (it starts from another cluster's model).
+WARMUP_ROUNDS = 3
 
 
 def _hamming(a: np.ndarray, b: np.ndarray) -> int:
@@ -98,8 +104,15 @@ class DriftTracker:
         #: Devices that fit no cluster, waiting for enough of their kind.
         self.pool: set[str] = set()
         self.counts = {"moves": 0, "pooled": 0, "new_clusters": 0, "retired": 0, "sketches": 0}
+        #: New cluster -> the round it was made; it trains every member for WARMUP_ROUNDS rounds.
+        self.born: dict[int, int] = {}
         #: A fresh sketch this close to the device's reference sketch is no change (bits).
         self.change_bits = 0.0
+
+    def young(self, cluster: int, rnd: int) -> bool:
+        """Whether ``cluster`` was made from the pool less than :data:`WARMUP_ROUNDS` rounds before ``rnd``."""
+        born = self.born.get(int(cluster))
+        return born is not None and rnd - born < WARMUP_ROUNDS
 
     def due(self, rnd: int) -> bool:
         """Whether round ``rnd`` asks for fresh sketches (every ``resketch_every`` rounds)."""
@@ -196,6 +209,7 @@ class DriftTracker:
             packed = np.stack([self.sketches[c] for c in members])
             start_from = self._nearest_cluster(packed)
             k = self.migration.add_cluster(packed)
+            self.born[k] = int(rnd)
             old = {c: assignment.get(c) for c in members}
             for c in members:
                 assignment[c] = k
@@ -238,7 +252,7 @@ class DriftTracker:
         if cids:
             tensors["_drift/sketches"] = np.stack([self.sketches[c] for c in cids])
         return {"migration": meta, "sketch_ids": cids, "pool": sorted(self.pool), "counts": dict(self.counts),
-                "n_bits": self.n_bits, "change_bits": self.change_bits}, tensors
+                "n_bits": self.n_bits, "change_bits": self.change_bits, "born": {str(k): v for k, v in self.born.items()}}, tensors
 
     def load_state(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
         """Restore what :meth:`state` wrote."""
@@ -253,3 +267,4 @@ class DriftTracker:
         self.sketches = {c: np.asarray(packed[i], dtype=np.uint8) for i, c in enumerate(cids)} if cids else {}
         self.pool = set(meta["pool"])
         self.counts = {k: int(v) for k, v in meta["counts"].items()}
+        self.born = {int(k): int(v) for k, v in meta.get("born", {}).items()}

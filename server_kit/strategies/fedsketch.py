@@ -83,6 +83,12 @@ class SketchClustered(ClusteredFedAvg):
         """Whether sketches sent during training are acted on."""
         return self.drift_ is not None
 
+    def cluster_fraction(self, cluster: int, rnd: int) -> float | None:
+        """A cluster made from drifted devices trains all of them for its first rounds (it starts far behind)."""
+        if self.drift_ is not None and self.drift_.young(cluster, rnd):
+            return 1.0
+        return None
+
     def resketch_due(self, rnd: int) -> bool:
         return self.drift_ is not None and self.drift_.due(rnd)
 

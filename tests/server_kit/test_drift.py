@@ -124,6 +124,12 @@ def test_devices_that_fit_no_cluster_pool_then_form_a_new_cluster_that_trains(di
     assert new["started_from"] in set(res.assignment.values()) - {new["cluster"]}
     key = s.key(new["cluster"])
     assert res.rounds[1].summary[key] == 4 and res.rounds[2].summary[key] == 4
+    # a new cluster trains every member for its first rounds, whatever the strategy's fraction
+    assert [s.drift_.young(new["cluster"], r) for r in (2, 4, 5)] == [True, True, False]
+    s.fraction = 0.5
+    assert s.cluster_fraction(new["cluster"], 4) == 1.0 and s.cluster_fraction(new["started_from"], 4) is None
+    tasks = s.configure_round(4, sorted(res.assignment))
+    assert sum(t.cid in new["devices"] for t in tasks) == 4
     assert _ari(sched.truth(digits24, 2), res.assignment) == 1.0
     assert len(set(res.assignment.values())) == 5
 
