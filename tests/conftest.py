@@ -82,6 +82,19 @@ def server_transport():
 
 
 @pytest.fixture(scope="session")
+def digits24():
+    """scikit-learn's digits split among 24 clients in 4 rotation groups (seed 0), 6 per group; read only.
+
+    The drift tests' fleet (:mod:`server_kit.data.drift`). Skips where torch is missing.
+    """
+    pytest.importorskip("torch")
+    from server_kit.data.partition import load_digits_images, rotation_partition
+
+    images, labels = load_digits_images()
+    return rotation_partition(images, labels, 24, groups=4, seed=0)
+
+
+@pytest.fixture(scope="session")
 def digits12():
     """scikit-learn's digits split among 12 clients in 4 rotation groups (seed 0), built once per session.
 

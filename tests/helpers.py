@@ -9,12 +9,12 @@ imports torch: the device tests run without it.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from edge_sdk.protocol import Message
 
-__all__ = ["ARCH", "Collector"]
+__all__ = ["ARCH", "Collector", "ari_against", "count_publishes"]
 
 #: The small CNN for scikit-learn's 8x8 digits that most federations train.
 ARCH = "digits_cnn_1x8x8_10"
@@ -53,3 +53,24 @@ class Collector:
         """The topics, in arrival order."""
         with self._cv:
             return [t for t, _ in self.items]
+
+
+def ari_against(truth: dict[str, int], assignment: dict[str, int]) -> float:
+    """ARI of ``assignment`` against ``truth`` over the devices of ``truth`` (sorted ids)."""
+    from sklearn.metrics import adjusted_rand_score
+
+    cids = sorted(truth)
+    return float(adjusted_rand_score([truth[c] for c in cids], [assignment[c] for c in cids]))
+
+
+def count_publishes(transport: Any) -> list[tuple[str, str]]:
+    """Record what ``transport`` publishes from now on: ``(topic, a command's op or the message kind)``."""
+    published: list[tuple[str, str]] = []
+    publish = transport.publish
+
+    def counted(topic: str, msg: Message, **kw: Any) -> Any:
+        published.append((topic, msg.meta.get("op", msg.kind.name)))
+        return publish(topic, msg, **kw)
+
+    transport.publish = counted
+    return published

@@ -9,27 +9,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.protocol import Kind, sketch_body
 from edge_sdk.worker import TrainSettings
 from server_kit.data.drift import DriftEvent, DriftSchedule, rotate_images, rotation_drift
-from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers.simulate import Simulator
 from server_kit.metrics import message_bytes
 from server_kit.strategies.fedsketch import SketchClustered
 
-from helpers import ARCH
+from helpers import ARCH, ari_against
 
 pytest.importorskip("torch")
 
 SETTINGS = TrainSettings(epochs=1, lr=1e-2, batch_size=16)
 
-
-@pytest.fixture(scope="module")
-def digits24():
-    images, labels = load_digits_images()
-    return rotation_partition(images, labels, 24, groups=4, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +41,6 @@ def _sketch200():
 
     return Sketch(bytes(25), 10, 20)
 
-
-def _ari(truth: dict[str, int], assignment: dict[str, int]) -> float:
-    cids = sorted(truth)
-    return adjusted_rand_score([truth[c] for c in cids], [assignment[c] for c in cids])
 
 
 def test_rotate_images_is_exact_for_quarter_turns_and_keeps_range():
@@ -99,7 +88,7 @@ def test_a_drifted_device_moves_and_its_next_update_goes_to_the_new_cluster(digi
     drift = res.rounds[1].summary["drift"]
     assert sorted(m["cid"] for m in drift["moves"]) == sorted(event.clients)
     assert drift["pooled"] == [] and drift["new_clusters"] == [] and drift["retired"] == []
-    assert _ari(after, res.assignment) == 1.0 and _ari(before, res.assignment) < 1.0
+    assert ari_against(after, res.assignment) == 1.0 and ari_against(before, res.assignment) < 1.0
     for m in drift["moves"]:
         assert m["distance_from"] > m["radius_from"] and m["distance_to"] <= m["radius_to"]
     target = {res.assignment[d.cid] for d in digits24 if before[d.cid] == 1}
@@ -130,7 +119,7 @@ def test_devices_that_fit_no_cluster_pool_then_form_a_new_cluster_that_trains(di
     assert s.cluster_fraction(new["cluster"], 4) == 1.0 and s.cluster_fraction(new["started_from"], 4) is None
     tasks = s.configure_round(4, sorted(res.assignment))
     assert sum(t.cid in new["devices"] for t in tasks) == 4
-    assert _ari(sched.truth(digits24, 2), res.assignment) == 1.0
+    assert ari_against(sched.truth(digits24, 2), res.assignment) == 1.0
     assert len(set(res.assignment.values())) == 5
 
 

@@ -16,18 +16,16 @@ import threading
 import time
 
 import pytest
-from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.client import EdgeClient
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from edge_sdk.worker import LocalWorker, TrainSettings
 from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.data.drift import rotation_drift
-from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.strategies.fedsketch import SketchClustered
 
-from helpers import ARCH
+from helpers import ARCH, ari_against, count_publishes
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.broker,
@@ -91,15 +89,6 @@ def _drift_after_round_1(server, edges, event, by_id):
     return on_round
 
 
-def _ari(truth: dict[str, int], assignment: dict[str, int]) -> float:
-    cids = sorted(truth)
-    return adjusted_rand_score([truth[c] for c in cids], [assignment[c] for c in cids])
-
-
-@pytest.fixture(scope="module")
-def digits24():
-    images, labels = load_digits_images()
-    return rotation_partition(images, labels, 24, groups=4, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +139,7 @@ def test_the_drifted_devices_and_only_they_move_to_the_cluster_they_now_fit(drif
         "moves": 3, "unasked": 3, "reassigned": 3, "rounds": 1}
     assert first["rejected"] == {}
     # clustered right before the drift, right again after it
-    assert _ari(drifted["after"], first["assignment"]) == 1.0 and _ari(before, first["assignment"]) < 1.0
+    assert ari_against(drifted["after"], first["assignment"]) == 1.0 and ari_against(before, first["assignment"]) < 1.0
 
 
 def test_a_moved_device_gets_its_new_clusters_model_and_its_updates_go_there(drifted):
@@ -174,7 +163,7 @@ def test_resume_after_a_migration_keeps_the_new_assignment(drifted):
     assert resumed["assignment"] == first["assignment"] == again.assignment
     assert again.drift_.counts["moves"] == 3
     assert [h["round"] for h in resumed["history"]] == [1, 2, 3] and resumed["history"][2]["updates"] == 24
-    assert _ari(drifted["after"], resumed["assignment"]) == 1.0
+    assert ari_against(drifted["after"], resumed["assignment"]) == 1.0
     assert resumed["final"]["evaluated"] == 24 and resumed["drift"]["moves"] == 3
 
 
@@ -195,7 +184,7 @@ def test_a_run_that_does_not_follow_drift_refuses_an_unasked_sketch_and_changes_
     (cid,) = event.clients
     assert edges[cid].drift.unasked == 1  # the device told the server
     assert result["rejected"] == {"unasked-sketch": 1}  # which refused it, counted
-    assert _ari(sched.truth(clients, 1), result["assignment"]) == 1.0  # nobody moved
+    assert ari_against(sched.truth(clients, 1), result["assignment"]) == 1.0  # nobody moved
     assert "drift" not in result and all("drift" not in h["summary"] for h in result["history"])
     assert [h["updates"] for h in result["history"]] == [12, 12] and result["final"]["evaluated"] == 12
     trained = edges[cid].worker.trained
@@ -207,14 +196,7 @@ def test_a_scheduled_resketch_asks_every_device_at_once_and_moves_nobody(broker,
     clients = digits24[:12]
     _start_devices(broker.url, fed, clients)
     server = _server(broker.url, fed)
-    published = []
-    publish = server.publish
-
-    def counted(topic, msg, **kw):
-        published.append((topic, msg.meta.get("op", msg.kind.name)))
-        return publish(topic, msg, **kw)
-
-    server.publish = counted
+    published = count_publishes(server)  # (topic, what): a command's op, or the message kind
     try:
         strategy = SketchClustered(settings=SETTINGS, min_cluster_size=3, seed=0, resketch_every=1)
         orch = Orchestrator(strategy, server, _config(fed, 2, 12))
@@ -230,7 +212,7 @@ def test_a_scheduled_resketch_asks_every_device_at_once_and_moves_nobody(broker,
     # one broadcast before clustering, one before round 2
     assert [t for t, what in published if what == "sketch"] == [server.topics.broadcast()] * 2
     assert result["transport"]["received"]["SKETCH"]["messages"] == 24
-    assert _ari({c.cid: c.group for c in clients}, result["assignment"]) == 1.0
+    assert ari_against({c.cid: c.group for c in clients}, result["assignment"]) == 1.0
 
 
 def test_the_server_options_turn_drift_following_on_for_ours_only(monkeypatch, capsys):

@@ -30,7 +30,7 @@ from server_kit.drivers.simulate import Simulator
 from server_kit.strategies.fedavg import FedAvg
 from server_kit.strategies.fedsketch import SketchClustered
 
-from helpers import ARCH
+from helpers import ARCH, count_publishes
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.broker
@@ -63,14 +63,7 @@ def run_federation(url, clients, passwords=None, rounds=3, protocol="3.1.1", fra
                                 password=(passwords or {}).get("server"), protocol=protocol)
     server = MqttTransport(cfg, "server", federation=FED)
     server.connect(timeout=10)
-    published = []  # (topic, what): a command's op, or the message kind
-    publish = server.publish
-
-    def counted(topic, msg, **kw):
-        published.append((topic, msg.meta.get("op", msg.kind.name)))
-        return publish(topic, msg, **kw)
-
-    server.publish = counted
+    published = count_publishes(server)  # (topic, what): a command's op, or the message kind
     try:
         strategy = SketchClustered(settings=SETTINGS, min_cluster_size=3, seed=0, fraction=fraction)
         config = ServerConfig(federation=FED, rounds=rounds, min_clients=len(clients), register_timeout_s=30,
