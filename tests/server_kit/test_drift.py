@@ -144,3 +144,21 @@ def test_a_restored_strategy_keeps_the_new_assignment_and_decides_alike(digits24
     for cid, packed in s.drift_.sketches.items():
         current = s.assignment[cid]
         assert back.drift_.migration.decide(cid, packed, current) == s.drift_.migration.decide(cid, packed, current)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "ifca", "cfl", "fedsketch"])
+def test_baselines_run_unchanged_on_the_drifting_fleet(digits24, encoder, name):
+    """Methods that do not follow drift train on the drifted data, and no device sends a sketch for it."""
+    from server_kit.strategies import make_strategy
+
+    sched = rotation_drift(digits24, round=2, moves=[(0, 1, 3)], seed=0)
+    (event,) = sched.events
+    kw = {"min_cluster_size": 3} if name == "fedsketch" else {}
+    s = make_strategy(name, settings=SETTINGS, architecture=ARCH, **kw)
+    sim = Simulator(s, digits24, architecture=ARCH, encoder=encoder, drift=sched)
+    res = sim.run(2)
+    assert res.drift_bytes == 0 and "drift" not in res.rounds[1].summary
+    c = event.clients[0]
+    original = next(d for d in digits24 if d.cid == c)
+    assert np.array_equal(sim.workers[c].x, np.rot90(original.x_train, 1, axes=(1, 2)))
+    assert sim.data[c].group == 1 and len(res.rounds) == 2
