@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk.worker import Task, Update
+from edge_sdk.worker import Task, TrainSettings, Update
 
 from .base import Strategy, add_updates, copy_weights
 
@@ -61,8 +61,13 @@ class ClusteredFedAvg(Strategy):
             members = [c for c in available if self.assignment.get(c) == k]
             key = self.key(k)
             chosen = self.sample(members, rnd, k + 1, self.cluster_fraction(k, rnd))
-            tasks += [Task(c, rnd, {key: self.models[key]}, self.settings) for c in chosen]
+            settings = self.cluster_settings(k, rnd)
+            tasks += [Task(c, rnd, {key: self.models[key]}, settings) for c in chosen]
         return tasks
+
+    def cluster_settings(self, cluster: int, rnd: int) -> TrainSettings:
+        """The local training settings of ``cluster``'s devices in round ``rnd`` (default: the strategy's)."""
+        return self.settings
 
     def cluster_fraction(self, cluster: int, rnd: int) -> float | None:
         """The share of ``cluster``'s devices that train in round ``rnd`` (None: the strategy's ``fraction``)."""

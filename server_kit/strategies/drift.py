@@ -14,9 +14,9 @@ does with sketches that arrive during training (``on_resketch``):
   clustering method groups together (:func:`~server_kit.clustering.migration.group_pool`),
   each such group becomes a new cluster, started from the model of the
   existing cluster whose centroid is nearest to the group's;
-- a new cluster trains every one of its devices for its first
-  :data:`WARMUP_ROUNDS` rounds (it starts from another cluster's model, far
-  behind the others);
+- a new cluster trains every one of its devices, :data:`WARMUP_EPOCHS` times
+  the local epochs, for its first :data:`WARMUP_ROUNDS` rounds (it starts from
+  another cluster's model, far behind the others; more local work, no more bytes);
 - a cluster left without devices is retired (its model is dropped).
 
 Every move is logged with its distances and counted; :meth:`DriftTracker.state`
@@ -34,10 +34,13 @@ import numpy as np
 
 from edge_sdk._validation import check_int
 
-__all__ = ["WARMUP_ROUNDS", "DriftReport", "DriftTracker"]
+__all__ = ["WARMUP_EPOCHS", "WARMUP_ROUNDS", "DriftReport", "DriftTracker"]
 
 #: Rounds a new cluster trains every one of its devices (it starts from another cluster's model).
 WARMUP_ROUNDS = 3
+
+#: During those rounds its devices train this many times the strategy's local epochs (no extra bytes).
+WARMUP_EPOCHS = 3
 
 
 def _hamming(a: np.ndarray, b: np.ndarray) -> int:

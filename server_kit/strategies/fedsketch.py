@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from edge_sdk.sketch import Sketch, stack_sketches
+from edge_sdk.worker import TrainSettings
 
 from ..pretrain.settings import pretrain_config
 from .base import ClientInfo, copy_weights
 from .clustered import ClusteredFedAvg
-from .drift import DriftTracker
+from .drift import WARMUP_EPOCHS, DriftTracker
 
 __all__ = ["FedAESketchClustered", "SketchClustered"]
 
@@ -88,6 +90,12 @@ class SketchClustered(ClusteredFedAvg):
         if self.drift_ is not None and self.drift_.young(cluster, rnd):
             return 1.0
         return None
+
+    def cluster_settings(self, cluster: int, rnd: int) -> TrainSettings:
+        """A young cluster's devices train :data:`~.drift.WARMUP_EPOCHS` times the epochs (no extra bytes)."""
+        if self.drift_ is not None and self.drift_.young(cluster, rnd):
+            return replace(self.settings, epochs=self.settings.epochs * WARMUP_EPOCHS)
+        return self.settings
 
     def resketch_due(self, rnd: int) -> bool:
         return self.drift_ is not None and self.drift_.due(rnd)

@@ -119,6 +119,10 @@ def test_devices_that_fit_no_cluster_pool_then_form_a_new_cluster_that_trains(di
     assert s.cluster_fraction(new["cluster"], 4) == 1.0 and s.cluster_fraction(new["started_from"], 4) is None
     tasks = s.configure_round(4, sorted(res.assignment))
     assert sum(t.cid in new["devices"] for t in tasks) == 4
+    # ... with three times the local epochs (more work on the device, no more bytes)
+    assert {t.settings.epochs for t in tasks if t.cid in new["devices"]} == {3 * SETTINGS.epochs}
+    assert {t.settings.epochs for t in tasks if t.cid not in new["devices"]} == {SETTINGS.epochs}
+    assert {t.settings.epochs for t in s.configure_round(5, sorted(res.assignment))} == {SETTINGS.epochs}
     assert ari_against(sched.truth(digits24, 2), res.assignment) == 1.0
     assert len(set(res.assignment.values())) == 5
 
