@@ -142,6 +142,7 @@ def plot(path: Path, rows: dict, drift_round: int, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for name, row in rows.items():
@@ -152,6 +153,7 @@ def plot(path: Path, rows: dict, drift_round: int, title: str) -> None:
         ax.axvline(drift_round - 0.5, color="grey", linestyle="--", linewidth=1)
         ax.set_title(f"{what} (drift before round {drift_round})")
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("mean local test accuracy")
     axes[1].legend(loc="lower right", fontsize=8)
