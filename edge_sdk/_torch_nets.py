@@ -12,8 +12,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
-from torch import nn
+try:
+    import torch
+    from torch import nn
+except ImportError as e:  # a device without torch: sketching and ONNX evaluation never come here
+    raise ImportError("the torch architectures need torch (pip install 'fedsketch[train]'); sketching and "
+                      "evaluate() with ONNX Runtime work without it") from e
 
 __all__ = [
     "ARCHITECTURES",

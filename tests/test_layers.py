@@ -25,6 +25,26 @@ def test_no_edge_sdk_module_imports_server_kit():
     assert {p: n for p, n in offenders.items() if n} == {}
 
 
+def test_only_the_torch_nets_module_imports_torch_at_its_top_and_nobody_imports_it_eagerly():
+    """A device without torch (a Raspberry Pi) must still import every edge_sdk module it uses and sketch."""
+
+    def top_level(path: Path) -> set[str]:
+        names = set()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            for sub in [node, *(getattr(node, "body", []) if isinstance(node, ast.Try) else [])]:
+                if isinstance(sub, ast.Import):
+                    names.update(a.name for a in sub.names)
+                elif isinstance(sub, ast.ImportFrom):
+                    names.add("." * sub.level + (sub.module or "") + ":" + ",".join(a.name for a in sub.names))
+        return names
+
+    found = {str(p.relative_to(ROOT)): top_level(p) for p in sorted((ROOT / "edge_sdk").rglob("*.py"))}
+    torch_at_top = sorted(p for p, names in found.items() if any(n.split(":")[0].split(".")[0] == "torch"
+                                                                  for n in names))
+    assert torch_at_top == ["edge_sdk/_torch_nets.py"]
+    assert sorted(p for p, names in found.items() if any("_torch_nets" in n for n in names)) == []
+
+
 def test_fedsketch_export_comes_from_the_server_side_through_an_entry_point(capsys):
     import pytest
 

@@ -55,12 +55,9 @@ from .fleet import Fleet, some_ids
 from .intake import Intake
 from .link import ServerLink
 
-__all__ = ["RESKETCH_SALT", "Resketch", "drift_totals"]
+__all__ = ["Resketch", "drift_totals"]
 
 log = logging.getLogger(__name__)
-
-#: The salt of the seeded sample of devices asked for fresh sketches (the in-process driver's).
-RESKETCH_SALT = 104729
 
 #: The per-round counts of a drift summary that :func:`drift_totals` adds up.
 _COUNTED = ("sketches", "asked", "answered", "unasked", "reassigned", "bytes")
@@ -114,7 +111,7 @@ class Resketch:
     @property
     def follows(self) -> bool:
         """Whether the strategy acts on sketches sent during training."""
-        return bool(getattr(self.strategy, "follows_drift", False))
+        return self.strategy.follows_drift
 
     # -- what arrives ----------------------------------------------------------
     def admits(self, cid: str, msg: Message) -> bool:
@@ -162,7 +159,7 @@ class Resketch:
     def _ask(self, rnd: int) -> list[str]:
         """Ask a seeded sample of the clustered devices that can train for fresh sketches; wait for them."""
         cands = [c for c in self.fleet.trainable() if self.assignments.in_clusters(c)]
-        asked = self.strategy.sample(cands, rnd, RESKETCH_SALT)
+        asked = self.strategy.resketch_clients(rnd, cands)
         if not asked:
             return []
         awaited = self.intake.expect("sketch", asked, self.fleet.online_ids)

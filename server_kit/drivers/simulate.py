@@ -166,6 +166,8 @@ class Simulator:
         self.strategy = strategy
         self.drift = drift
         self._watches: dict[str, Any] = {}
+        self._sketchers: dict[str, Sketcher] = {}
+        self._index = {c.cid: i for i, c in enumerate(clients)}
         self.data = {c.cid: c for c in clients}
         self.architecture = architecture
         self.num_classes = num_classes
@@ -188,7 +190,7 @@ class Simulator:
             if self.encoder is None:
                 raise ValueError(f"strategy {s.name!r} needs sketches: give the simulator an encoder")
             sketches = {cid: w.sketch(self._sketcher(cid)) for cid, w in self.workers.items()}
-            if getattr(s, "follows_drift", False):
+            if s.follows_drift:
                 from edge_sdk.drift import DriftWatch
 
                 for cid, sk in sketches.items():
@@ -204,9 +206,11 @@ class Simulator:
                 for cid, w in self.workers.items()}
 
     def _sketcher(self, cid: str) -> Sketcher:
-        """Device ``cid``'s sketcher: its own flip key for the whole run."""
-        i = list(self.workers).index(cid)
-        return Sketcher(self.encoder, self.num_classes, self.flip_prob, seed=self.seed * 1000 + i)
+        """Device ``cid``'s sketcher: its own flip key (``seed * 1000 + its index``) for the whole run."""
+        if cid not in self._sketchers:
+            i = self._index[cid]
+            self._sketchers[cid] = Sketcher(self.encoder, self.num_classes, self.flip_prob, seed=self.seed * 1000 + i)
+        return self._sketchers[cid]
 
     def _drift_step(self, rnd: int, s: Strategy, ledger: CommLedger, result: SimulationResult) -> dict[str, Any]:
         """Before round ``rnd``: drifting data changes, fresh sketches (unasked and asked) reach the strategy."""
@@ -222,7 +226,7 @@ class Simulator:
                 log.info("round %d: device %s's data changed (%d bits from its last sketch): sketch sent unasked",
                          rnd, cid, watch.last.hamming(new))
         if s.resketch_due(rnd):
-            asked = s.sample(sorted(self.workers), rnd, 104729)
+            asked = s.resketch_clients(rnd, sorted(self.workers))
             ask = message_bytes(Kind.CMD, meta=build(Op.SKETCH, num_classes=self.num_classes,
                                                      flip_prob=self.flip_prob, summary="sketch"))
             ledger.add("CMD", "down", ask * len(asked), len(asked))

@@ -47,9 +47,12 @@ from ..robust import (
     screen_updates,
 )
 
-__all__ = ["ClientInfo", "Strategy", "Weights", "add_updates", "copy_weights"]
+__all__ = ["RESKETCH_SALT", "ClientInfo", "Strategy", "Weights", "add_updates", "copy_weights"]
 
 log = logging.getLogger(__name__)
+
+#: The salt of the seeded sample of devices asked for fresh sketches (:meth:`Strategy.resketch_clients`).
+RESKETCH_SALT = 104729
 
 #: A model's tensors by parameter name.
 Weights = Mapping[str, np.ndarray]
@@ -154,9 +157,16 @@ class Strategy(ABC):
         """Cluster before training from the clients' summaries. Default: nothing to do."""
         return {}
 
+    #: Whether sketches sent during training (asked or unasked) are acted on (:meth:`on_resketch`).
+    follows_drift: bool = False
+
     def resketch_due(self, rnd: int) -> bool:
         """Whether the drivers ask for fresh sketches before round ``rnd`` trains. Default: never."""
         return False
+
+    def resketch_clients(self, rnd: int, candidates: Sequence[str]) -> list[str]:
+        """Whom the drivers ask for a fresh sketch in round ``rnd``: a seeded share ``fraction`` of ``candidates``."""
+        return self.sample(candidates, rnd, RESKETCH_SALT)
 
     def on_resketch(self, rnd: int, sketches: Mapping[str, Any]) -> dict[str, Any]:
         """Fresh sketches during training (asked, or sent unasked by a drifting device); a summary.

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from edge_sdk._validation import check_int
+from edge_sdk.bits import hamming_cdist
 
 __all__ = ["WARMUP_EPOCHS", "WARMUP_ROUNDS", "DriftReport", "DriftTracker"]
 
@@ -43,8 +44,6 @@ WARMUP_ROUNDS = 3
 WARMUP_EPOCHS = 3
 
 
-def _hamming(a: np.ndarray, b: np.ndarray) -> int:
-    return int(np.unpackbits(np.bitwise_xor(a, b)).sum())
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +149,7 @@ class DriftTracker:
         for cid in sorted(sketches):
             new = np.asarray(sketches[cid], dtype=np.uint8)
             old = self.sketches.get(cid)
-            if old is None or cid in self.pool or _hamming(old, new) > self.change_bits:
+            if old is None or cid in self.pool or hamming_cdist(old[None], new[None], self.n_bits)[0, 0] > self.change_bits:
                 changed[cid] = new
         touched = self._exclude(changed, assignment)
         for cid, new in changed.items():

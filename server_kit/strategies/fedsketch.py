@@ -81,8 +81,8 @@ class SketchClustered(ClusteredFedAvg):
         return assignment
 
     @property
-    def follows_drift(self) -> bool:
-        """Whether sketches sent during training are acted on."""
+    def follows_drift(self) -> bool:  # type: ignore[override]
+        """Whether sketches sent during training are acted on (``follow_drift`` or ``resketch_every``)."""
         return self.drift_ is not None
 
     def cluster_fraction(self, cluster: int, rnd: int) -> float | None:
