@@ -10,7 +10,7 @@ PIP         := $(PY) -m pip
 # Elsewhere: make TORCH_INDEX=<a CPU wheel index URL> (see README, "Installing torch").
 TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
-EXTRAS      ?= server,broker,dev
+EXTRAS      ?= server,broker,dev,flower
 STAMP       := $(VENV)/.fedsketch-installed
 PYTEST_ARGS ?=
 

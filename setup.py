@@ -101,6 +101,8 @@ SERVER = TRAIN + [
     "msgpack>=1.0",
 ]
 BROKER = ["amqtt>=0.11"]
+# Flower's Simulation Engine (Ray) and runtime, pinned: edge_sdk.flower and server_kit.flower, nothing else
+FLOWER = ["flwr[simulation]==1.41.0; python_version >= '3.10'"]
 DEV = ["pytest>=8", "ruff>=0.5", "Cython>=3.0", "hypothesis>=6.80"]
 
 setup(
@@ -124,7 +126,8 @@ setup(
         "server": SERVER,
         "broker": BROKER,
         "dev": DEV,
-        "all": sorted(set(SERVER + BROKER + DEV)),
+        "flower": FLOWER,
+        "all": sorted(set(SERVER + BROKER + DEV + FLOWER)),
     },
     entry_points={
         "console_scripts": [

@@ -13,7 +13,7 @@ Every name is importable from ``edge_sdk.protocol`` itself.
 
 from __future__ import annotations
 
-from .bodies import parse_sketch, parse_tensors, sketch_body, tensors_body
+from .bodies import check_tensors, parse_sketch, parse_tensors, sketch_body, tensors_body
 from .chunks import (
     DEFAULT_CHUNK_DEADLINE,
     DEFAULT_CHUNK_MEMORY,
@@ -65,6 +65,7 @@ __all__ = [
     "SIGNATURE_TRAILER",
     "Topics",
     "check_id",
+    "check_tensors",
     "decode_message",
     "encode_message",
     "parse_sketch",

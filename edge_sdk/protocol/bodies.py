@@ -16,7 +16,7 @@ import numpy as np
 from ..sketch import Sketch
 from .envelope import ProtocolError
 
-__all__ = ["parse_sketch", "parse_tensors", "sketch_body", "tensors_body"]
+__all__ = ["check_tensors", "parse_sketch", "parse_tensors", "sketch_body", "tensors_body"]
 
 _SKETCH_SHAPE = struct.Struct(">HH")
 
@@ -120,11 +120,27 @@ def parse_tensors(
     """
     from safetensors.numpy import load
 
-    expected = None if spec is None else _check_spec(spec)
     try:
         arrays = load(bytes(body))
     except Exception as e:  # safetensors raises its own error types (and TypeError on odd dtypes)
         raise ProtocolError("tensors", f"body is not valid safetensors data: {e}") from None
+    return check_tensors(arrays, spec=spec)
+
+
+def check_tensors(
+    arrays: Mapping[str, np.ndarray], *, spec: Mapping[str, tuple[tuple[int, ...], str]] | None = None
+) -> dict[str, np.ndarray]:
+    """Check named arrays a peer sent against what the receiver expects; writable copies.
+
+    The checks of :func:`parse_tensors`, for tensors that arrived in another
+    container (a Flower ``ArrayRecord``, :mod:`edge_sdk.flower`).
+
+    Raises
+    ------
+    ProtocolError
+        Reasons: ``tensor-name``, ``tensor-shape``, ``tensor-dtype``, ``non-finite``.
+    """
+    expected = None if spec is None else _check_spec(spec)
     if expected is not None and set(arrays) != set(expected):
         missing = sorted(set(expected) - set(arrays))
         extra = sorted(set(arrays) - set(expected))
@@ -139,5 +155,5 @@ def parse_tensors(
                 raise ProtocolError("tensor-dtype", f"tensor {name!r} has dtype {arr.dtype}, expected {dtype}")
         if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
             raise ProtocolError("non-finite", f"tensor {name!r} contains NaN or Inf")
-        out[name] = arr.copy()
+        out[name] = np.array(arr, copy=True)
     return out
