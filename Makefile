@@ -10,7 +10,9 @@ PIP         := $(PY) -m pip
 # Elsewhere: make TORCH_INDEX=<a CPU wheel index URL> (see README, "Installing torch").
 TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
-EXTRAS      ?= server,broker,dev,flower
+EXTRAS      ?= server,broker,dev
+# Flower goes in after the rest (setup.py says why); FLOWER= (empty) leaves it out
+FLOWER      ?= flower
 STAMP       := $(VENV)/.fedsketch-installed
 PYTEST_ARGS ?=
 
@@ -24,6 +26,7 @@ $(STAMP): setup.py pyproject.toml Makefile ext/bits.pyx
 	@$(PY) -c "import torch" 2>/dev/null || \
 	  $(PIP) install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
 	$(PIP) install --no-build-isolation -e ".[$(EXTRAS)]"
+	$(if $(FLOWER),$(PIP) install --no-build-isolation -e ".[$(FLOWER)]")
 	@$(PY) -c "import edge_sdk; print('fedsketch', edge_sdk.__version__, 'kernel:', edge_sdk.BACKEND)"
 	@touch $@
 

@@ -101,8 +101,11 @@ SERVER = TRAIN + [
     "msgpack>=1.0",
 ]
 BROKER = ["amqtt>=0.11"]
-# Flower's Simulation Engine (Ray) and runtime, pinned: edge_sdk.flower and server_kit.flower, nothing else
-FLOWER = ["flwr[simulation]==1.41.0; python_version >= '3.10'"]
+# Flower's Simulation Engine (Ray) and runtime, pinned: edge_sdk.flower and server_kit.flower, nothing else.
+# flwr's CLI needs a typer of 0.16 to 0.20 (its pin says >=0.13, but `flwr` fails on older ones); amqtt pins
+# typer==0.15.4 (0.11) or >=0.24 (0.12) for its own command-line scripts only, which FedSketch does not use:
+# so `flower` is installed after `broker`, not with it (the Makefile does; see the README, "Flower").
+FLOWER = ["flwr[simulation]==1.41.0; python_version >= '3.10'", "typer>=0.20,<0.21; python_version >= '3.10'"]
 DEV = ["pytest>=8", "ruff>=0.5", "Cython>=3.0", "hypothesis>=6.80"]
 
 setup(
@@ -127,7 +130,7 @@ setup(
         "broker": BROKER,
         "dev": DEV,
         "flower": FLOWER,
-        "all": sorted(set(SERVER + BROKER + DEV + FLOWER)),
+        "all": sorted(set(SERVER + BROKER + DEV)),
     },
     entry_points={
         "console_scripts": [

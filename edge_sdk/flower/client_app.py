@@ -81,7 +81,7 @@ class _Node:
         self.seed = seed
         self.train_fn = train_fn
         self.selection = selection
-        self._encoder: Any = None
+        self._encoders: dict[str, Any] = {}
         self._nodes: dict[tuple[int, int], tuple[NodeData, LocalWorker]] = {}
         self._sketchers: dict[tuple[int, int, float], Sketcher] = {}
 
@@ -125,17 +125,22 @@ class _Node:
             return Message(rec.write_features(ask["summary"], feats), reply_to=msg)
         key = (context.run_id, context.node_id, ask["flip_prob"])
         if key not in self._sketchers:
-            self._sketchers[key] = Sketcher(self.encoder(), self.num_classes, ask["flip_prob"],
+            self._sketchers[key] = Sketcher(self.encoder(context), self.num_classes, ask["flip_prob"],
                                             seed=self._seed(context) * 1000 + data.index)
         return Message(rec.write_sketch(w.sketch(self._sketchers[key])), reply_to=msg)
 
-    def encoder(self) -> Any:
-        if self._encoder is None:
+    def encoder(self, context: Context) -> Any:
+        """The ONNX encoder: the one given, or loaded by name or path (a function of the run config's choice)."""
+        spec = self.encoder_spec
+        if callable(spec) and not hasattr(spec, "encode"):
+            spec = spec(context.run_config)
+        if not isinstance(spec, str):
+            return spec
+        if spec not in self._encoders:
             from ..encoder import OnnxEncoder
 
-            self._encoder = self.encoder_spec if not isinstance(self.encoder_spec, str) else OnnxEncoder(
-                self.encoder_spec)
-        return self._encoder
+            self._encoders[spec] = OnnxEncoder(spec)
+        return self._encoders[spec]
 
     def train(self, msg: Message, context: Context) -> Message:
         data, w = self.worker(context)
@@ -175,9 +180,9 @@ def add_fedsketch(app: ClientApp, load: Callable[[Context], NodeData], *, encode
         The app to extend; its own handlers stay (FedSketch's actions are namespaced).
     load : callable
         ``load(context) -> NodeData``: this node's data, called once per node and run in each process.
-    encoder : str or encoder
-        The ONNX encoder the node sketches with: a shipped artifact name, a path, or an
-        :class:`edge_sdk.encoder.OnnxEncoder`.
+    encoder : str, encoder or callable
+        The ONNX encoder the node sketches with: a shipped artifact name, a path, an
+        :class:`edge_sdk.encoder.OnnxEncoder`, or a function of the run config returning one of these.
     num_classes : int
         Classes of the federation.
     seed : int, optional

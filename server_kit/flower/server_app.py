@@ -16,6 +16,7 @@ key                    meaning                                                  
 ``flip-prob``          P of the sketches                                          0.1
 ``num-classes``        classes of the federation                                  10
 ``timeout``            seconds to wait for the nodes' replies per phase           3600
+``min-nodes``          nodes to wait for before starting                          2
 ``report``             a JSON file the run's report is written to                 none
 ``set.<name>``         a parameter of the strategy (``set.k = 4`` for IFCA)       the strategy's
 =====================  =========================================================  ===============
@@ -57,13 +58,14 @@ class FlowerRunConfig:
     flip_prob: float = 0.1
     num_classes: int = 10
     timeout: float = 3600.0
+    min_nodes: int = 2
     report: str = ""
     params: Mapping[str, Any] = field(default_factory=dict)
 
     _KEYS = {"strategy": ("strategy", str), "num-server-rounds": ("rounds", int), "fraction": ("fraction", float),
              "local-epochs": ("epochs", int), "lr": ("lr", float), "batch-size": ("batch_size", int),
              "seed": ("seed", int), "flip-prob": ("flip_prob", float), "num-classes": ("num_classes", int),
-             "timeout": ("timeout", float), "report": ("report", str), "architecture": ("architecture", str)}
+             "timeout": ("timeout", float), "min-nodes": ("min_nodes", int), "report": ("report", str), "architecture": ("architecture", str)}
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> FlowerRunConfig:
@@ -97,7 +99,8 @@ def build_strategy(cfg: FlowerRunConfig, truth: Mapping[str, int] | None = None,
     inner = make_strategy(cfg.strategy, settings=settings, fraction=cfg.fraction, seed=cfg.seed,
                           architecture=cfg.architecture, **params)
     return FlowerStrategy(inner, architecture=cfg.architecture, num_classes=cfg.num_classes,
-                          flip_prob=cfg.flip_prob, seed=cfg.seed, truth=truth, on_round=on_round)
+                          flip_prob=cfg.flip_prob, seed=cfg.seed, truth=truth, on_round=on_round,
+                          min_nodes=cfg.min_nodes)
 
 
 def run(grid: Grid, context: Context, *, truth: Callable[[Context], Mapping[str, int]] | None = None,
@@ -106,6 +109,7 @@ def run(grid: Grid, context: Context, *, truth: Callable[[Context], Mapping[str,
 
     ``defaults`` are run-config keys the context's run config overrides.
     """
+    _log_through_flower()
     cfg = FlowerRunConfig.from_run_config({**dict(defaults or {}), **dict(context.run_config)})
     adapter = build_strategy(cfg, truth(context) if truth is not None else None)
     adapter.start(grid, num_rounds=cfg.rounds, timeout=cfg.timeout)
@@ -118,6 +122,16 @@ def run(grid: Grid, context: Context, *, truth: Callable[[Context], Mapping[str,
         log.info("report written to %s", path)
     _print(report)
     return report
+
+
+def _log_through_flower() -> None:
+    """FedSketch's server log lines (rounds, refusals, late nodes) through Flower's handlers, as its own."""
+    ours, flwr_log = logging.getLogger("server_kit"), logging.getLogger("flwr")
+    if flwr_log.handlers and not ours.handlers:
+        for h in flwr_log.handlers:
+            ours.addHandler(h)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
 
 
 def _print(report: Mapping[str, Any]) -> None:

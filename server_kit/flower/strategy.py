@@ -88,12 +88,18 @@ class FlowerStrategy(FlwrStrategy):
         True groups, to score the clusters (ARI) in :meth:`report`.
     on_round : callable, optional
         Called with each round's record (a dict) once it is evaluated.
+    min_nodes : int
+        Nodes to wait for before greeting them (Flower's ``min_available_nodes``): a
+        ServerApp may start before its SuperNodes, simulated or real, have connected.
     """
 
     def __init__(self, strategy: Strategy, *, architecture: str, num_classes: int = 10, flip_prob: float = 0.1,
                  seed: int = 0, truth: Mapping[str, int] | None = None,
-                 on_round: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_round: Callable[[dict[str, Any]], None] | None = None, min_nodes: int = 2) -> None:
         check_carry(strategy, flip_prob=flip_prob)
+        if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < 1:
+            raise ValueError(f"min_nodes must be a positive integer, got {min_nodes!r}")
+        self.min_nodes = min_nodes
         self.strategy = strategy
         self.architecture = architecture
         self.num_classes = int(num_classes)
@@ -115,6 +121,7 @@ class FlowerStrategy(FlwrStrategy):
         self._tasks: dict[str, Any] = {}
         self._round_t0 = 0.0
         self._summary: dict[str, Any] = {}
+        self._placed: set[str] = set()
 
     # -- Flower's strategy interface -------------------------------------------
     def summary(self) -> None:
@@ -131,15 +138,18 @@ class FlowerStrategy(FlwrStrategy):
         check_carry(self.strategy, flip_prob=self.flip_prob, num_rounds=num_rounds)
         self._grid, self._timeout = grid, float(timeout)
         t0 = time.perf_counter()
-        infos = self._greet(sorted(grid.get_node_ids()))
+        infos = self._greet(self._wait_for_nodes(grid))
         if not infos:
             raise RuntimeError("no Flower node answered the hello: nothing to train")
         template = (initial_weights(self.architecture, self.seed) if initial_arrays is None
                     else rec.record_weights(initial_arrays))
         self.spec = {k: (tuple(v.shape), str(v.dtype)) for k, v in template.items()}
         self.strategy.setup(infos, template)
+        self._placed = set(self.node_of)
         if self.strategy.needs_sketches:
-            self.strategy.on_sketches(self._summaries(sorted(self.node_of)))
+            summaries = self._summaries(sorted(self.node_of))
+            self._placed = set(summaries)
+            self.strategy.on_sketches(summaries)
         self.seconds_clustering = time.perf_counter() - t0
         self.bytes_before_training = self.ledger.total()
         log.info("%d nodes registered; %s before training: %d bytes, %.1f s", len(self.node_of),
@@ -152,7 +162,7 @@ class FlowerStrategy(FlwrStrategy):
         """Late nodes are placed, then the strategy's tasks: one message per node with its own models."""
         self._round_t0 = time.perf_counter()
         self._admit_late(grid)
-        tasks = self.strategy.configure_round(server_round, sorted(self.node_of))
+        tasks = self.strategy.configure_round(server_round, sorted(self._placed))
         self._tasks = {t.cid: t for t in tasks}
         messages = [Message(rec.write_task(t, self.architecture), dst_node_id=self.node_of[t.cid],
                             message_type=TRAIN) for t in tasks]
@@ -235,6 +245,18 @@ class FlowerStrategy(FlwrStrategy):
         return out
 
     # -- the phases before training ------------------------------------------
+    def _wait_for_nodes(self, grid: Grid) -> list[int]:
+        """The connected nodes once at least ``min_nodes`` are (polling, up to the run's timeout)."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            ids = sorted(grid.get_node_ids())
+            if len(ids) >= self.min_nodes:
+                return ids
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{len(ids)} Flower nodes connected within {self._timeout:g} s; "
+                                   f"this run waits for min_nodes = {self.min_nodes}")
+            time.sleep(0.5)
+
     def _greet(self, node_ids: list[int]) -> list[ClientInfo]:
         """Ask ``node_ids`` who they are; the nodes that answered well, as ClientInfo."""
         if not node_ids:
@@ -244,6 +266,9 @@ class FlowerStrategy(FlwrStrategy):
         infos = []
         for msg in self._send("HELLO", msgs):
             node = msg.metadata.src_node_id
+            if msg.has_error():
+                self._reject("node-error", f"node {node}", f"hello: {msg.error.code} {msg.error.reason}")
+                continue
             try:
                 hello = rec.read_hello(msg.content)
             except ProtocolError as e:
@@ -277,18 +302,17 @@ class FlowerStrategy(FlwrStrategy):
         return out
 
     def _admit_late(self, grid: Grid) -> None:
-        """Nodes that connected since the last round: greeted, summarised if need be, placed."""
+        """Nodes that connected since the last round, and nodes not placed yet: summarised if need be, placed."""
         new = sorted(n for n in grid.get_node_ids() if n not in self.cid_of)
-        if not new:
+        infos = {i.cid: i for i in self._greet(new)} if new else {}
+        waiting = sorted(set(self.node_of) - self._placed)
+        if not waiting:
             return
-        for info in self._greet(new):
-            summary = None
-            if self.strategy.needs_sketches:
-                summary = self._summaries([info.cid]).get(info.cid)
-                if summary is None:
-                    continue  # no usable summary: the node is asked again next round
-            key = self.strategy.assign_late(info.cid, summary, info)
-            log.info("late node %s (%s) joins model %s", self.node_of[info.cid], info.cid, key)
+        summaries = self._summaries(waiting) if self.strategy.needs_sketches else dict.fromkeys(waiting)
+        for cid, summary in summaries.items():
+            key = self.strategy.assign_late(cid, summary, infos.get(cid, self.strategy.clients.get(cid)))
+            self._placed.add(cid)
+            log.info("late node %s (%s) joins model %s", self.node_of[cid], cid, key)
 
     # -- messages --------------------------------------------------------------
     def _send(self, kind: str, messages: list[Message]) -> list[Message]:

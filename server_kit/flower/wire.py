@@ -9,12 +9,11 @@ message, framing of the gRPC transport aside.
 
 from __future__ import annotations
 
-from flwr.app import Message
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+from flwr.supercore.inflatable.inflatable_object import InflatableObject, get_all_nested_objects
 
 __all__ = ["message_bytes"]
 
 
-def message_bytes(msg: Message) -> int:
-    """Serialised bytes of ``msg`` and every object under it."""
+def message_bytes(msg: InflatableObject) -> int:
+    """Serialised bytes of ``msg`` (a ``Message``, or any of its records) and every object under it."""
     return sum(len(obj.deflate()) for obj in get_all_nested_objects(msg).values())
