@@ -18,8 +18,14 @@ key                    meaning                                                  
 ``timeout``            seconds to wait for the nodes' replies per phase           3600
 ``min-nodes``          nodes to wait for before starting                          2
 ``report``             a JSON file the run's report is written to                 none
-``set.<name>``         a parameter of the strategy (``set.k = 4`` for IFCA)       the strategy's
+``strategy-params``    the strategy's parameters, TOML inline-table syntax:       ""
+                       ``"k = 4"`` for IFCA, ``"min_cluster_size = 5"`` for ours
+``set.<name>``         one parameter of the strategy (``set.k = 4``), for apps     the strategy's
+                       that declare it
 =====================  =========================================================  ===============
+
+(``flwr run --run-config`` overrides only keys the app's ``pyproject.toml``
+declares, hence one ``strategy-params`` string for any strategy's parameters.)
 
 Other keys (the data's folder, say) are the app's own and are left alone.
 """
@@ -81,8 +87,25 @@ class FlowerRunConfig:
             kw[name] = kind(v)
         if "architecture" not in kw:
             raise ValueError("run config lacks 'architecture' (the classifier, e.g. digits_cnn_1x8x8_10)")
-        kw["params"] = {k[len("set."):]: v for k, v in run_config.items() if k.startswith("set.")}
+        kw["params"] = {**_toml_params(run_config.get("strategy-params", "")),
+                        **{k[len("set."):]: v for k, v in run_config.items() if k.startswith("set.")}}
         return cls(**kw)
+
+
+def _toml_params(text: object) -> dict[str, Any]:
+    """``"k = 4, min_cluster_size = 2"`` (a TOML inline table's body) as a dict; a ValueError if it is not."""
+    if not isinstance(text, str):
+        raise ValueError(f"run config 'strategy-params' must be a str, got {text!r}")
+    if not text.strip():
+        return {}
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        return dict(tomllib.loads(f"p = {{{text}}}")["p"])
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"run config 'strategy-params' is not TOML key = value pairs ({e}): {text!r}") from None
 
 
 def build_strategy(cfg: FlowerRunConfig, truth: Mapping[str, int] | None = None,
