@@ -26,10 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,47 +37,14 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "mnist"
 sys.path.insert(0, str(APP))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def flwr_run(run_config: dict, nodes: int, *, ray_address: str | None = None, log: Path | None = None
              ) -> tuple[float, dict]:
-    """``flwr run`` of the example app with ``nodes`` virtual SuperNodes; (wall seconds, the app's report)."""
-    home = Path(tempfile.mkdtemp(prefix="fedsketch-flwr-"))
-    report = home / "report.json"
-    (home / "config.toml").write_text(
-        '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
-        f"options.num-supernodes = {nodes}\noptions.backend.client-resources.num-cpus = 1\n")
-    http, control = _free_port(), _free_port()
-    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http),
-           "FLWR_LOCAL_CONTROL_API_PORT": str(control), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    if ray_address:
-        env["RAY_ADDRESS"] = ray_address
-    cfg = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in
-                   {**run_config, "report": str(report)}.items())
-    t0 = time.perf_counter()
-    try:
-        with open(log or os.devnull, "w") as out:
-            subprocess.run([str(Path(sys.executable).parent / "flwr"), "run", str(APP), "local", "--stream",
-                            "--run-config", cfg], env=env, stdout=out, stderr=subprocess.STDOUT, check=True,
-                           timeout=3600)
-        seconds = time.perf_counter() - t0
-    finally:
-        _stop_superlink(http)
+    """``flwr run`` of the example app on a private local SuperLink; (wall seconds, the app's report)."""
+    from server_kit.flower.local_run import flwr_run as run
+
+    report = Path(tempfile.mkdtemp(prefix="fedsketch-flower-sim-")) / "report.json"
+    seconds = run(APP, {**run_config, "report": str(report)}, nodes, ray_address=ray_address, log=log)
     return seconds, json.loads(report.read_text())
-
-
-def _stop_superlink(port: int) -> None:
-    """The managed SuperLink `flwr run` left running on ``port``, stopped."""
-    out = subprocess.run(["pgrep", "-f", f"flower-superlink.*--port {port}"], capture_output=True, text=True)
-    for pid in out.stdout.split():
-        try:
-            os.kill(int(pid), signal.SIGTERM)
-        except ProcessLookupError:
-            pass
 
 
 def run_ours(cfg: dict, nodes: int) -> tuple[float, object]:
@@ -116,6 +79,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="digits, 24 nodes, 3 rounds")
     ap.add_argument("--ray-address", default=None, help="a running Ray cluster (ray start --head) for Flower")
     ap.add_argument("--log", default=None, help="file for flwr run's output (default: discarded)")
+    ap.add_argument("--plot", default=None, help="the accuracy picture (default: benchmarks/figures/"
+                                                 "flower_sim_<data>.png; --quick: reports/flower_sim_digits.png)")
     args = ap.parse_args(argv)
     nodes, rounds = (24, 3) if args.quick else (args.nodes, args.rounds)
     cfg = {"strategy": "fedsketch", "num-server-rounds": rounds, "fraction": 0.5, "local-epochs": 1, "lr": 0.001,
@@ -148,8 +113,41 @@ def main(argv=None) -> int:
         "bytes_before_training_ours": res.bytes_before_training,
         "rejected_flower": fl["rejected"],
     }
+    data = "digits" if args.quick else "mnist"
+    plot = Path(args.plot or (ROOT / ("reports" if args.quick else "benchmarks/figures") / f"flower_sim_{data}.png"))
+    _plot(plot, fl, res, out)
+    print(f"picture: {plot}")
     print(json.dumps(out))
     return 0
+
+
+def _plot(path: Path, fl: dict, res, out: dict) -> None:
+    """Accuracy per round of both runs (one over the other when they agree), and their bytes by kind."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
+    rounds = [r["round"] for r in fl["rounds"]]
+    ax.plot(rounds, res.accuracies, "o-", lw=3, alpha=0.5, label=f"ours (Simulator), {out['ours_seconds']:.0f} s")
+    ax.plot(rounds, [r["accuracy"] for r in fl["rounds"]], "x--", color="C3",
+            label=f"Flower (flwr run, Ray), {out['flower_seconds']:.0f} s")
+    ax.set_xlabel("round")
+    ax.set_ylabel("mean local test accuracy of the round's nodes")
+    ax.set_xticks(rounds)
+    ax.set_title(f"{out['nodes']} nodes, {out['data']}: ARI {out['ari_flower']} (Flower) and {out['ari_ours']} (ours)")
+    ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)
+    kinds = sorted({k for d in fl["bytes"].values() for k in d})
+    fb = [sum(fl["bytes"][d].get(k, {}).get("bytes", 0) for d in ("up", "down")) / 1e6 for k in kinds]
+    bx.barh(kinds, fb, color="C3")
+    bx.set_xlabel("MB through Flower, by message kind")
+    bx.set_title(f"Flower {out['bytes_flower'] / 1e6:.0f} MB, ours {out['bytes_ours'] / 1e6:.0f} MB")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -198,13 +198,22 @@ def read_sketch_request(content: RecordDict) -> dict[str, Any]:
 # -- tasks and updates -------------------------------------------------------
 
 
-def write_task(task: Task, architecture: str) -> RecordDict:
-    """A train message: the round, the architecture, the settings and each offered model."""
+def write_task(task: Task, architecture: str, cache: dict[str, ArrayRecord] | None = None) -> RecordDict:
+    """A train message: the round, the architecture, the settings and each offered model.
+
+    ``cache`` (model key -> ArrayRecord), kept by the caller for one round, serialises each
+    model once however many nodes get it.
+    """
     content = RecordDict({"config": ConfigRecord({"round": int(task.round), "architecture": architecture,
                                                   "evaluate_first": bool(task.evaluate_first),
                                                   **task.settings.to_dict()})})
     for key, w in task.models.items():
-        content[_MODEL + key] = weights_record(w)
+        if cache is None:
+            content[_MODEL + key] = weights_record(w)
+            continue
+        if key not in cache:
+            cache[key] = weights_record(w)
+        content[_MODEL + key] = cache[key]
     return content
 
 
@@ -243,10 +252,15 @@ def read_update(cid: str, content: RecordDict, spec: Mapping[str, tuple[tuple[in
                   loss, {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
 
 
-def write_evaluate(rnd: int, key: str, weights: Mapping[str, np.ndarray], architecture: str) -> RecordDict:
-    """An evaluate message: the model ``key`` a node is evaluated with."""
+def write_evaluate(rnd: int, key: str, weights: Mapping[str, np.ndarray], architecture: str,
+                   cache: dict[str, ArrayRecord] | None = None) -> RecordDict:
+    """An evaluate message: the model ``key`` a node is evaluated with (``cache`` as in :func:`write_task`)."""
+    if cache is None:
+        record = weights_record(weights)
+    else:
+        record = cache[key] if key in cache else cache.setdefault(key, weights_record(weights))
     return RecordDict({"config": ConfigRecord({"round": int(rnd), "architecture": architecture, "model_key": key}),
-                       _MODEL + key: weights_record(weights)})
+                       _MODEL + key: record})
 
 
 def read_evaluate(content: RecordDict) -> tuple[int, str, dict[str, np.ndarray], str]:

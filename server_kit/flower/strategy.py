@@ -164,7 +164,8 @@ class FlowerStrategy(FlwrStrategy):
         self._admit_late(grid)
         tasks = self.strategy.configure_round(server_round, sorted(self._placed))
         self._tasks = {t.cid: t for t in tasks}
-        messages = [Message(rec.write_task(t, self.architecture), dst_node_id=self.node_of[t.cid],
+        cache: dict[str, ArrayRecord] = {}  # each model serialised once this round
+        messages = [Message(rec.write_task(t, self.architecture, cache), dst_node_id=self.node_of[t.cid],
                             message_type=TRAIN) for t in tasks]
         self._count("TRAIN", "down", messages)
         return messages
@@ -192,9 +193,10 @@ class FlowerStrategy(FlwrStrategy):
                            grid: Grid) -> Iterable[Message]:
         """The round's nodes evaluate the model the strategy now gives each (:meth:`Strategy.model_for`)."""
         messages = []
+        cache: dict[str, ArrayRecord] = {}
         for cid in self._tasks:
             key, weights = self.strategy.model_for(cid)
-            messages.append(Message(rec.write_evaluate(server_round, key, weights, self.architecture),
+            messages.append(Message(rec.write_evaluate(server_round, key, weights, self.architecture, cache),
                                     dst_node_id=self.node_of[cid], message_type=EVALUATE))
         self._count("EVALUATE", "down", messages)
         return messages
