@@ -65,8 +65,7 @@ def flwr_run(app: str | os.PathLike[str], run_config: Mapping[str, Any], nodes: 
     """
     home = Path(tempfile.mkdtemp(prefix="fedsketch-flwr-"))
     (home / "config.toml").write_text(
-        '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
-        "options.backend.client-resources.num-cpus = 1\n")
+        '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n')
     http, control = _free_port(), _free_port()
     bindir = Path(sys.executable).parent
     env = {**os.environ, "FLWR_HOME": str(home), "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http),
@@ -74,7 +73,8 @@ def flwr_run(app: str | os.PathLike[str], run_config: Mapping[str, Any], nodes: 
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
     cmd = [str(bindir / "flwr"), "run", str(app), "local", "--stream",
-           "--federation-config", f"num-supernodes={int(nodes)}", "--run-config", _run_config(run_config)]
+           "--federation-config",
+           f"num-supernodes={int(nodes)} client-resources-num-cpus=1", "--run-config", _run_config(run_config)]
     t0 = time.perf_counter()
     try:
         with open(log or os.devnull, "w") as out:

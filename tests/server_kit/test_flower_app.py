@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 def test_flwr_run_of_the_example_app(tmp_path):
     report = tmp_path / "report.json"
     log = tmp_path / "flwr.log"
-    flwr_run(APP, {"num-server-rounds": 2, "min-nodes": 8, "strategy": "ifca", "strategy-params": "k = 4",
+    flwr_run(APP, {"num-server-rounds": 2, "min-nodes": 8, "fraction": 1.0, "strategy": "ifca", "strategy-params": "k = 4",
                    "report": str(report)}, 8, log=log, timeout=600)
     r = json.loads(report.read_text())
     assert r["strategy"] == "ifca" and r["nodes"] == 8 and len(r["rounds"]) == 2
