@@ -53,19 +53,14 @@ def run_ours(cfg: dict, nodes: int) -> tuple[float, object]:
     from fedsketch_flower.task import setup
 
     from edge_sdk.encoder import OnnxEncoder
-    from edge_sdk.worker import TrainSettings
     from server_kit.drivers import Simulator
-    from server_kit.strategies import make_strategy
+    from server_kit.flower import FlowerRunConfig, build_strategy
 
     arch, encoder = setup(cfg)
     clients = list(partition(cfg, nodes))
     t0 = time.perf_counter()
-    from server_kit.flower import FlowerRunConfig
-
-    params = FlowerRunConfig.from_run_config({**cfg, "architecture": arch}).params
-    s = make_strategy(cfg["strategy"], settings=TrainSettings(epochs=cfg["local-epochs"], lr=cfg["lr"],
-                                                                batch_size=cfg["batch-size"]),
-                      fraction=cfg["fraction"], seed=cfg["seed"], architecture=arch, **params)
+    # the strategy the ServerApp builds from the same run config
+    s = build_strategy(FlowerRunConfig.from_run_config({**cfg, "architecture": arch})).strategy
     res = Simulator(s, clients, architecture=arch, encoder=OnnxEncoder(encoder), flip_prob=cfg["flip-prob"],
                     seed=cfg["seed"], progress=True).run(cfg["num-server-rounds"])
     return time.perf_counter() - t0, res

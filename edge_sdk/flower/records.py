@@ -40,7 +40,16 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from ..protocol import ProtocolError, check_tensors, parse_sketch, sketch_body
+from ..protocol import (
+    Kind,
+    ProtocolError,
+    check_features,
+    check_id,
+    check_tensors,
+    parse_sketch,
+    sketch_body,
+)
+from ..schema import check_fields
 from ..sketch import Sketch
 from ..worker import Task, TrainSettings, Update
 
@@ -129,20 +138,10 @@ def write_hello(cid: str, hello: Mapping[str, Any]) -> RecordDict:
 
 
 def read_hello(content: RecordDict) -> dict[str, Any]:
-    """A node's registration, checked: a non-empty cid, non-negative counts."""
-    rec = _get(content, "hello", ConfigRecord, "hello")
-    cid = _field(rec, "cid", str, "hello")
-    if not cid or len(cid.encode()) > 128:
-        raise ProtocolError("meta", f"hello: cid {cid!r} must be 1 to 128 bytes")
-    out: dict[str, Any] = {"cid": cid}
-    for k in ("n_samples", "n_test", "classes_present"):
-        v = _field(rec, k, int, "hello")
-        if v < 0:
-            raise ProtocolError("meta", f"hello: field {k!r} is {v}, expected >= 0")
-        out[k] = v
-    caps = rec.get("capabilities", [])
-    out["capabilities"] = tuple(str(c) for c in caps) if isinstance(caps, list) else ()
-    return out
+    """A node's registration, checked as an MQTT HELLO's meta is (:func:`edge_sdk.schema.check_fields`), and its cid."""
+    rec = dict(_get(content, "hello", ConfigRecord, "hello"))
+    cid = check_id(rec.pop("cid", None), "hello cid", reason="meta")
+    return {"cid": cid, **check_fields(Kind.HELLO, rec)}
 
 
 # -- sketches and features ---------------------------------------------------
@@ -164,17 +163,11 @@ def write_features(kind: str, features: np.ndarray) -> RecordDict:
 
 
 def read_features(content: RecordDict, kind: str, num_classes: int) -> np.ndarray:
-    """A float summary (LADD's spectra): one finite float32 ``(num_classes, W)`` tensor of the kind asked."""
-    got = _field(_get(content, "summary", ConfigRecord, "features reply"), "summary", str, "features")
+    """A float summary (LADD's spectra) of the kind asked: as an MQTT FEATURES message is checked."""
+    got = check_fields(Kind.FEATURES, _get(content, "summary", ConfigRecord, "features reply"))["summary"]
     if got != kind:
         raise ProtocolError("meta", f"summary {got!r} is not the {kind!r} this server asked for")
-    arr = record_weights(_get(content, "features", ArrayRecord, "features reply"))
-    feats = arr.get("features")
-    if set(arr) != {"features"} or feats is None or feats.dtype != np.float32 or feats.ndim != 2:
-        raise ProtocolError("tensor-name", "a features reply holds one float32 2-D tensor 'features'")
-    if feats.shape[0] != num_classes:
-        raise ProtocolError("tensor-shape", f"features of shape {feats.shape}, expected {num_classes} rows")
-    return feats
+    return check_features(record_weights(_get(content, "features", ArrayRecord, "features reply")), (num_classes, None))
 
 
 def sketch_request(num_classes: int, flip_prob: float, summary: str, params: Mapping[str, Any]) -> RecordDict:
@@ -208,13 +201,17 @@ def write_task(task: Task, architecture: str, cache: dict[str, ArrayRecord] | No
                                                   "evaluate_first": bool(task.evaluate_first),
                                                   **task.settings.to_dict()})})
     for key, w in task.models.items():
-        if cache is None:
-            content[_MODEL + key] = weights_record(w)
-            continue
-        if key not in cache:
-            cache[key] = weights_record(w)
-        content[_MODEL + key] = cache[key]
+        content[_MODEL + key] = _record(key, w, cache)
     return content
+
+
+def _record(key: str, weights: Mapping[str, np.ndarray], cache: dict[str, ArrayRecord] | None) -> ArrayRecord:
+    """Model ``key``'s ArrayRecord, from ``cache`` when it holds it (and into it)."""
+    if cache is None:
+        return weights_record(weights)
+    if key not in cache:
+        cache[key] = weights_record(weights)
+    return cache[key]
 
 
 def read_task(cid: str, content: RecordDict) -> tuple[Task, str]:
@@ -240,27 +237,21 @@ def write_update(update: Update) -> RecordDict:
 
 
 def read_update(cid: str, content: RecordDict, spec: Mapping[str, tuple[tuple[int, ...], str]]) -> Update:
-    """A node's update, checked: its tensors against the model's ``spec``, a positive sample count."""
-    res = _get(content, "result", ConfigRecord, "update")
+    """A node's update, checked as an MQTT UPDATE is: its fields by the schema, its tensors against ``spec``."""
     metrics = dict(_get(content, "metrics", MetricRecord, "update"))
-    n = metrics.pop("num-examples", None)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ProtocolError("meta", f"update: num-examples is {n!r}, expected a positive integer")
-    loss = float(metrics.pop("loss", float("nan")))
+    loss = {"loss": metrics.pop("loss")} if "loss" in metrics else {}
+    m = check_fields(Kind.UPDATE, {**_get(content, "result", ConfigRecord, "update"), **loss,
+                                   "n_samples": metrics.pop("num-examples", None), "metrics": metrics})
     weights = record_weights(_get(content, "update", ArrayRecord, "update"), spec)
-    return Update(cid, _field(res, "round", int, "update"), _field(res, "model_key", str, "update"), weights, n,
-                  loss, {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
+    return Update(cid, m["round"], m["model_key"], weights, m["n_samples"], m.get("loss", float("nan")),
+                  m["metrics"])
 
 
 def write_evaluate(rnd: int, key: str, weights: Mapping[str, np.ndarray], architecture: str,
                    cache: dict[str, ArrayRecord] | None = None) -> RecordDict:
     """An evaluate message: the model ``key`` a node is evaluated with (``cache`` as in :func:`write_task`)."""
-    if cache is None:
-        record = weights_record(weights)
-    else:
-        record = cache[key] if key in cache else cache.setdefault(key, weights_record(weights))
     return RecordDict({"config": ConfigRecord({"round": int(rnd), "architecture": architecture, "model_key": key}),
-                       _MODEL + key: record})
+                       _MODEL + key: _record(key, weights, cache)})
 
 
 def read_evaluate(content: RecordDict) -> tuple[int, str, dict[str, np.ndarray], str]:
@@ -278,11 +269,8 @@ def write_evaluation(rnd: int, key: str, result: Mapping[str, float]) -> RecordD
 
 
 def read_evaluation(content: RecordDict) -> tuple[str, dict[str, float]]:
-    """The model key a node evaluated and its accuracy and loss (accuracy checked to lie in [0, 1])."""
-    res = _get(content, "result", ConfigRecord, "evaluation")
-    m = _get(content, "metrics", MetricRecord, "evaluation")
-    acc = m.get("accuracy")
-    if isinstance(acc, bool) or not isinstance(acc, (int, float)) or not 0.0 <= acc <= 1.0:
-        raise ProtocolError("meta", f"evaluation: accuracy {acc!r} is not in [0, 1]")
-    return _field(res, "model_key", str, "evaluation"), {"accuracy": float(acc),
-                                                         "loss": float(m.get("loss", float("nan")))}
+    """The model key a node evaluated and its accuracy and loss, checked as MQTT METRICS are."""
+    m = check_fields(Kind.METRICS, {**_get(content, "result", ConfigRecord, "evaluation"),
+                                    **_get(content, "metrics", MetricRecord, "evaluation")})
+    return m["model_key"], {"accuracy": float(m.get("accuracy", float("nan"))),
+                            "loss": float(m.get("loss", float("nan")))}

@@ -13,7 +13,14 @@ Every name is importable from ``edge_sdk.protocol`` itself.
 
 from __future__ import annotations
 
-from .bodies import check_tensors, parse_sketch, parse_tensors, sketch_body, tensors_body
+from .bodies import (
+    check_features,
+    check_tensors,
+    parse_sketch,
+    parse_tensors,
+    sketch_body,
+    tensors_body,
+)
 from .chunks import (
     DEFAULT_CHUNK_DEADLINE,
     DEFAULT_CHUNK_MEMORY,
@@ -64,6 +71,7 @@ __all__ = [
     "SERVER_ID",
     "SIGNATURE_TRAILER",
     "Topics",
+    "check_features",
     "check_id",
     "check_tensors",
     "decode_message",

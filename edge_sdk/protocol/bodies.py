@@ -16,7 +16,7 @@ import numpy as np
 from ..sketch import Sketch
 from .envelope import ProtocolError
 
-__all__ = ["check_tensors", "parse_sketch", "parse_tensors", "sketch_body", "tensors_body"]
+__all__ = ["check_features", "check_tensors", "parse_sketch", "parse_tensors", "sketch_body", "tensors_body"]
 
 _SKETCH_SHAPE = struct.Struct(">HH")
 
@@ -157,3 +157,21 @@ def check_tensors(
             raise ProtocolError("non-finite", f"tensor {name!r} contains NaN or Inf")
         out[name] = np.array(arr, copy=True)
     return out
+
+
+def check_features(arrays: Mapping[str, np.ndarray], shape: tuple[int | None, ...] | None = None) -> np.ndarray:
+    """A float summary (LADD's spectra): exactly one float32 2-D tensor ``features``, of ``shape`` if given.
+
+    A ``None`` in ``shape`` takes any size (``(num_classes, None)``: the first summary fixes the width).
+
+    Raises
+    ------
+    ProtocolError
+        Reasons ``tensor-name`` and ``tensor-shape``.
+    """
+    feats = arrays.get("features")
+    if set(arrays) != {"features"} or feats is None or feats.dtype != np.float32 or feats.ndim != 2:
+        raise ProtocolError("tensor-name", "a features message holds one float32 2-D tensor 'features'")
+    if shape is not None and any(want is not None and got != want for got, want in zip(feats.shape, shape)):
+        raise ProtocolError("tensor-shape", f"features of shape {feats.shape}, expected {tuple(shape)}")
+    return feats

@@ -17,9 +17,14 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
-
-from edge_sdk.protocol import Kind, Message, ProtocolError, parse_sketch, parse_tensors
+from edge_sdk.protocol import (
+    Kind,
+    Message,
+    ProtocolError,
+    check_features,
+    parse_sketch,
+    parse_tensors,
+)
 from edge_sdk.sketch import Sketch
 from edge_sdk.worker import Task, Update
 
@@ -153,14 +158,8 @@ class Intake:
         if msg.meta.get("summary") != self.strategy.summary_kind:
             raise ProtocolError("meta", f"summary {msg.meta.get('summary')!r} is not the "
                                         f"{self.strategy.summary_kind!r} this server asked for")
-        arr = parse_tensors(msg.body)
-        feats = arr.get("features")
-        if set(arr) != {"features"} or feats is None or feats.dtype != np.float32 or feats.ndim != 2:
-            raise ProtocolError("tensor-name", "a features message holds one float32 2-D tensor 'features'")
-        shape = self.feature_shape or (self.num_classes, feats.shape[1])
-        if feats.shape != shape:
-            raise ProtocolError("tensor-shape", f"features of shape {feats.shape}, expected {shape}")
-        self.feature_shape = shape
+        feats = check_features(parse_tensors(msg.body), self.feature_shape or (self.num_classes, None))
+        self.feature_shape = feats.shape
         return feats
 
     def on_update(self, cid: str, msg: Message) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,13 +20,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..broker.ports import free_port
+
 __all__ = ["flwr_run"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_config(values: Mapping[str, Any]) -> str:
@@ -66,7 +61,7 @@ def flwr_run(app: str | os.PathLike[str], run_config: Mapping[str, Any], nodes: 
     home = Path(tempfile.mkdtemp(prefix="fedsketch-flwr-"))
     (home / "config.toml").write_text(
         '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n')
-    http, control = _free_port(), _free_port()
+    http, control = free_port(), free_port()
     bindir = Path(sys.executable).parent
     env = {**os.environ, "FLWR_HOME": str(home), "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http),
            "FLWR_LOCAL_CONTROL_API_PORT": str(control), "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}

@@ -32,11 +32,9 @@ Other keys (the data's folder, say) are the app's own and are left alone.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from flwr.app import Context
@@ -139,10 +137,9 @@ def run(grid: Grid, context: Context, *, truth: Callable[[Context], Mapping[str,
     report = adapter.report()
     report["config"] = {k: v for k, v in vars(cfg).items() if k != "params"} | {"params": dict(cfg.params)}
     if cfg.report:
-        path = Path(cfg.report)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=1, default=float))
-        log.info("report written to %s", path)
+        from ..report.results import write_json
+
+        log.info("report written to %s", write_json(cfg.report, report))
     _print(report)
     return report
 

@@ -216,7 +216,7 @@ class FlowerStrategy(FlwrStrategy):
         acc = float(np.mean(accs)) if accs else float("nan")
         record = {"round": server_round, "accuracy": acc, "sampled": len(self._tasks),
                   "evaluated": len(accs), "cluster_accuracy": {k: float(np.mean(v)) for k, v in per_model.items()},
-                  "summary": _plain(self._summary), "seconds": time.perf_counter() - self._round_t0,
+                  "summary": dict(self._summary), "seconds": time.perf_counter() - self._round_t0,
                   "bytes_total": self.ledger.total()}
         self.rounds.append(record)
         log.info("%s round %d: %d nodes, mean accuracy %.4f, %d bytes so far", self.strategy.name, server_round,
@@ -281,7 +281,7 @@ class FlowerStrategy(FlwrStrategy):
                 self._reject("duplicate-id", f"node {node}", f"cid {cid!r} is already node {self.node_of[cid]}")
                 continue
             self.node_of[cid], self.cid_of[node] = node, cid
-            infos.append(ClientInfo(cid, hello["n_samples"], hello["classes_present"], hello["capabilities"]))
+            infos.append(ClientInfo(cid, hello["n_samples"], hello["classes_present"], tuple(hello["capabilities"])))
         return infos
 
     def _summaries(self, cids: list[str]) -> dict[str, Any]:
@@ -345,21 +345,6 @@ class FlowerStrategy(FlwrStrategy):
     def _reject(self, reason: str, who: str, detail: str) -> None:
         self.rejected[reason] += 1
         log.warning("refused from %s (%s): %s", who, reason, detail)
-
-
-def _plain(d: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON-able part of a summary (numbers, strings, lists and dicts of them)."""
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, (bool, int, float, str)) or v is None:
-            out[k] = v
-        elif isinstance(v, np.generic):
-            out[k] = v.item()
-        elif isinstance(v, Mapping):
-            out[k] = _plain(v)
-        elif isinstance(v, (list, tuple)) and all(isinstance(x, (int, float, str)) for x in v):
-            out[k] = list(v)
-    return out
 
 
 def _metrics(summary: Mapping[str, Any]) -> MetricRecord:

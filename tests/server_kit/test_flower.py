@@ -22,7 +22,7 @@ from edge_sdk.flower import NodeData, client_app  # noqa: E402
 from edge_sdk.flower import records as rec  # noqa: E402
 from edge_sdk.protocol import ProtocolError  # noqa: E402
 from edge_sdk.sketch import Sketch  # noqa: E402
-from edge_sdk.worker import TrainSettings, Update  # noqa: E402
+from edge_sdk.worker import Update  # noqa: E402
 from server_kit.flower import FlowerRunConfig, FlowerStrategy, build_strategy, message_bytes  # noqa: E402
 from server_kit.strategies import make_strategy  # noqa: E402
 
@@ -66,11 +66,12 @@ def run_flower(clients, name, *, rounds=ROUNDS, params=None, client=None, grid=l
 
 
 def run_ours(clients, name, *, rounds=ROUNDS, params=None):
+    """The same strategy, built from the same run config, in :class:`server_kit.drivers.Simulator`."""
     from edge_sdk.encoder import OnnxEncoder
     from server_kit.drivers import Simulator
 
-    s = make_strategy(name, settings=TrainSettings(), fraction=1.0, seed=0, architecture=ARCH,
-                      **({"flip_prob": 0.1} if name == "fedsketch" else {}), **(params or {}))
+    s = build_strategy(FlowerRunConfig.from_run_config({"architecture": ARCH, "strategy": name,
+                                                        **{f"set.{k}": v for k, v in (params or {}).items()}})).strategy
     return Simulator(s, clients, architecture=ARCH, encoder=OnnxEncoder("digits_encoder"), flip_prob=0.1,
                      seed=0).run(rounds)
 
@@ -219,7 +220,7 @@ def test_records_round_trip_and_refuse_malformed_content():
         rec.read_update("c1", rec.write_update(Update("c1", 2, "c0", w, 40, 0.5)), {**spec, "b": ((3,), "float32")})
     zero = rec.write_update(Update("c1", 2, "c0", w, 40, 0.5))
     zero["metrics"] = MetricRecord({"num-examples": 0})
-    with pytest.raises(ProtocolError, match=r"^update: num-examples is 0, expected a positive integer$"):
+    with pytest.raises(ProtocolError, match=r"^meta field 'n_samples' must be an integer in \[1, 2.14748e\+09\], got 0$"):
         rec.read_update("c1", zero, spec)
     with pytest.raises(ProtocolError, match=r"^update lacks its ArrayRecord 'update'$"):
         rec.read_update("c1", RecordDict({"result": ConfigRecord({"round": 1, "model_key": "c0"}),
@@ -228,10 +229,16 @@ def test_records_round_trip_and_refuse_malformed_content():
     assert rec.read_sketch(rec.write_sketch(sk), num_classes=10, latent_dim=20) == sk
     with pytest.raises(ProtocolError, match=r"^sketch shape \(10 classes, 20 bits\) differs"):
         rec.read_sketch(rec.write_sketch(sk), num_classes=10, latent_dim=16)
-    with pytest.raises(ProtocolError, match=r"^hello: cid '' must be 1 to 128 bytes$"):
+    # the bounds of the MQTT schema hold here too (edge_sdk.schema.check_fields)
+    many = rec.write_update(Update("c1", 2, "c0", w, 40, 0.5, {f"m{i}": 1.0 for i in range(40)}))
+    with pytest.raises(ProtocolError, match=r"^meta field 'metrics' must be an object of at most 32 numbers"):
+        rec.read_update("c1", many, spec)
+    with pytest.raises(ProtocolError, match=r"^hello cid 'a/b' contains forbidden characters \['/'\]"):
+        rec.read_hello(RecordDict({"hello": ConfigRecord({"cid": "a/b", "n_samples": 1})}))
+    with pytest.raises(ProtocolError, match=r"^hello cid is empty$"):
         rec.read_hello(RecordDict({"hello": ConfigRecord({"cid": "", "n_samples": 1, "n_test": 0,
                                                           "classes_present": 1})}))
-    with pytest.raises(ProtocolError, match=r"^evaluation: accuracy 1.5 is not in \[0, 1\]$"):
+    with pytest.raises(ProtocolError, match=r"^meta field 'accuracy' must be a finite number in \[0, 1\], got 1.5$"):
         rec.read_evaluation(rec.write_evaluation(1, "c0", {"accuracy": 1.5, "loss": 0.1, "n_test": 3}))
 
 
