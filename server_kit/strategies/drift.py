@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from edge_sdk._validation import check_int
-from edge_sdk.bits import hamming_cdist
+from edge_sdk.bits import hamming_cdist, unpack_bits
 
 __all__ = ["WARMUP_EPOCHS", "WARMUP_ROUNDS", "DriftReport", "DriftTracker"]
 
@@ -224,13 +224,12 @@ class DriftTracker:
 
     def _nearest_cluster(self, packed: np.ndarray) -> int | None:
         """The live cluster whose centroid is nearest to the mean of ``packed``'s bits (squared distance)."""
-        bits = np.unpackbits(packed, axis=1)[:, : self.n_bits].mean(axis=0)
-        best, best_d = None, np.inf
-        for k in self.migration.clusters:
-            d = float(np.sum((bits - self.migration.centroid(k)) ** 2))
-            if d < best_d:
-                best, best_d = k, d
-        return best
+        keys = self.migration.clusters
+        if not keys:
+            return None
+        bits = unpack_bits(packed, self.n_bits).mean(axis=0)
+        d = [float(np.sum((bits - self.migration.centroid(k)) ** 2)) for k in keys]
+        return keys[int(np.argmin(d))]  # ties to the first, as before
 
     def _refresh(self, assignment: Mapping[str, int], touched: set[int], report: DriftReport) -> None:
         """Recompute the centroids of clusters that gained or lost devices; retire the emptied ones."""
