@@ -60,7 +60,9 @@ def test_devices_jitter_alike_only_by_chance():
         ec = device(broker, f"c{i}", hello_jitter_s=10.0, seed=0)  # same sketch seed: the jitter still differs
         ec.start()
         dues.append(ec.hello_due - time.monotonic())
-    assert len({round(d, 3) for d in dues}) == 20 and max(dues) - min(dues) > 1.0
+    # 20 draws in [0, 10) s to the millisecond: two alike by chance happen in 2 % of runs (the birthday
+    # bound), four alike in about 1e-8; devices sharing their jitter would give one value
+    assert len({round(d, 3) for d in dues}) >= 17 and max(dues) - min(dues) > 1.0
 
 
 def test_the_server_asking_again_gets_a_hello_at_once(server_transport):
