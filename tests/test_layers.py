@@ -130,9 +130,8 @@ def test_public_faces_are_pinned_sorted_and_cheap_to_import():
         server_kit.nope  # noqa: B018
 
 
-def test_the_methods_of_the_literature_live_in_one_package_and_old_paths_still_work():
+def test_the_methods_of_the_literature_live_in_one_package_and_nowhere_else():
     import importlib
-    import sys
 
     import pytest
 
@@ -140,38 +139,13 @@ def test_the_methods_of_the_literature_live_in_one_package_and_old_paths_still_w
 
     assert {m for m, _ in LAZY_STRATEGIES.values()} == {
         f"server_kit.strategies.{m}" for m in ("ifca", "ladd", "ocfl", "cfl", "briggs", "kmeans_weights", "flis")}
-    for old in ("ifca", "ladd", "ocfl", "cfl", "briggs", "kmeans_weights", "flis", "update_clustered"):
-        sys.modules.pop(f"server_kit.{old}", None)
-        with pytest.warns(DeprecationWarning, match=f"server_kit.{old} has moved to server_kit.strategies.{old}"):
-            shim = importlib.import_module(f"server_kit.{old}")
-        new = importlib.import_module(f"server_kit.strategies.{old}")
-        assert shim.__all__ == new.__all__
-        assert all(getattr(shim, name) is getattr(new, name) for name in new.__all__)
-
-
-@__import__("pytest").mark.parametrize("old, new", [
-    ("server_kit.strategy", "server_kit.strategies"),
-    ("server_kit.orchestrator", "server_kit.drivers.orchestrator"),
-    ("server_kit.simulate", "server_kit.drivers.simulate"),
-    ("server_kit.fedcref_mqtt", "server_kit.fedcref.mqtt"),
-    ("edge_sdk.fedcref_mqtt", "edge_sdk.fedcref.mqtt"),
-    ("edge_sdk.netloop", "edge_sdk.transport.netloop"),
-])
-def test_moved_modules_keep_their_old_path_for_one_release(old, new):
-    import importlib
-    import sys
-
-    import pytest
-
-    sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=f"^{re.escape(old)} has moved to {re.escape(new)}$"):
-        shim = importlib.import_module(old)
-    target = importlib.import_module(new)
-    assert all(getattr(shim, name) is getattr(target, name) for name in shim.__all__ if hasattr(target, name))
-    if old == "server_kit.strategy":  # the old interface file's names, now in several modules of the package
-        assert {"FedAvg", "SketchClustered", "Strategy", "make_strategy", "pretrain_config"} <= set(shim.__all__)
-    else:
-        assert shim.__all__ == target.__all__
+    # the package was never released: no second path to the same module (a newcomer sees one cfl.py)
+    for old in ("server_kit.ifca", "server_kit.ladd", "server_kit.ocfl", "server_kit.cfl", "server_kit.briggs",
+                "server_kit.kmeans_weights", "server_kit.flis", "server_kit.update_clustered",
+                "server_kit.strategy", "server_kit.orchestrator", "server_kit.simulate", "server_kit.fedcref_mqtt",
+                "edge_sdk.fedcref_mqtt", "edge_sdk.netloop"):
+        with pytest.raises(ModuleNotFoundError, match=f"No module named '{re.escape(old)}'"):
+            importlib.import_module(old)
 
 
 # a module or function over the bar carries its reason on the line above it
