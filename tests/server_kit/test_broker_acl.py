@@ -16,7 +16,7 @@ from edge_sdk.protocol import Kind, Message, Topics
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from server_kit.broker import MosquittoBroker, find_mosquitto, free_port
 
-from helpers import Collector
+from helpers import Collector, prove_subscribed
 
 pytestmark = [
     pytest.mark.broker,
@@ -63,13 +63,15 @@ def test_client_cannot_publish_under_another_client(login):
     seen = Collector(timeout=5.0)
     server = login("server", subscribe=[(T.all_clients("#"), seen)])
     c1 = login("c1")
-    time.sleep(0.1)
+    prove_subscribed(c1, T.status("c1"), seen)
     # c1 speaks as c2 on c2's topics: the message passes our own sender check, only the ACL stops it
     c1.publish(T.sketch("c2"), msg(Kind.SKETCH, "c2"), wait=True)
     c1.publish(T.status("c2"), msg(Kind.STATUS, "c2", state="offline"), wait=True)
+    # positive control, from the same publisher after the forbidden two: Mosquitto routes one client's
+    # messages in the order it reads them into each subscriber's one FIFO queue, so anything of the two
+    # that got through would arrive before this one
     c1.publish(T.sketch("c1"), msg(Kind.SKETCH, "c1"), wait=True)
     assert seen.wait(1)
-    time.sleep(0.2)
     assert seen.topics() == [T.sketch("c1")]
     assert server.rejected == {}
 
@@ -80,14 +82,17 @@ def test_client_reads_only_its_commands_cluster_models_and_broadcasts(login):
                                 (T.broadcast(), c1_got)])
     login("c2", subscribe=[(T.cmd("c2"), c2_got)])
     server = login("server")
-    time.sleep(0.2)
+    for topic, got in [(T.cmd("c1"), c1_got), (T.model("k0"), c1_got), (T.broadcast(), c1_got),
+                       (T.cmd("c2"), c2_got)]:
+        prove_subscribed(server, topic, got)
+    # the forbidden one first: one publisher's messages reach each subscriber in order (Mosquitto routes them
+    # as it reads them into the subscriber's one FIFO queue), so c1 would have it before the three it may read
     server.publish(T.cmd("c2"), msg(Kind.CMD, "server", op="secret"), wait=True)
     server.publish(T.cmd("c1"), msg(Kind.CMD, "server", op="sketch"), wait=True)
     server.publish(T.model("k0"), msg(Kind.MODEL, "server", key="k0"), wait=True)
     server.publish(T.broadcast(), msg(Kind.CMD, "server", op="hello"), wait=True)
     assert c1_got.wait(3) and c2_got.wait(1)
-    time.sleep(0.2)
-    assert sorted(c1_got.topics()) == sorted([T.cmd("c1"), T.model("k0"), T.broadcast()])
+    assert c1_got.topics() == [T.cmd("c1"), T.model("k0"), T.broadcast()]
     assert c2_got.topics() == [T.cmd("c2")]
     # Mosquitto 2.0 grants the subscription to c2's commands and filters every delivery by the ACL
     assert c1.stats()["errors"].get("subscribe", 0) <= 1
@@ -96,13 +101,19 @@ def test_client_reads_only_its_commands_cluster_models_and_broadcasts(login):
 def test_client_cannot_snoop_with_wildcards(login):
     snoop, seen = Collector(timeout=5.0), Collector(timeout=5.0)
     login("c1", subscribe=[("fedsketch/#", snoop)])
-    login("server", subscribe=[(T.all_clients("update"), seen)])
+    server = login("server", subscribe=[(T.all_clients("update"), seen)])
     c2 = login("c2")
-    time.sleep(0.2)
+    prove_subscribed(server, T.broadcast(), snoop)  # c1's wildcard subscription is live (it may read this)
+    prove_subscribed(c2, T.update("c2"), seen)
     c2.publish(T.update("c2"), msg(Kind.UPDATE, "c2"), wait=True)
     assert seen.wait(1)
-    time.sleep(0.2)
-    assert snoop.topics() == []
+    # positive control: c2 may write nothing c1 may read, so the marker comes from the server, sent after
+    # c2's update was acknowledged. Mosquitto routes (and filters by the ACL) a QoS 1 message into each
+    # subscriber's one FIFO queue before it sends the PUBACK; had the update been let through to c1, it
+    # would sit in c1's queue ahead of the marker
+    server.publish(T.broadcast(), msg(Kind.CMD, "server", op="marker"), wait=True)
+    assert snoop.wait(1)
+    assert snoop.topics() == [T.broadcast()]
 
 
 @pytest.mark.parametrize(("user", "password"), [("c1", "wrong"), ("nobody", "pw"), ("server", "c1-pw")])
@@ -180,11 +191,12 @@ def test_production_config_over_tls(login, production_broker):
     seen = Collector(timeout=5.0)
     login("server", url=production_broker["plain"], subscribe=[(T.all_clients("hello"), seen)])
     c1 = login("c1", url=production_broker["tls"], ca_certs=production_broker["ca"])
-    time.sleep(0.1)
-    c1.publish(T.hello("c1"), msg(Kind.HELLO, "c1", n_samples=10), wait=True)
+    prove_subscribed(c1, T.hello("c1"), seen)
     c1.publish(T.hello("c2"), msg(Kind.HELLO, "c2", n_samples=10), wait=True)  # dropped by the ACL
+    # positive control, the same publisher after the forbidden one: delivered in order, had it passed,
+    # the forbidden hello would arrive first
+    c1.publish(T.hello("c1"), msg(Kind.HELLO, "c1", n_samples=10), wait=True)
     assert seen.wait(1)
-    time.sleep(0.2)
     assert seen.topics() == [T.hello("c1")]
     with pytest.raises(ConnectionError, match="refused c2: Not authorized"):
         login("c2", "wrong", url=production_broker["tls"], ca_certs=production_broker["ca"])
@@ -193,15 +205,27 @@ def test_production_config_over_tls(login, production_broker):
 def test_production_config_refuses_retained_messages(login, production_broker):
     """retain_available false: a device that tries to retain a message is disconnected, nothing is stored."""
     seen = Collector(timeout=5.0)
-    login("server", url=production_broker["plain"], subscribe=[(T.all_clients("hello"), seen)])
+    server = login("server", url=production_broker["plain"], subscribe=[(T.all_clients("hello"), seen)])
     c1 = login("c1", url=production_broker["tls"], ca_certs=production_broker["ca"])
-    time.sleep(0.1)
+    c2 = login("c2", url=production_broker["tls"], ca_certs=production_broker["ca"])
+    prove_subscribed(c2, T.hello("c2"), seen)
     c1.publish(T.hello("c1"), msg(Kind.HELLO, "c1", n_samples=10), retain=True)
     deadline = time.monotonic() + 5
     while not c1.stats()["errors"].get("connection-lost") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert c1.stats()["errors"]["connection-lost"] >= 1
-    assert not seen.wait(1, timeout=0.5)
+    # positive control: c1 keeps resending its retained hello (and is cut off again), so the marker comes
+    # from c2, sent after the broker closed c1's connection (seen above). Mosquitto deals with a PUBLISH
+    # when it reads it (routes it into each subscriber's FIFO queue, or refuses it and closes the
+    # connection): had it passed the hello on, that was before the close, and the server would get it
+    # ahead of the marker
+    c2.publish(T.hello("c2"), msg(Kind.HELLO, "c2", n_samples=10), wait=True)
+    assert seen.wait(1)
+    assert seen.topics() == [T.hello("c2")] and server.rejected == {}
+    server.close()  # the later server takes the same client id
     late = Collector(timeout=5.0)  # a server started later finds nothing retained
-    login("server", url=production_broker["plain"], subscribe=[(T.all_clients("hello"), late)])
-    assert not late.wait(1, timeout=0.5)
+    later = login("server", url=production_broker["plain"], subscribe=[(T.all_clients("hello"), late)])
+    # a retained message comes right after the SUBACK, before anything published later (the probe), and
+    # the transport refuses it on a client topic (reason "retained") instead of handing it over
+    prove_subscribed(c2, T.hello("c2"), late)
+    assert late.items == [] and later.rejected == {}

@@ -77,6 +77,16 @@ class RawClient:
     def send(self, topic: str, payload: bytes, retain: bool = False) -> None:
         self.c.publish(topic, payload, qos=1, retain=retain).wait_for_publish(5)
 
+    def listen(self, topic_filter: str, timeout: float = 10.0) -> list[str]:
+        """Subscribe and wait for the SUBACK (paho reports it); returns the topics received, growing."""
+        got: list[str] = []
+        acked = threading.Event()
+        self.c.on_message = lambda client, userdata, message: got.append(message.topic)
+        self.c.on_subscribe = lambda client, userdata, mid, reason_codes, properties: acked.set()
+        self.c.subscribe(topic_filter, qos=1)
+        assert acked.wait(timeout), f"no SUBACK for {topic_filter} within {timeout:g} s"
+        return got
+
     def close(self) -> None:
         self.c.loop_stop()
         self.c.disconnect()
@@ -164,8 +174,9 @@ def test_forged_server_messages_are_dropped_without_the_acl(digits):
             tr.verify_with(Verifier(key.public_key()))
             return tr
 
-        threads, edges = start_devices(digits, fed, make)
         intruder = RawClient(broker.url, "intruder")
+        hellos = intruder.listen(t.all_clients("hello"))
+        threads, edges = start_devices(digits, fed, make)
         forged_weights = tensors_body({"w": np.full(10, 1e30, np.float32)})
         onnx = b"not really onnx"
         import hashlib
@@ -190,7 +201,13 @@ def test_forged_server_messages_are_dropped_without_the_acl(digits):
                                                                            {"op": "stop"}))))
             intruder.send(t.broadcast(), encode_message(Message(Kind.CMD, fed, "server", 0, {"op": "stop"})))
 
-        time.sleep(1.0)  # the devices are connected and listening
+        # the devices are listening once each said hello: a device subscribes in the same SUBSCRIBE packet
+        # when it connects, before it sends its hello on that connection, and Mosquitto deals with one
+        # connection's packets in order, so it had applied the subscriptions when it passed the hello on
+        deadline = time.monotonic() + 60
+        while {tp.split("/")[-2] for tp in hellos} != {c.cid for c in digits} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert {tp.split("/")[-2] for tp in hellos} == {c.cid for c in digits}
         forge()
         server = MqttTransport(BrokerConfig.from_url(broker.url), "server", federation=fed)
         server.sign_with(Signer(key))
@@ -205,10 +222,14 @@ def test_forged_server_messages_are_dropped_without_the_acl(digits):
     assert [h["updates"] for h in result["history"]] == [len(digits)] * 3
     assert ari(result, digits) == 1.0
     assert result["final"]["accuracy"] > 0.6
+    # every device ended and closed its transport: the counts below are final. Each forgery had reached the
+    # device before the server's stop did: the intruder waited for every PUBACK (Mosquitto has queued the
+    # message for the subscribers by then) before the run went on to the stop, and a device's queue is FIFO
+    assert not any(th.is_alive() for th in threads)
     for e in edges:
         rejected = e.transport.stats()["rejected"]
-        # per forge(): its 3 own messages, the cluster models of the topics it follows and 2 stops; twice: before
-        # the assignment it follows all 5 cluster topics, after it only its own cluster's
+        # per forge(): its 3 own messages, the cluster models of the topics it follows and 2 stops; twice:
+        # before the assignment it follows all 5 cluster topics, after it only its own cluster's
         assert rejected.get("unsigned", 0) + rejected.get("signature", 0) == (3 + 5 + 2) + (3 + 1 + 2), (e.cid,
                                                                                                         rejected)
         assert rejected.get("signature", 0) == 2
