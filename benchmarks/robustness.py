@@ -246,10 +246,10 @@ def orchestrated(env, args, attack: str | None) -> dict[str, Any]:
     server.close()
     _, members = score.victims(strategy)
     return {"acc": score.value, "per_round": [round(a, 4) for a in score.accs], "victims": members,
-            "refused_wrong_model": int(result["rejected"].get("wrong-model", 0)),
-            "rejected": dict(result["rejected"]),
-            "clipped": sum(h.get("clipped", 0) for h in result["history"]),
-            "updates_per_round": [h["updates"] for h in result["history"]],
+            "refused_wrong_model": int(result.rejected.get("wrong-model", 0)),
+            "rejected": dict(result.rejected),
+            "clipped": sum(h.get("clipped", 0) for h in result.history),
+            "updates_per_round": [h["updates"] for h in result.history],
             "seconds": time.perf_counter() - t0}
 
 

@@ -73,6 +73,8 @@ class Task:
     models: Mapping[str, Weights]
     settings: TrainSettings = field(default_factory=TrainSettings)
     evaluate_first: bool = True
+    #: Over-selected: a margin over what the round needs, so that a slow device does not hold it open.
+    spare: bool = False
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["build_parser", "known_architectures", "known_encoders", "known_strategies", "load_config", "main",
            "parse_params"]
@@ -38,6 +38,9 @@ from edge_sdk.protocol import SERVER_ID
 from edge_sdk.transport import BrokerConfig
 
 from .cli_options import build_parser, known_architectures, known_encoders, known_strategies
+
+if TYPE_CHECKING:
+    from .drivers.result import RunResult
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +192,8 @@ def _run_fedcref(args: argparse.Namespace, config: Any, broker: str, params: dic
 
 
 SERVER_KEYS = ("federation", "rounds", "min_clients", "flip_prob", "num_classes", "encoder", "architecture",
-               "round_timeout_s", "sketch_timeout_s", "register_timeout_s", "register_quorum", "round_quorum",
-               "first_round_timeout_s", "progress_grace_s", "seed", "checkpoint_dir", "model_delivery",
+               "round_timeout_s", "sketch_timeout_s", "register_timeout_s", "register_quorum", "report_goal",
+               "over_select", "straggler_grace", "bench_after", "first_round_timeout_s", "progress_grace_s", "seed", "checkpoint_dir", "model_delivery",
                "eval_fraction")
 
 
@@ -334,16 +337,19 @@ def _shared_prefixes(name: str, architecture: str | None) -> Any:
     return BASE_LAYERS[architecture]
 
 
-def _print_summary(args: argparse.Namespace, result: dict[str, Any], strategy: Any, report_dir: str | None,
+def _print_summary(args: argparse.Namespace, run: RunResult, strategy: Any, report_dir: str | None,
                    truth: Any) -> None:
     """Print the run's one-line JSON summary; with ``--report-dir``, write the report first and name its page."""
     from .metrics import final_accuracy
     from .report import accuracy_per_round, clustering_against_truth
 
+    result = run.to_dict()
     # the same figures, under the same names, as results.json's (see its "definitions")
-    summary = {"strategy": result["strategy"], "final_accuracy": _round(final_accuracy(accuracy_per_round(result))),
-               "final_evaluation": _round(result["final"]["accuracy"]),
-               "clusters": len(set(result["assignment"].values())), "rounds": len(result["history"])}
+    summary = {"strategy": run.strategy, "final_accuracy": _round(final_accuracy(accuracy_per_round(result))),
+               "final_evaluation": _round(run.final["accuracy"]),
+               "clusters": len(set(run.assignment.values())), "rounds": len(run.history)}
+    if run.benched:
+        summary["benched"] = sorted(run.benched)
     if report_dir:
         from .report import build_results, write_report
 
@@ -353,7 +359,7 @@ def _print_summary(args: argparse.Namespace, result: dict[str, Any], strategy: A
         if truth is not None:
             summary["ari"] = _round(results["clustering"]["ari"])
     elif truth is not None:
-        summary["ari"] = _round(clustering_against_truth(result["assignment"], truth)["ari"])
+        summary["ari"] = _round(clustering_against_truth(run.assignment, truth)["ari"])
     print(json.dumps(summary))
 
 

@@ -208,8 +208,19 @@ def _add_deadline_options(p: argparse.ArgumentParser, dflt: Callable[..., str]) 
     p.add_argument("--progress-grace", type=float, dest="progress_grace_s", metavar="S",
                    help="past its deadline, a round waits on while a device said this recently that it still "
                         f"trains {dflt('progress_grace_s')}")
-    p.add_argument("--round-quorum", type=float, metavar="Q",
-                   help=f"fraction of a round's clients whose updates close it early {dflt('round_quorum')}")
+    p.add_argument("--report-goal", type=float, dest="report_goal", metavar="G",
+                   help="a round closes once each cluster sent this share of the updates it needs (then a short "
+                        "grace for the stragglers; their late updates are refused), in (0, 1] "
+                        f"{dflt('report_goal')}")
+    p.add_argument("--over-select", type=float, dest="over_select", metavar="F",
+                   help="task this share more devices per cluster than a round needs (0.3: 130 %%), so that a "
+                        f"slow or broken device holds no round open {dflt('over_select')}")
+    p.add_argument("--straggler-grace", type=float, dest="straggler_grace", metavar="F",
+                   help="once every cluster has its goal, wait this share of the time the goal took for the rest "
+                        f"{dflt('straggler_grace')}")
+    p.add_argument("--bench-after", type=int, dest="bench_after", metavar="N",
+                   help="a device whose update is refused in N rounds in a row is not tasked again in the run "
+                        f"(0: never) {dflt('bench_after')}")
     p.add_argument("--model-delivery", choices=["auto", "client", "cluster"], default=None,
                    help="models per client on its own topic (each device downloads only its models), once per "
                         "cluster topic (every device downloads all), or auto: broadcast only when every client "

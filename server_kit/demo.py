@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from edge_sdk.worker import TrainSettings
 
+    from .drivers.result import RunResult
     from .strategies.fedsketch import SketchClustered
 
 log = logging.getLogger("fedsketch.demo")
@@ -70,15 +71,15 @@ def run_demo(args: argparse.Namespace) -> dict:
     report.mkdir(parents=True, exist_ok=True)
 
     result, strategy = _run_over_mqtt(args, clients, settings, report)
-    assignment = result["assignment"]
+    assignment = result.assignment
     cids = sorted(truth)
     ari = float(adjusted_rand_score([truth[c] for c in cids], [assignment.get(c, -1) for c in cids]))
     # accuracy after round r = what round r+1's clients measured before training; the last from the final evaluation
-    clustered = accuracy_per_round(result)
+    clustered = accuracy_per_round(result.to_dict())
     fedavg = _run_baseline(args, clients, settings)
     seconds = time.perf_counter() - t0
 
-    sketch_bytes = result["transport"]["received"].get("SKETCH", {}).get("bytes", 0) // max(1, len(cids))
+    sketch_bytes = result.transport["received"].get("SKETCH", {}).get("bytes", 0) // max(1, len(cids))
     _print_results(args, result, truth, ari, clustered, fedavg)
     summary = {
         "ari": round(ari, 4),
@@ -157,13 +158,13 @@ def _run_baseline(args: argparse.Namespace, clients: list, settings: TrainSettin
     return fed.accuracies
 
 
-def _print_results(args: argparse.Namespace, result: dict, truth: dict, ari: float, clustered: list,
+def _print_results(args: argparse.Namespace, result: RunResult, truth: dict, ari: float, clustered: list,
                    fedavg: list) -> None:
     """Print the clusters found, the accuracy per round of both runs and the bytes at the server."""
-    assignment = result["assignment"]
+    assignment = result.assignment
     cids = sorted(truth)
-    per_cluster = result["final"].get("per_model", {})
-    delivered = result.get("delivered", {}).get("MODEL", 0)
+    per_cluster = result.final.get("per_model", {})
+    delivered = result.delivered.get("MODEL", 0)
     print(f"\nclusters found: {len(set(assignment.values()))} for {args.groups} rotation groups; ARI {ari:.3f}")
     for k in sorted(set(assignment.values())):
         members = [c for c in cids if assignment[c] == k]
@@ -173,7 +174,7 @@ def _print_results(args: argparse.Namespace, result: dict, truth: dict, ari: flo
     print("\nround  clustered  fedavg")
     for r, (a, b) in enumerate(zip(clustered, fedavg), start=1):
         print(f"{r:5d}  {a:9.4f}  {b:6.4f}")
-    stats = result["transport"]
+    stats = result.transport
     print("\nbytes at the server per message kind (sent / received):")
     for kind in sorted(set(stats["sent"]) | set(stats["received"])):
         s, r = stats["sent"].get(kind, {}), stats["received"].get(kind, {})
@@ -182,22 +183,22 @@ def _print_results(args: argparse.Namespace, result: dict, truth: dict, ari: flo
     print(f"  models the devices downloaded: {delivered:,} bytes (each only its own cluster's)")
 
 
-def _write_report(report: Path, args: argparse.Namespace, result: dict, strategy: SketchClustered, truth: dict,
-                  clustered: list, fedavg: list, summary: dict) -> None:
+def _write_report(report: Path, args: argparse.Namespace, result: RunResult, strategy: SketchClustered,
+                  truth: dict, clustered: list, fedavg: list, summary: dict) -> None:
     """The report folder: results.json, accuracy.png, threshold_search.png and bytes.png."""
     from .report import plot_accuracy, plot_bytes, plot_threshold_search, write_json
 
-    stats = result["transport"]
+    stats = result.transport
     plot_accuracy(report / "accuracy.png", {"clustered (ours, over MQTT)": clustered, "FedAvg": fedavg})
     plot_bytes(report / "bytes.png", stats)
     plot_threshold_search(strategy, report / "threshold_search.png")
     write_json(report / "results.json", {
         **summary, "clients": args.clients, "rounds": args.rounds, "groups": args.groups,
-        "flip_prob": args.flip_prob, "assignment": result["assignment"], "truth": truth,
+        "flip_prob": args.flip_prob, "assignment": result.assignment, "truth": truth,
         "clustered_accuracy": clustered, "fedavg_accuracy": fedavg,
-        "per_cluster": result["final"].get("per_model", {}),
-        "history": result["history"], "final": result["final"], "timings": result["timings"],
-        "transport": stats, "rejected": result["rejected"],
+        "per_cluster": result.final.get("per_model", {}),
+        "history": result.history, "final": result.final, "timings": result.timings,
+        "transport": stats, "rejected": result.rejected,
         "threshold": getattr(strategy.model_, "threshold_", None) if strategy.model_ is not None else None,
     })
     print(f"\nreport written to {report}/ (results.json, accuracy.png, threshold_search.png, bytes.png)")

@@ -79,6 +79,16 @@ class TransportBase:
         """
         self._connect_listeners = (*self._connect_listeners, listener)
 
+    def on_rejected(self, listener: Callable[[str, str, str], None]) -> None:
+        """Call ``listener(topic, reason, detail)`` for every incoming message this transport refuses.
+
+        The refusal is already counted (``stats()["rejected"]``) and logged;
+        the listener learns whose topic it came on. A server's round uses it
+        to stop waiting for a device whose update could not be decoded. It
+        runs in the receiving thread: it must not block (enqueue, and return).
+        """
+        self._inbox.reject_listeners = (*self._inbox.reject_listeners, listener)
+
     def on_delivered(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after the handlers of each incoming message ran, in the thread that ran them.
 

@@ -109,6 +109,8 @@ class Inbox:
         self._log = RejectionLog(log)
         #: Checks that every incoming envelope is signed by the server (a device's inbox), or None.
         self.verifier: Any = None
+        #: Called as ``listener(topic, reason, detail)`` after each refusal (:meth:`TransportBase.on_rejected`).
+        self.reject_listeners: tuple[Callable[[str, str, str], None], ...] = ()
 
     def expire(self) -> int:
         """Drop stalled or overdue partial transfers now; returns how many (thread-safe)."""
@@ -140,6 +142,12 @@ class Inbox:
     def _reject(self, topic: str, err: ProtocolError) -> None:
         self.meter.bump(self.meter.rejected, err.reason)
         self._log(err.reason, topic, str(err))
+        for listener in self.reject_listeners:
+            try:
+                listener(topic, err.reason, str(err))
+            except Exception:  # a listener's bug must not break the receiving thread
+                self.meter.bump(self.meter.errors, "listener")
+                log.exception("rejection listener %r failed", listener)
 
     def process(self, topic: str, payload: bytes, retained: bool = False) -> list[Delivery]:
         """Validate one incoming payload; return the handler calls it earns (none when rejected).

@@ -52,16 +52,8 @@ class Assignments:
         self.intake = intake
         self.delivery = delivery
         self.models = models
-        #: ``set(strategy.clusters())``, rebuilt after each strategy hook that may change it (None: stale).
-        self.clustered: set[str] | None = None
         #: The model key each device was last told in an assign (what a broadcast evaluate makes it evaluate).
         self.told: dict[str, str] = {}
-
-    def in_clusters(self, cid: str) -> bool:
-        """``cid in strategy.clusters()``, from a set rebuilt only after the strategy's hooks."""
-        if self.clustered is None:
-            self.clustered = set(self.strategy.clusters())
-        return cid in self.clustered
 
     def narrows(self) -> bool:
         """Whether assigned devices follow only their own cluster's topic (auto delivery, a clustering)."""
@@ -70,8 +62,6 @@ class Assignments:
 
     def assign(self, cid: str, key: str) -> None:
         """Tell a device its model; with :meth:`narrows`, also that it follows only that model's topic."""
-        if self.clustered is not None:
-            self.clustered.add(cid)  # assign_late or the clustering made it a member
         meta: dict[str, Any] = {"model_key": key}
         if self.narrows():
             follow = self.delivery.narrow(cid, key, cid in self.fleet.online_ids)
@@ -82,10 +72,8 @@ class Assignments:
 
     def announce(self) -> None:
         """After the clustering: every online device told its model (an unclustered one placed as a late one)."""
-        assigned = self.strategy.clusters()
-        self.clustered = set(assigned)
         for cid in self.fleet.online():
-            if cid in assigned:
+            if self.strategy.is_clustered(cid):
                 self.assign(cid, self.strategy.model_key_for(cid))
             else:
                 self.admit_late(cid, self.fleet.clients[cid].info)
@@ -111,7 +99,7 @@ class Assignments:
 
     def ask_sketch(self, cid: str) -> None:
         """Ask one device for its sketch."""
-        if self.models.encoder_msg is not None and self.intake.phase == "train":
+        if self.models.encoder_msg is not None and self.intake.phase.trains:
             # a late client has not got the federated encoder yet
             self.delivery.send_encoder([cid], self.models.encoder_msg)
         self.link.command(cid, Op.SKETCH, **self.sketch_request())

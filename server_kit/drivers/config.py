@@ -25,7 +25,14 @@ class ServerConfig:
     register_quorum: float = 0.5
     sketch_quorum: float = 1.0
     sketch_timeout_s: float = 60.0
-    round_quorum: float = 1.0
+    #: A round closes once each group of its devices sent this share of the updates it needs (then a grace).
+    report_goal: float = 1.0
+    #: Each round tasks this share more devices per group than it needs (spares), so a slow one holds nothing.
+    over_select: float = 0.0
+    #: Once every group has its goal, the stragglers' grace, as a share of the time the goal took.
+    straggler_grace: float = 0.2
+    #: A device whose update is refused in this many rounds in a row is not tasked again in the run (0: never).
+    bench_after: int = 3
     round_timeout_s: float = 120.0
     #: Deadline of the first round, which includes every device's start-up (default: 3 x round_timeout_s).
     first_round_timeout_s: float | None = None
@@ -53,7 +60,7 @@ class ServerConfig:
             raise ValueError(f"rounds must be a positive integer, got {self.rounds}")
         if self.min_clients < 1:
             raise ValueError(f"min_clients must be a positive integer, got {self.min_clients}")
-        for name in ("sketch_quorum", "round_quorum", "register_quorum", "eval_fraction"):
+        for name in ("sketch_quorum", "report_goal", "register_quorum", "eval_fraction"):
             v = getattr(self, name)
             if not 0.0 < v <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {v}")
@@ -64,6 +71,12 @@ class ServerConfig:
         for name in ("first_round_timeout_s", "max_round_s"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive or None, got {getattr(self, name)}")
+        if not 0.0 <= self.over_select <= 10.0:
+            raise ValueError(f"over_select must be in [0, 10], got {self.over_select}")
+        if not 0.0 <= self.straggler_grace <= 10.0:
+            raise ValueError(f"straggler_grace must be in [0, 10], got {self.straggler_grace}")
+        if isinstance(self.bench_after, bool) or not isinstance(self.bench_after, int) or self.bench_after < 0:
+            raise ValueError(f"bench_after must be an integer >= 0, got {self.bench_after!r}")
         if not 0.0 <= self.flip_prob <= 0.5:
             raise ValueError(f"flip_prob must be in [0, 0.5], got {self.flip_prob}")
         check_choice(self.model_delivery, "model_delivery", MODEL_DELIVERY)

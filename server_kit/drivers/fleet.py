@@ -77,14 +77,20 @@ class Fleet:
         self.not_training: dict[str, str] = {}
         #: The round in which each device that went offline was last seen online.
         self.went_offline: dict[str, int] = {}
+        #: Devices not tasked again in this run (their updates were refused round after round), with the reason.
+        self.benched: dict[str, str] = {}
 
     def online(self) -> list[str]:
         """Online admitted clients."""
         return sorted(c for c, s in self.clients.items() if s.online)
 
     def trainable(self) -> list[str]:
-        """Online admitted clients that can train (a scan: once per phase, never per message)."""
-        return sorted(c for c, s in self.clients.items() if s.online and s.trains)
+        """Online admitted clients that can train and are not benched (a scan: once per phase, never per message)."""
+        return sorted(c for c, s in self.clients.items() if s.online and s.trains and c not in self.benched)
+
+    def bench(self, cid: str, reason: str) -> None:
+        """Task ``cid`` no more in this run (it still sketches and evaluates)."""
+        self.benched[cid] = reason
 
     def set_online(self, cid: str, online: bool) -> None:
         """Keep the online set in step, then tell the listener (O(1))."""

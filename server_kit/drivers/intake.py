@@ -6,9 +6,15 @@ names, shapes and dtypes, NaN; a bad one is refused (counted, logged, never
 fatal) and an accepted one is recorded for the phase to read.
 
 Per message, the server's work does not grow with the fleet: every phase
-waits on a set of the clients it still expects (:class:`Awaited`), updated
-in O(1) by the message handlers and by status changes, instead of scanning
-the clients before each message.
+waits on a set of the clients it still expects (:class:`~.round_wait.Awaited`;
+a training round's :class:`~.round_wait.RoundWait`), updated in O(1) by the
+message handlers and by status changes, instead of scanning the clients
+before each message.
+
+A tasked device's update that is refused, whatever refused it (the
+transport's decoding, the schema, the tensors, the model key, the round), is
+known to its round (:meth:`Intake.refuse_update`): the round records the
+reason and stops waiting for the device.
 """
 
 from __future__ import annotations
@@ -32,43 +38,11 @@ from ..pretrain.rounds import AEPretraining
 from ..strategies.base import Strategy
 from .link import ServerLink
 from .models import RunModels
+from .pace import Pace
+from .phase import Phase, RunPhase
+from .round_wait import Awaited, RoundWait
 
 __all__ = ["Awaited", "Intake"]
-
-
-class Awaited:
-    """The clients a phase waits for: expected, not answered, not given up on, online.
-
-    Handlers and status changes update it in O(1), so that the pump's
-    stopping rule never scans the clients. ``kind`` names the phase, so that
-    a stray message of another phase answers nothing.
-    """
-
-    def __init__(self, kind: str, expected: Any = (), online: Any = ()) -> None:
-        self.kind = kind
-        self.expected = frozenset(expected)
-        self.answered: set[str] = set()
-        self.given_up: set[str] = set()
-        #: Expected, online, neither answered nor given up on.
-        self.left = {c for c in self.expected if c in online}
-
-    def answer(self, kind: str, cid: str) -> None:
-        if kind == self.kind and cid in self.expected:
-            self.answered.add(cid)
-            self.left.discard(cid)
-
-    def give_up(self, kind: str, cid: str) -> None:
-        if kind == self.kind and cid in self.expected:
-            self.given_up.add(cid)
-            self.left.discard(cid)
-
-    def set_online(self, cid: str, online: bool) -> None:
-        if cid not in self.expected:
-            return
-        if not online:
-            self.left.discard(cid)
-        elif cid not in self.answered and cid not in self.given_up:
-            self.left.add(cid)
 
 
 class Intake:
@@ -84,29 +58,30 @@ class Intake:
         The run's models (the spec of an update, the latent size of a sketch).
     num_classes : int
         The classes of the federation.
+    pace : Pace, optional
+        The run's memory of its devices' training times (fed with each valid update).
     """
 
-    def __init__(self, link: ServerLink, strategy: Strategy, models: RunModels, num_classes: int) -> None:
+    def __init__(self, link: ServerLink, strategy: Strategy, models: RunModels, num_classes: int,
+                 pace: Pace | None = None) -> None:
         self.link = link
         self.strategy = strategy
         self.models = models
         self.num_classes = num_classes
-        #: "register", "pretrain" or "train".
-        self.phase = "register"
-        #: The round the server is in (the final evaluation is ``rounds + 1``).
-        self.round = 0
+        self.pace = pace or Pace()
+        #: The run's phase and round (:meth:`RunPhase.enter` is the one way to change them).
+        self.run = RunPhase()
         #: The clients the current phase waits for.
-        self.awaited = Awaited("none")
+        self.awaited: Awaited = Awaited("none")
+        #: The current training round's wait (its groups, goals, refusals), or None outside a round.
+        self.wait: RoundWait | None = None
         self.tasked: set[str] = set()
         #: The model keys each tasked client was sent this round: its update must name one of them.
         self.allowed: dict[str, frozenset[str]] = {}
-        #: Tasked clients that answered this round for a model they were not sent: not waited for any longer.
-        self.refused: set[str] = set()
         #: The rounds each client was tasked in (a late update is told apart from a stray one).
         self.tasked_rounds: dict[str, set[int]] = {}
         self.updates: dict[str, Update] = {}
         self.slowest_update_s = 0.0
-        self.round_started = time.monotonic()
         #: The autoencoder pre-training of the run, while it goes on (:mod:`server_kit.pretrain.rounds`).
         self.ae: AEPretraining | None = None
         self.metrics: dict[str, dict[str, Any]] = {}
@@ -116,23 +91,49 @@ class Intake:
         self.sketches: dict[str, Sketch] = {}
         self.feature_shape: tuple[int, int] | None = None
 
+    @property
+    def phase(self) -> Phase:
+        """The run's phase."""
+        return self.run.phase
+
+    @property
+    def round(self) -> int:
+        """The round the server is in (the final evaluation's is the last round plus one)."""
+        return self.run.round
+
     # -- what the phase expects -----------------------------------------------
     def expect(self, kind: str, cids: Iterable[str], online: Iterable[str]) -> Awaited:
         """Wait for a ``kind`` message from each of ``cids`` (those online)."""
         self.awaited = Awaited(kind, cids, online)
         return self.awaited
 
-    def open_round(self, rnd: int, tasks: list[Task], started: float, online: Iterable[str]) -> Awaited:
-        """Round ``rnd`` (begun at ``started``): expect an update from each task's client, for a model it was sent."""
-        self.round = rnd
+    def open_round(self, rnd: int, tasks: list[Task], online: Iterable[str], *, report_goal: float = 1.0,
+                   clock: Any = time.monotonic) -> RoundWait:
+        """Round ``rnd`` begins now: expect an update from each task's client, for a model it was sent."""
+        self.run.begin_round(rnd)
         self.updates = {}
-        self.refused = set()
-        self.round_started = started
         self.tasked = {t.cid for t in tasks}
         self.allowed = {t.cid: frozenset(t.models) for t in tasks}
         for t in tasks:
             self.tasked_rounds.setdefault(t.cid, set()).add(rnd)
-        return self.expect("update", self.tasked, online)
+        self.wait = RoundWait(rnd, tasks, online, report_goal=report_goal, clock=clock)
+        self.awaited = self.wait
+        return self.wait
+
+    def close_round(self) -> None:
+        """The round closed: what arrives for it from now on is late."""
+        self.wait = None
+        self.awaited = Awaited("none")
+
+    def refuse_update(self, cid: str, reason: str) -> None:
+        """An update from ``cid`` was refused (by anything): its round, if it tasked ``cid``, stops waiting for it.
+
+        In pre-training, the autoencoder round gives up on the device likewise.
+        """
+        if self.wait is not None:
+            self.wait.refuse(cid, reason)
+        elif self.phase is Phase.PRETRAIN:
+            self.awaited.give_up("ae", cid)
 
     def set_online(self, cid: str, online: bool) -> None:
         """A client went online or offline: the phase waits for online clients only."""
@@ -166,38 +167,37 @@ class Intake:
         """A round's update: refused if late, stray or for a model the client was not sent; else recorded."""
         m = msg.meta
         rnd = m["round"]
-        if rnd < self.round and rnd in self.tasked_rounds.get(cid, ()):
+        closed = rnd < self.round or (rnd == self.round and self.wait is None)
+        if closed and rnd in self.tasked_rounds.get(cid, ()):
             # the documented rule: an update for a closed round is refused (its model has moved on), logged
             self.link.reject("late-update", f"update for round {rnd} arrived after the round closed (now round "
                                              f"{self.round}); refused, the device trains again from the new model",
                              cid)
             return
-        if rnd != self.round or cid not in self.tasked:
-            self.link.reject("stale-update", f"update for round {rnd} (current {self.round}, "
-                                              f"tasked: {cid in self.tasked})", cid)
-            return
+        wait = self.wait
+        if wait is None or rnd != self.round or cid not in self.tasked:
+            # a tasked device that names another round than the open one is refused for this round too
+            raise ProtocolError("stale-update", f"update for round {rnd} (current {self.round}, "
+                                                f"tasked: {cid in self.tasked})")
         key = m["model_key"]
         if key not in self.allowed.get(cid, ()):
-            self.refused.add(cid)
-            self.awaited.give_up("update", cid)
-            self.link.reject("wrong-model", f"update for model {key!r} in round {rnd}; this client was sent "
-                                             f"{sorted(self.allowed.get(cid, ()))}", cid)
-            return
+            raise ProtocolError("wrong-model", f"update for model {key!r} in round {rnd}; this client was sent "
+                                               f"{sorted(self.allowed.get(cid, ()))}")
         n = m["n_samples"]  # Strategy.aggregate weighs it by the count the device registered, never more
-        # (bad tensors do not end the wait: they may be a forgery on a broker without the ACL, or damage)
+        # bad tensors raise: the link counts the refusal and tells the round (refuse_update)
         weights = parse_tensors(msg.body, spec=self.models.spec)
         self.updates[cid] = Update(cid, rnd, key, weights, n, m.get("loss", float("nan")), m["metrics"])
-        self.awaited.answer("update", cid)
-        self.slowest_update_s = max(self.slowest_update_s, time.monotonic() - self.round_started)
+        wait.answer("update", cid)
+        self.pace.note_update(wait, cid)
+        self.slowest_update_s = max(self.slowest_update_s, wait.reported_at.get(cid, 0.0))
 
     def on_ae_update(self, cid: str, msg: Message, registered: int) -> None:
         """An autoencoder update (its sample count capped at the ``registered`` one), checked and recorded."""
         m = msg.meta
         rnd = m["round"]
         if self.ae is None or rnd != self.round or cid not in self.tasked or m["model_key"] != "ae":
-            self.link.reject("stale-update", f"AE update for round {rnd}, model {m['model_key']!r} "
-                                              f"(current {self.round}, tasked: {cid in self.tasked})", cid)
-            return
+            raise ProtocolError("stale-update", f"AE update for round {rnd}, model {m['model_key']!r} "
+                                                f"(current {self.round}, tasked: {cid in self.tasked})")
         n = min(m["n_samples"], registered)
         self.ae.receive(cid, parse_tensors(msg.body, spec=self.ae.spec), n, m.get("loss", float("nan")))
         self.awaited.answer("ae", cid)

@@ -13,6 +13,11 @@ or its in-memory twin in unit tests) for a server driver:
   where whatever the handler raises is a counted rejection, never the end of
   the server.
 
+A refused update is known to whoever waits for it: whether the transport
+refused it before decoding (its sender is the one its topic names, which
+the shipped ACL lets only that device write) or the handler refused it, the
+link calls ``on_refused(sender, reason)`` on the driver's thread.
+
 The driver brings its handler, the way it counts and logs rejections
 (``rejections(reason, sender, detail)``, e.g. an :class:`edge_sdk.rejections.RejectionLog`),
 the round it is in, and, if it words them otherwise than :func:`explain_rejection`,
@@ -25,17 +30,27 @@ import logging
 import queue
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Union
 
 from edge_sdk.protocol import SERVER_ID, Kind, Message, ProtocolError, Topics
 from edge_sdk.protocol.commands import Op, build
 
-__all__ = ["INBOX_SIZE", "ServerLink", "explain_rejection"]
+__all__ = ["INBOX_SIZE", "Refused", "ServerLink", "explain_rejection"]
 
 #: Messages the inbox holds; past it a message is dropped (an ``inbox-full`` rejection).
 INBOX_SIZE = 100_000
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A device's update the transport refused before it could be decoded (already counted and logged)."""
+
+    #: The device whose topic it came on.
+    sender: str
+    reason: str
 
 
 def explain_rejection(msg: Message, error: Exception) -> tuple[str, str]:
@@ -73,13 +88,15 @@ class ServerLink:
         ``explain(msg, error) -> (reason, detail)``: what the handler's exception makes of the rejection.
     inbox_size : int
         Messages the inbox holds.
+    on_refused : callable, optional
+        ``on_refused(sender, reason)``: a device's update was refused (by the transport or the handler).
     """
 
     def __init__(self, transport: Any, topics: Topics, federation: str, *,
                  handler: Callable[[str, Message], None], rejections: Callable[[str, str, str], None],
                  round_of: Callable[[], int] = lambda: 0,
                  explain: Callable[[Message, Exception], tuple[str, str]] = explain_rejection,
-                 inbox_size: int = INBOX_SIZE) -> None:
+                 inbox_size: int = INBOX_SIZE, on_refused: Callable[[str, str], None] | None = None) -> None:
         self.transport = transport
         self.topics = topics
         self.federation = federation
@@ -87,8 +104,10 @@ class ServerLink:
         self.round_of = round_of
         self.explain = explain
         self.rejections = rejections
-        #: What arrived and is not handled yet: (topic, message).
-        self.inbox: queue.Queue[tuple[str, Message]] = queue.Queue(maxsize=inbox_size)
+        self.on_refused = on_refused
+        #: What arrived and is not handled yet: (topic, message), or (topic, a refusal by the transport).
+        self.inbox: queue.Queue[tuple[str, Union[Message, Refused]]] = queue.Queue(maxsize=inbox_size)
+        self._listening = False
 
     # -- sending ------------------------------------------------------------
     def send(self, topic: str, kind: Kind, *, meta: Mapping[str, Any] | None = None, body: bytes = b"",
@@ -114,8 +133,21 @@ class ServerLink:
     # -- receiving ----------------------------------------------------------
     def subscribe(self, leaves: Iterable[str]) -> None:
         """Put every message on the device topics ``clients/+/<leaf>`` in the inbox."""
+        if self.on_refused is not None and not self._listening and hasattr(self.transport, "on_rejected"):
+            self.transport.on_rejected(self._transport_refused)
+            self._listening = True
         for leaf in leaves:
             self.transport.subscribe(self.topics.all_clients(leaf), self.enqueue)
+
+    def _transport_refused(self, topic: str, reason: str, detail: str) -> None:
+        """The transport's listener (its thread): a refused update, queued for the driver's thread."""
+        parsed = self.topics.parse(topic)
+        if parsed is None or parsed[0] != "clients" or parsed[2] != "update" or reason == "sender":
+            return  # "sender": the envelope names another device than the topic: not the topic's device's doing
+        try:
+            self.inbox.put_nowait((topic, Refused(parsed[1], reason)))
+        except queue.Full:
+            pass  # already counted by the transport; the round's deadline still holds
 
     def enqueue(self, topic: str, msg: Message) -> None:
         """The transport's callback: queue the message (dropped, and counted, when the inbox is full)."""
@@ -141,7 +173,7 @@ class ServerLink:
                 topic, msg = self.inbox.get(timeout=min(left, 0.2))
             except queue.Empty:
                 continue
-            self.handle_safely(topic, msg)
+            self._dispatch(topic, msg)
 
     def drain(self) -> int:
         """Handle the messages already in the inbox, without waiting for more; returns how many."""
@@ -151,8 +183,22 @@ class ServerLink:
                 topic, msg = self.inbox.get_nowait()
             except queue.Empty:
                 return n
-            self.handle_safely(topic, msg)
+            self._dispatch(topic, msg)
             n += 1
+
+    def _dispatch(self, topic: str, item: Message | Refused) -> None:
+        if isinstance(item, Refused):
+            self._refused(item.sender, item.reason)
+        else:
+            self.handle_safely(topic, item)
+
+    def _refused(self, sender: str, reason: str) -> None:
+        if self.on_refused is None:
+            return
+        try:
+            self.on_refused(sender, reason)
+        except Exception:  # a driver bug must not end the server
+            log.exception("on_refused failed for %s (%s)", sender, reason)
 
     def handle_safely(self, topic: str, msg: Message) -> None:
         """Handle one message; whatever it raises is a counted rejection, never the end of the server."""
@@ -163,3 +209,5 @@ class ServerLink:
             if reason == "handler-error":
                 log.debug("handler error on %s from %s", msg.kind.name, msg.sender, exc_info=True)
             self.reject(reason, detail, msg.sender)
+            if msg.kind == Kind.UPDATE:
+                self._refused(msg.sender, reason)

@@ -13,10 +13,14 @@ or its in-memory twin in unit tests):
 3. if the strategy clusters from sketches: ask every client for its sketch,
    collect until quorum or deadline, cluster once, tell each client its model;
 4. rounds: (a strategy that follows drift: fresh sketches first, see
-   :mod:`~server_kit.drivers.resketch`) deliver each client the models it
-   needs (see :mod:`~server_kit.drivers.delivery`), command the round's clients to
-   train, collect updates until quorum or deadline (a client that vanished,
-   announced by its last will, is not waited for), aggregate, checkpoint;
+   :mod:`~server_kit.drivers.resketch`) the strategy's tasks plus spares
+   (``over_select``), each client delivered the models it needs (see
+   :mod:`~server_kit.drivers.delivery`) and commanded to train; updates
+   collected until every group of the round has its report goal (then a
+   grace for the stragglers), nobody is left to wait for (a device that
+   vanished, or whose update was refused, is not waited for), or the
+   deadline (see :mod:`~server_kit.drivers.closing`); aggregate, checkpoint;
+   a device refused round after round is benched (:mod:`~.pace`);
 5. a final evaluation: one broadcast ``evaluate`` command (each device
    evaluates the model it was assigned), of all the assigned online devices
    or of a seeded sample of them (``eval_fraction``, at least one per
@@ -31,7 +35,8 @@ architecture, template), an :class:`~.intake.Intake` (the phase, and the
 checks and records of what the devices send), a :class:`~.delivery.Delivery`
 (the model topics each device follows, each model sent once or per device)
 and :class:`~.assignment.Assignments` (which model each device is told);
-phase 2 is :func:`~.ae_phase.pretrain_ae`.
+phase 2 is :func:`~.ae_phase.pretrain_ae`. The phase itself is a
+:class:`~.phase.Phase`, moved only by :class:`~.phase.RunPhase`.
 
 Every message from a client is validated on arrival (envelope, sender vs
 topic, registration, round, tensor names/shapes/dtypes, NaN); a bad one is
@@ -60,14 +65,19 @@ from ..strategies.base import Strategy
 from .ae_phase import pretrain_ae
 from .assignment import Assignments
 from .checkpoint import read_checkpoint, read_encoder, write_checkpoint
+from .closing import ClosePolicy, wait_round
 from .config import ServerConfig
 from .delivery import Delivery
 from .fleet import ClientState, Fleet, some_ids
 from .intake import Intake
 from .link import ServerLink
 from .models import RunModels
+from .pace import Pace
+from .phase import Phase
 from .records import eval_result, eval_sample, round_record
 from .resketch import Resketch, drift_totals
+from .result import RunResult
+from .round_wait import RoundClose, RoundWait
 
 __all__ = ["Orchestrator", "ServerConfig"]
 
@@ -95,11 +105,14 @@ class Orchestrator:
         #: Refused messages per reason (logged once per sender and reason per interval).
         self.rejected: dict[str, int] = self._rejections.counts
         self.link = ServerLink(transport, self.topics, config.federation, handler=self._handle,
-                               rejections=self._rejections, round_of=lambda: self.intake.round)
+                               rejections=self._rejections, round_of=lambda: self.intake.round,
+                               on_refused=lambda cid, reason: self.intake.refuse_update(cid, reason))
+        #: The run's memory of its devices' pace: training times, broken promises, refusals in a row.
+        self.pace = Pace(config.bench_after)
         self.run_models = RunModels(strategy, config.encoder, config.architecture, seed=config.seed,
                                     latent_dim=config.latent_dim, template=template)
         self.fleet = Fleet(self.link, config.num_classes, on_online=self._set_online)
-        self.intake = Intake(self.link, strategy, self.run_models, config.num_classes)
+        self.intake = Intake(self.link, strategy, self.run_models, config.num_classes, self.pace)
         self.delivery = Delivery(self.link, config.model_delivery, self.fleet.online)
         #: Bytes of models (and encoders) the clients downloaded, per kind (see :mod:`~server_kit.drivers.delivery`).
         self.delivered: dict[str, int] = self.delivery.delivered
@@ -168,7 +181,7 @@ class Orchestrator:
             enc, arch, how = choose_models(fleet.pending, self.encoder_name, self.architecture)
             self.run_models.use(enc, arch, how)
         for cid in sorted(fleet.pending):
-            fleet.admit(cid, fleet.pending.pop(cid), self.run_models, registering=self.intake.phase == "register")
+            fleet.admit(cid, fleet.pending.pop(cid), self.run_models, registering=self.intake.phase.registering)
 
     # -- message handling -----------------------------------------------
     def _handle(self, topic: str, msg: Message) -> None:
@@ -194,12 +207,12 @@ class Orchestrator:
             if not self.resketch.admits(cid, msg):
                 return  # sent unasked, and this run does not follow drift: refused, counted
             sk = intake.on_summary(cid, msg)
-            if intake.phase == "train" and not self.assignments.in_clusters(cid):
+            if intake.phase.trains and not self.strategy.is_clustered(cid):
                 key = self.strategy.assign_late(cid, sk, state.info)
                 self.assignments.assign(cid, key)
-            elif intake.phase == "train":
+            elif intake.phase.trains:
                 self.resketch.collect(cid, sk, msg)  # for the next round (a run that follows drift)
-        elif msg.kind == Kind.UPDATE and intake.phase == "pretrain":
+        elif msg.kind == Kind.UPDATE and intake.phase is Phase.PRETRAIN:
             intake.on_ae_update(cid, msg, state.info.n_samples)
         elif msg.kind == Kind.UPDATE:
             intake.on_update(cid, msg)
@@ -221,12 +234,12 @@ class Orchestrator:
         self.delivery.forget(cid)
         self.assignments.told.pop(cid, None)
         phase = self.intake.phase
-        if not self.fleet.admit(cid, m, self.run_models, registering=phase == "register"):
+        if not self.fleet.admit(cid, m, self.run_models, registering=phase.registering):
             return
         info = self.clients[cid].info
-        if phase == "train" and not self.assignments.in_clusters(cid):
+        if phase.trains and not self.strategy.is_clustered(cid):
             self.assignments.admit_late(cid, info)
-        elif phase == "train":
+        elif phase.trains:
             self.assignments.assign(cid, self.strategy.model_key_for(cid))
 
     # -- phases -------------------------------------------------------------
@@ -265,6 +278,7 @@ class Orchestrator:
 
     def _cluster(self) -> None:
         t0 = time.monotonic()
+        self.intake.run.enter(Phase.CLUSTER, rnd=0)
         cids = self.online()
         awaited = self.intake.expect("sketch", cids, self.fleet.online_ids)
         for cid in cids:
@@ -282,15 +296,14 @@ class Orchestrator:
         self.timings["sketch_collect_s"] = time.monotonic() - t0
         t1 = time.monotonic()
         self.strategy.on_sketches(got)
-        self.assignments.clustered = None
         self.timings["clustering_s"] = time.monotonic() - t1
 
     def _run_round(self, rnd: int) -> dict[str, Any]:
         t0 = time.monotonic()
         drift = self.resketch.before_round(rnd)  # fresh sketches, moves (a run that follows drift)
-        tasks = self.strategy.configure_round(rnd, self.trainable())
+        tasks = self.strategy.plan_round(rnd, self.trainable(), self.config.over_select)
         intake = self.intake
-        awaited = intake.open_round(rnd, tasks, t0, self.fleet.online_ids)
+        wait = intake.open_round(rnd, tasks, self.fleet.online_ids, report_goal=self.config.report_goal)
         # what each client is offered (IFCA: all K), as the devices download it
         delivered, deliveries = self.delivery.deliver_models({t.cid: list(t.models) for t in tasks},
                                                              self.strategy.models)
@@ -300,25 +313,21 @@ class Orchestrator:
         for t in tasks:
             self.link.command(t.cid, Op.TRAIN, round=rnd, models=sorted(t.models), evaluate_first=t.evaluate_first,
                               **arch, **t.settings.to_dict())
-        need = max(1, int(np.ceil(self.config.round_quorum * len(tasks))))
-
-        def waiting() -> list[str]:
-            return sorted(awaited.left)
-
-        def done() -> bool:
-            # quorum reached, or nobody left worth waiting for (the rest went offline): O(1)
-            return len(intake.updates) >= need or not awaited.left
-
-        self._wait_round(rnd, done, waiting)
+        close = self._wait_round(rnd, wait)
+        intake.close_round()
         updates = [intake.updates[c] for c in sorted(intake.updates)]
         missing = sorted(intake.tasked - set(intake.updates))
         if missing:
-            log.warning("round %d closed without %d client(s): %s", rnd, len(missing), some_ids(missing))
+            log.warning("round %d closed (%s at %.1f s) without %d client(s): %s", rnd, close.reason.value,
+                        close.close_s, len(missing), some_ids(missing))
         summary = self.strategy.aggregate(rnd, updates) if updates else {"updates": 0}
+        wait.screen(summary.get("refused_by") or {})
         if drift is not None:
             summary["drift"] = drift
-        self.assignments.clustered = None  # the strategy may have clustered (update-based methods)
+        for cid in self.pace.after_round(wait, close.extended_by):
+            self.fleet.bench(cid, self.pace.benched[cid])
         rec = round_record(rnd, len(tasks), updates, missing, summary, delivered, deliveries, t0)
+        rec.update(wait.record(close, lambda c: c in self.fleet.online_ids))
         self.history.append(rec)
         self._checkpoint(rnd)
         if self.on_round:
@@ -340,35 +349,22 @@ class Orchestrator:
             return c.first_round_timeout_s or 3 * c.round_timeout_s
         return max(c.round_timeout_s, 2 * slowest)
 
-    def _wait_round(self, rnd: int, done: Callable[[], bool], waiting: Callable[[], list[str]]) -> None:
-        """Pump until ``done()`` or the deadline; past it, wait on while devices report they still train.
-
-        A tasked device sends "training round r" every 10 s while it trains;
-        the round stays open while one of those not yet answered reported
-        within ``progress_grace_s``, up to ``max_round_s`` in all. So a round
-        never closes empty while its devices are working.
-        """
+    def _wait_round(self, rnd: int, wait: RoundWait) -> RoundClose:
+        """Pump until the round may close (:func:`~.closing.wait_round`: goal and grace, deadline, plausible claims)."""
         c = self.config
-        start = time.monotonic()
-        cap = c.max_round_s or 10 * c.round_timeout_s
-        if self.link.pump(done, self.round_deadline(rnd)):
-            return
-        while time.monotonic() - start < cap:
-            now = time.monotonic()
-            working = [cid for cid in waiting() if (w := self.clients[cid].working) is not None
-                       and w[0] == rnd and now - w[1] <= c.progress_grace_s]
-            if not working:
-                return
-            log.info("round %d: past its deadline, %d device(s) still training (%s): waiting on",
-                     rnd, len(working), ", ".join(working[:5]) + (" ..." if len(working) > 5 else ""))
-            if self.link.pump(done, min(c.progress_grace_s, cap - (now - start))):
-                return
+        policy = ClosePolicy(deadline_s=self.round_deadline(rnd), max_round_s=c.max_round_s or 10 * c.round_timeout_s,
+                             progress_grace_s=c.progress_grace_s, straggler_grace=c.straggler_grace)
+
+        def claims() -> dict[str, tuple[int, float]]:
+            return {cid: w for cid in wait.left if (w := self.clients[cid].working) is not None}
+
+        return wait_round(self.link.pump, wait, policy, self.pace, claims)
 
     def _final_eval(self) -> dict[str, Any]:
         intake = self.intake
-        intake.round = self.config.rounds + 1
+        intake.run.enter(Phase.EVALUATE, rnd=self.config.rounds + 1)
         intake.metrics = {}
-        keys = {c: self.strategy.model_key_for(c) for c in self.online() if self.assignments.in_clusters(c)}
+        keys = {c: self.strategy.model_key_for(c) for c in self.online() if self.strategy.is_clustered(c)}
         sampled, extra = eval_sample(keys, self.config.eval_fraction, self.config.seed)
         asked = sorted(sampled + extra)
         for cid in asked:  # a device evaluates the model it was told: tell it again where that changed
@@ -402,7 +398,8 @@ class Orchestrator:
                          timings=self.timings, clients={c: s.info for c, s in self.clients.items()},
                          sketches=self.sketches, config=self.config, encoder=self.encoder_name,
                          architecture=self.architecture, latent_dim=self.run_models.latent,
-                         pretrain_history=self.pretrain_history, fresh=self.resketch.pending())
+                         pretrain_history=self.pretrain_history, fresh=self.resketch.pending(),
+                         pace=self.pace.state())
 
     def _restore(self) -> int:
         ck = read_checkpoint(self.config.checkpoint_dir or "")
@@ -413,7 +410,9 @@ class Orchestrator:
         self.strategy.setup(list(ck.clients.values()), models.template)
         self.strategy.load_state(ck.strategy, ck.tensors)
         self.fleet.restore(ck.clients)
-        self.assignments.clustered = None
+        self.pace.load_state(ck.pace)
+        for cid, reason in self.pace.benched.items():
+            self.fleet.bench(cid, reason)
         self.intake.sketches = ck.sketches
         self.resketch.restore(ck.fresh)
         self.history = ck.history
@@ -438,26 +437,29 @@ class Orchestrator:
                 self.link.broadcast(Op.STOP, reason=f"the server stopped: {e}"[:300])
             raise
         self.strategy.setup([s.info for s in self.clients.values()], self.template)
-        self.assignments.clustered = None
-        if getattr(self.strategy, "pretrain", None) is not None:
-            pretrain_ae(self)
+        pretrain = getattr(self.strategy, "pretrain", None)
+        if pretrain is not None:
+            done = pretrain_ae(pretrain, self.config, link=self.link, fleet=self.fleet, intake=self.intake,
+                               delivery=self.delivery, models=self.run_models)
+            self.pretrain_history = done.history
+            self.timings["pretrain_s"] = done.seconds
         if self.strategy.needs_sketches:
             self._cluster()
-        self.intake.phase = "train"
+        self.intake.run.enter(Phase.TRAIN, rnd=0)
         self.assignments.announce()
 
     def _resume(self) -> int:
         """A killed run, continued: its checkpoint, then the devices asked to say hello; returns its last round."""
         last = self._restore()
-        self.intake.phase = "train"
+        self.intake.run.enter(Phase.TRAIN, rnd=last)
         self.link.broadcast(Op.HELLO)
         self.link.pump(lambda: len(self.fleet.online_ids) >= min(self.config.min_clients, len(self.clients)),
                        self.config.register_timeout_s)
         self.link.pump(lambda: False, 0.5)
         return last
 
-    def run(self, *, resume: bool = False) -> dict[str, Any]:
-        """Run the federation; returns a summary (assignment, history, final evaluation, bytes)."""
+    def run(self, *, resume: bool = False) -> RunResult:
+        """Run the federation; returns its :class:`~.result.RunResult` (assignment, history, final evaluation...)."""
         t0 = time.monotonic()
         self.link.subscribe(("hello", "sketch", "update", "status", "metrics"))
         start = self._resume() + 1 if resume else 1
@@ -472,22 +474,15 @@ class Orchestrator:
         self.timings["training_s"] = time.monotonic() - t_train
         if self.config.stop_clients:
             self.link.broadcast(Op.STOP, reason="finished")
+        self.intake.run.enter(Phase.DONE)
         self.timings["total_s"] = time.monotonic() - t0
-        return {
-            "strategy": self.strategy.name,
-            "assignment": self.strategy.clusters(),
-            "history": self.history,
-            "final": final,
-            "timings": self.timings,
-            "rejected": dict(self.rejected),
-            "transport": self.transport.stats(),
-            "delivered": dict(self.delivered),
-            "pretrain": list(self.pretrain_history),
-            "encoder": self.encoder_name,
-            "architecture": self.architecture,
-            "refused": dict(self.refused),
-            "not_training": dict(self.not_training),
-            "dropped": {c: f"offline since round {self.fleet.went_offline.get(c, 0)}"
-                        for c, st in sorted(self.clients.items()) if not st.online},
-            **({"drift": drift_totals(self.history)} if self.resketch.follows else {}),
-        }
+        return RunResult(
+            strategy=self.strategy.name, assignment=self.strategy.clusters(), history=self.history, final=final,
+            timings=self.timings, rejected=dict(self.rejected), transport=self.transport.stats(),
+            delivered=dict(self.delivered), pretrain=list(self.pretrain_history), encoder=self.encoder_name,
+            architecture=self.architecture, refused=dict(self.refused), not_training=dict(self.not_training),
+            dropped={c: f"offline since round {self.fleet.went_offline.get(c, 0)}"
+                     for c, st in sorted(self.clients.items()) if not st.online},
+            benched=dict(self.fleet.benched),
+            drift=drift_totals(self.history) if self.resketch.follows else None,
+        )

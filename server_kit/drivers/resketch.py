@@ -116,7 +116,7 @@ class Resketch:
     # -- what arrives ----------------------------------------------------------
     def admits(self, cid: str, msg: Message) -> bool:
         """Whether a summary is taken: one sent unasked during training, only by a run that follows drift."""
-        if not msg.meta.get("unasked") or self.follows or self.intake.phase != "train":
+        if not msg.meta.get("unasked") or self.follows or not self.intake.phase.trains:
             return True
         self.link.reject("unasked-sketch", "a sketch sent unasked (the device's data changed); this run does "
                                            "not follow drift: the device keeps its cluster", cid)
@@ -146,7 +146,6 @@ class Resketch:
         unasked, self._unasked = len(self._unasked & set(fresh)), set()
         before = self.strategy.clusters()
         summary = dict(self.strategy.on_resketch(rnd, fresh))
-        self.assignments.clustered = None
         reassigned = self._reassign(before)
         summary.update({"asked": len(asked), "answered": len(set(asked) & set(fresh)), "unasked": unasked,
                         "reassigned": len(reassigned), "bytes": self._bytes})
@@ -158,7 +157,7 @@ class Resketch:
 
     def _ask(self, rnd: int) -> list[str]:
         """Ask a seeded sample of the clustered devices that can train for fresh sketches; wait for them."""
-        cands = [c for c in self.fleet.trainable() if self.assignments.in_clusters(c)]
+        cands = [c for c in self.fleet.trainable() if self.strategy.is_clustered(c)]
         asked = self.strategy.resketch_clients(rnd, cands)
         if not asked:
             return []

@@ -138,14 +138,16 @@ def _per_round(results: Mapping[str, Any], defs: Mapping[str, str]) -> str:
     history = results.get("history") or []
     rows = []
     for i, h in enumerate(history):
-        rows.append([h.get("round", i + 1), h.get("tasked"), h.get("updates"), len(h.get("missing") or []),
-                     number_or_none(h.get("acc_before")), accs[i] if i < len(accs) else None,
-                     number_or_none(h.get("loss")), h.get("model_bytes_delivered"), h.get("clipped"),
-                     h.get("refused_norm"), None if h.get("seconds") is None else f"{float(h['seconds']):.1f}"])
+        rows.append([h.get("round", i + 1), h.get("tasked"), h.get("updates"), len(h.get("stragglers") or []),
+                     len(h.get("refused") or {}), number_or_none(h.get("acc_before")),
+                     accs[i] if i < len(accs) else None, number_or_none(h.get("loss")),
+                     h.get("model_bytes_delivered"), h.get("clipped"), h.get("close"),
+                     None if h.get("seconds") is None else f"{float(h['seconds']):.1f}"])
     return ("<h2>Per round</h2>\n" + _note(defs, "accuracy_per_round", "accuracy after the round: ")
-            + _table(["round", "tasked", "updates", "missing", "accuracy before training",
-                      "accuracy after the round", "loss", "model bytes downloaded", "clipped",
-                      "refused (norm)", "seconds"], rows))
+            + _note(defs, "rounds_closing", "closing: ")
+            + _table(["round", "tasked", "updates", "stragglers", "refused", "accuracy before training",
+                      "accuracy after the round", "loss", "model bytes downloaded", "clipped", "closed by",
+                      "seconds"], rows))
 
 
 def _per_cluster(results: Mapping[str, Any], defs: Mapping[str, str]) -> str:
@@ -183,7 +185,7 @@ def _bytes(results: Mapping[str, Any], defs: Mapping[str, str]) -> str:
 
 def _refusals(results: Mapping[str, Any]) -> str:
     out = "<h2>Refused and dropped clients</h2>\n"
-    rows = [[c, what, reason] for what in ("refused", "dropped")
+    rows = [[c, what, reason] for what in ("refused", "dropped", "benched")
             for c, reason in sorted((results.get(what) or {}).items())]
     if rows:
         out += _table(["client", "", "reason"], rows, left=3)

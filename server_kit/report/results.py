@@ -58,6 +58,12 @@ DEFINITIONS: dict[str, str] = {
         "device that receives it)"),
     "refused": "clients the server refused, client id -> reason",
     "dropped": "clients the server dropped during the run, client id -> reason",
+    "benched": "clients not tasked again after their updates were refused in --bench-after rounds in a row, "
+               "client id -> reason",
+    "rounds_closing": "per round: the devices selected (spares included), reported (valid updates), stragglers "
+                      "(dropped at the close, their late updates refused), refused (client id -> reason), why the "
+                      "round closed (all-answered, goal, deadline, cap) and when (close_s), when every cluster had "
+                      "its report goal (goal_s)",
     "clustering": (
         "the final assignment against the true groups (--truth): adjusted Rand index, adjusted mutual "
         "information, completeness and homogeneity (sklearn.metrics) over the clients on both sides; clients "
@@ -259,7 +265,13 @@ def build_results(result: Mapping[str, Any], *, target_accuracy: float = 0.8,
     })
     defined = ["accuracy_per_round", "accuracy_per_cluster_per_round", "final_accuracy", "final_evaluation",
                "rounds_to_target", "bytes"]
-    for key in ("refused", "dropped"):
+    history = result.get("history") or []
+    if history and "selected" in history[0]:
+        out["rounds_closing"] = [{k: rec.get(k) for k in ("round", "selected", "spares", "reported", "stragglers",
+                                                          "refused", "close", "close_s", "goal_s")}
+                                 for rec in history]
+        defined.append("rounds_closing")
+    for key in ("refused", "dropped", "benched"):
         if key in result:
             out[key] = dict(result[key] or {})
             defined.append(key)

@@ -126,6 +126,8 @@ class ScreenReport:
     norm_max_ratio: float | None = None
     norm_bound: float | None = None
     refuse_bound: float | None = None
+    #: The devices whose update was refused, with the reason.
+    refused_by: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -190,10 +192,12 @@ def screen_updates(updates: Sequence[Update], references: Mapping[str, Weights],
             kept.append(u)
         elif not math.isfinite(n):
             report.refused_norm += 1
+            report.refused_by[u.cid] = "screening: its delta norm is not finite"
             log.warning("round %s: update of %s for %s refused: its delta norm is not finite", rnd, u.cid,
                         u.model_key)
         elif refuse is not None and n > refuse:
             report.refused_norm += 1
+            report.refused_by[u.cid] = f"screening: delta norm {n / report.norm_median:.3g} x the round's median"
             log.warning("round %s: update of %s for %s refused: delta norm %.4g is %.3g x the round's median "
                         "%.4g (refused above %g x)", rnd, u.cid, u.model_key, n, n / report.norm_median,
                         report.norm_median, refuse_above)

@@ -47,12 +47,14 @@ from ..robust import (
     screen_updates,
 )
 
-__all__ = ["RESKETCH_SALT", "ClientInfo", "Strategy", "Weights", "add_updates", "copy_weights"]
+__all__ = ["RESKETCH_SALT", "SPARE_SALT", "ClientInfo", "Strategy", "Weights", "add_updates", "copy_weights"]
 
 log = logging.getLogger(__name__)
 
 #: The salt of the seeded sample of devices asked for fresh sketches (:meth:`Strategy.resketch_clients`).
 RESKETCH_SALT = 104729
+#: The salt of the seeded choice of spare devices (:meth:`Strategy.plan_round`).
+SPARE_SALT = 7919
 
 #: A model's tensors by parameter name.
 Weights = Mapping[str, np.ndarray]
@@ -179,6 +181,46 @@ class Strategy(ABC):
     def configure_round(self, rnd: int, available: Sequence[str]) -> list[Task]:
         """The tasks of round ``rnd`` for some of the ``available`` clients."""
 
+    def plan_round(self, rnd: int, available: Sequence[str], over_select: float = 0.0) -> list[Task]:
+        """:meth:`configure_round`'s tasks, plus spares: ``over_select`` more devices per group, where there are.
+
+        A group is the devices offered the same models (one cluster's, or
+        all of IFCA's K). A group whose round needs ``n`` devices gets
+        ``ceil(n * (1 + over_select)) - n`` spares (as many as it has),
+        seeded by round, from the available devices of the strategy not
+        tasked yet whose model (:meth:`model_key_for`) the group offers;
+        each spare gets its group's models and settings, marked
+        ``Task.spare``. With 0 (the default) the tasks are
+        :meth:`configure_round`'s, unchanged.
+        """
+        tasks = self.configure_round(rnd, available)
+        if over_select <= 0 or not tasks:
+            return tasks
+        groups: dict[tuple[str, ...], list[Task]] = {}
+        for t in tasks:
+            groups.setdefault(tuple(sorted(t.models)), []).append(t)
+        taken = {t.cid for t in tasks}
+        free = sorted(c for c in available if c not in taken and c in self.clients)
+        spares: list[Task] = []
+        for i, (group, members) in enumerate(sorted(groups.items())):
+            want = math.ceil(len(members) * (1.0 + over_select) - 1e-9) - len(members)
+            pool = [c for c in free if c not in taken and self._offers(c, group)]
+            if want <= 0 or not pool:
+                continue
+            rng = np.random.default_rng([self.seed, rnd, SPARE_SALT, i])
+            chosen = sorted(rng.choice(pool, size=min(want, len(pool)), replace=False).tolist())
+            model = members[0]
+            spares += [Task(c, rnd, model.models, model.settings, model.evaluate_first, spare=True) for c in chosen]
+            taken.update(chosen)
+        return tasks + spares
+
+    def _offers(self, cid: str, group: tuple[str, ...]) -> bool:
+        """Whether device ``cid`` belongs with a group offered the models ``group``."""
+        try:
+            return self.model_key_for(cid) in group
+        except KeyError:  # a device without a cluster yet
+            return False
+
     @abstractmethod
     def aggregate_round(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
         """Combine the round's updates; returns a summary for the logs.
@@ -240,6 +282,10 @@ class Strategy(ABC):
     def clusters(self) -> dict[str, int]:
         """Cluster index of every client (0 for all in a one-model method)."""
         return {cid: 0 for cid in self.clients}
+
+    def is_clustered(self, cid: str) -> bool:
+        """``cid in self.clusters()``, in O(1) (the drivers ask it per message)."""
+        return cid in self.clients
 
     # -- helpers ------------------------------------------------------------
     def round_rng(self, rnd: int) -> np.random.Generator:

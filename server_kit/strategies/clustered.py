@@ -45,6 +45,9 @@ class ClusteredFedAvg(Strategy):
     def clusters(self) -> dict[str, int]:
         return dict(self.assignment) if self.assignment else super().clusters()
 
+    def is_clustered(self, cid: str) -> bool:
+        return cid in self.assignment if self.assignment else cid in self.clients
+
     def model_key_for(self, cid: str) -> str:
         if not self.assignment:
             return self.default_key

@@ -321,6 +321,9 @@ class FLISDC(AuxInference, Strategy):
             return self.default_key
         return ClusteredFedAvg.key(self.assignment_.get(cid, self._largest()))
 
+    def is_clustered(self, cid: str) -> bool:
+        return cid in self.clients or (bool(self.members_) and cid in self.assignment_)
+
     def clusters(self) -> dict[str, int]:
         if not self.members_:
             return super().clusters()

@@ -139,6 +139,9 @@ class IFCA(Strategy):
         """The client's latest choice; a client never seen, its first-round random model."""
         return self.choices.get(cid) or self.initial_key(cid)
 
+    def is_clustered(self, cid: str) -> bool:
+        return cid in self.clients or cid in self.choices
+
     def clusters(self) -> dict[str, int]:
         index = {key: j for j, key in enumerate(self.keys)}
         return {cid: index[self.model_key_for(cid)] for cid in sorted(set(self.clients) | set(self.choices))}

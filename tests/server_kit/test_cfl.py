@@ -376,10 +376,10 @@ def test_cfl_over_mqtt_splits_like_the_simulator(digits, tmp_path, start_edge_cl
     result = Orchestrator(s, server, cfg).run()
     for th in threads:
         th.join(timeout=20)
-    assert [h["updates"] for h in result["history"]] == [12] * 4 and not result["rejected"]
-    assert [len(h["summary"].get("splits", [])) for h in result["history"]] == [0, 0, 1, 2]
-    assert sorted(result["final"]["per_model"]) == ["c3", "c4", "c5", "c6"]
+    assert [h["updates"] for h in result.history] == [12] * 4 and not result.rejected
+    assert [len(h["summary"].get("splits", [])) for h in result.history] == [0, 0, 1, 2]
+    assert sorted(result.final["per_model"]) == ["c3", "c4", "c5", "c6"]
     truth = [c.group for c in clients]
-    assert adjusted_rand_score(truth, [result["assignment"][c.cid] for c in clients]) >= 0.9
+    assert adjusted_rand_score(truth, [result.assignment[c.cid] for c in clients]) >= 0.9
     saved = json.loads((tmp_path / "state.json").read_text())["strategy"]
     assert saved["split_history"] == s.split_history_ and saved["assignment"] == s.clusters()

@@ -126,25 +126,25 @@ def drifted(broker, digits24, tmp_path_factory):
 
 def test_the_drifted_devices_and_only_they_move_to_the_cluster_they_now_fit(drifted):
     first, event, before = drifted["first"], drifted["event"], drifted["before"]
-    drift = first["history"][1]["summary"]["drift"]
+    drift = first.history[1]["summary"]["drift"]
     assert sorted(m["cid"] for m in drift["moves"]) == sorted(event.clients)
     assert drift["pooled"] == [] and drift["new_clusters"] == [] and drift["retired"] == []
     assert drift["unasked"] == 3 and drift["asked"] == 0 and drift["reassigned"] == 3 and drift["bytes"] > 0
-    group1 = {first["assignment"][c] for c, g in before.items() if g == 1}
+    group1 = {first.assignment[c] for c, g in before.items() if g == 1}
     assert len(group1) == 1 and {m["to"] for m in drift["moves"]} == group1
     for m in drift["moves"]:  # logged with the distances that decided it
         assert m["distance_from"] > m["radius_from"] and m["distance_to"] <= m["radius_to"]
-    assert "drift" not in first["history"][0]["summary"]
-    assert {k: first["drift"][k] for k in ("moves", "unasked", "reassigned", "rounds")} == {
+    assert "drift" not in first.history[0]["summary"]
+    assert {k: first.drift[k] for k in ("moves", "unasked", "reassigned", "rounds")} == {
         "moves": 3, "unasked": 3, "reassigned": 3, "rounds": 1}
-    assert first["rejected"] == {}
+    assert first.rejected == {}
     # clustered right before the drift, right again after it
-    assert ari_against(drifted["after"], first["assignment"]) == 1.0 and ari_against(before, first["assignment"]) < 1.0
+    assert ari_against(drifted["after"], first.assignment) == 1.0 and ari_against(before, first.assignment) < 1.0
 
 
 def test_a_moved_device_gets_its_new_clusters_model_and_its_updates_go_there(drifted):
     first, strategy, event = drifted["first"], drifted["strategy"], drifted["event"]
-    (new_key,) = {strategy.key(m["to"]) for m in first["history"][1]["summary"]["drift"]["moves"]}
+    (new_key,) = {strategy.key(m["to"]) for m in first.history[1]["summary"]["drift"]["moves"]}
     for cid, ec in drifted["edges"].items():
         trained = ec.worker.trained
         assert sorted(trained) == [1, 2, 3], cid
@@ -154,17 +154,17 @@ def test_a_moved_device_gets_its_new_clusters_model_and_its_updates_go_there(dri
         else:
             assert trained[1] == trained[2] == trained[3] == ec.model_key, (cid, trained)
     # the server took round 2's updates of the moved devices for the new cluster: 6 of group 1 and the 3
-    assert first["history"][1]["summary"][new_key] == 9 and first["history"][0]["summary"][new_key] == 6
-    assert [h["updates"] for h in first["history"]] == [24, 24]
+    assert first.history[1]["summary"][new_key] == 9 and first.history[0]["summary"][new_key] == 6
+    assert [h["updates"] for h in first.history] == [24, 24]
 
 
 def test_resume_after_a_migration_keeps_the_new_assignment(drifted):
     first, resumed, again = drifted["first"], drifted["resumed"], drifted["again"]
-    assert resumed["assignment"] == first["assignment"] == again.assignment
+    assert resumed.assignment == first.assignment == again.assignment
     assert again.drift_.counts["moves"] == 3
-    assert [h["round"] for h in resumed["history"]] == [1, 2, 3] and resumed["history"][2]["updates"] == 24
-    assert ari_against(drifted["after"], resumed["assignment"]) == 1.0
-    assert resumed["final"]["evaluated"] == 24 and resumed["drift"]["moves"] == 3
+    assert [h["round"] for h in resumed.history] == [1, 2, 3] and resumed.history[2]["updates"] == 24
+    assert ari_against(drifted["after"], resumed.assignment) == 1.0
+    assert resumed.final["evaluated"] == 24 and resumed.drift["moves"] == 3
 
 
 def test_a_run_that_does_not_follow_drift_refuses_an_unasked_sketch_and_changes_nothing(broker, digits24):
@@ -183,10 +183,10 @@ def test_a_run_that_does_not_follow_drift_refuses_an_unasked_sketch_and_changes_
         server.close()
     (cid,) = event.clients
     assert edges[cid].drift.unasked == 1  # the device told the server
-    assert result["rejected"] == {"unasked-sketch": 1}  # which refused it, counted
-    assert ari_against(sched.truth(clients, 1), result["assignment"]) == 1.0  # nobody moved
-    assert "drift" not in result and all("drift" not in h["summary"] for h in result["history"])
-    assert [h["updates"] for h in result["history"]] == [12, 12] and result["final"]["evaluated"] == 12
+    assert result.rejected == {"unasked-sketch": 1}  # which refused it, counted
+    assert ari_against(sched.truth(clients, 1), result.assignment) == 1.0  # nobody moved
+    assert "drift" not in result and all("drift" not in h["summary"] for h in result.history)
+    assert [h["updates"] for h in result.history] == [12, 12] and result.final["evaluated"] == 12
     trained = edges[cid].worker.trained
     assert trained[1] == trained[2] == edges[cid].model_key  # it trains on with its cluster, nothing lost
 
@@ -203,7 +203,7 @@ def test_a_scheduled_resketch_asks_every_device_at_once_and_moves_nobody(broker,
         result = orch.run()
     finally:
         server.close()
-    drift = result["history"][1]["summary"]["drift"]
+    drift = result.history[1]["summary"]["drift"]
     assert (drift["asked"], drift["answered"], drift["sketches"], drift["unasked"]) == (12, 12, 12, 0)
     assert drift["moves"] == drift["pooled"] == drift["new_clusters"] == []
     # the devices keep their sketch key: unchanged data, the same bits as the sketches clustered
@@ -211,8 +211,8 @@ def test_a_scheduled_resketch_asks_every_device_at_once_and_moves_nobody(broker,
     assert strategy.drift_.counts == {"moves": 0, "pooled": 0, "new_clusters": 0, "retired": 0, "sketches": 12}
     # one broadcast before clustering, one before round 2
     assert [t for t, what in published if what == "sketch"] == [server.topics.broadcast()] * 2
-    assert result["transport"]["received"]["SKETCH"]["messages"] == 24
-    assert ari_against({c.cid: c.group for c in clients}, result["assignment"]) == 1.0
+    assert result.transport["received"]["SKETCH"]["messages"] == 24
+    assert ari_against({c.cid: c.group for c in clients}, result.assignment) == 1.0
 
 
 def test_the_server_options_turn_drift_following_on_for_ours_only(monkeypatch, capsys):

@@ -79,30 +79,30 @@ def test_fedae_federation_over_the_memory_broker(digits8, tmp_path, start_edge_c
         th.join(timeout=20)
 
     # pre-training: 2 rounds, every client trains the AE in each
-    assert [h["updates"] for h in result["pretrain"]] == [8, 8]
-    assert all(h["loss"] is not None and h["loss"] > 0 for h in result["pretrain"])
+    assert [h["updates"] for h in result.pretrain] == [8, 8]
+    assert all(h["loss"] is not None and h["loss"] > 0 for h in result.pretrain)
     assert all(ec.handled.get("train_ae") == 2 for ec in edge)
-    assert result["timings"]["pretrain_s"] > 0
+    assert result.timings["pretrain_s"] > 0
     # the encoder reached every client, and they sketched with it
     name = f"fedae_{FED}"
-    assert result["encoder"] == name
+    assert result.encoder == name
     assert all(name in ec.encoder_dirs and not ec.rejected_encoders for ec in edge)
     assert all(ec._encoders[name].latent_dim == 20 for ec in edge)
     assert (tmp_path / "ckpt" / "encoder" / f"{name}.onnx").is_file()
     enc_bytes = (tmp_path / "ckpt" / "encoder" / f"{name}.onnx").stat().st_size
-    delivered = result["delivered"]
+    delivered = result.delivered
     assert delivered["ENCODER"] >= 8 * enc_bytes
     assert delivered["AE_MODEL"] > 0
-    stats = result["transport"]
+    stats = result.transport
     # 2 AE rounds x 8 updates + 2 training rounds x 8 updates
     assert stats["received"]["UPDATE"]["messages"] == 2 * 8 + 2 * 8
     assert stats["received"]["SKETCH"]["messages"] == 8
     assert all(sk.latent_dim == 20 for sk in orch.sketches.values())
     # clustering covers every client; training rounds ran
-    assert set(result["assignment"]) == {c.cid for c in digits8}
-    assert [h["updates"] for h in result["history"]] == [8, 8]
-    assert result["final"]["accuracy"] is not None
-    assert not result["rejected"]
+    assert set(result.assignment) == {c.cid for c in digits8}
+    assert [h["updates"] for h in result.history] == [8, 8]
+    assert result.final["accuracy"] is not None
+    assert not result.rejected
 
 
 def test_client_rejects_a_tampered_encoder(digits8, caplog):

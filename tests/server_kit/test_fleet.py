@@ -72,12 +72,12 @@ def test_devices_come_back_after_the_broker_restarts_and_a_late_device_joins(cli
             server.close()
         for th in threads:
             th.join(timeout=30)
-    hist = result["history"]
+    hist = result.history
     assert hist[0]["updates"] == 7
     assert [h["updates"] for h in hist[2:]] == [8, 8]  # everybody trains again, the late device too
     truth = [c.group for c in clients]
-    assert adjusted_rand_score(truth, [result["assignment"][c.cid] for c in clients]) == 1.0
-    assert result["final"]["accuracy"] > 0.5
+    assert adjusted_rand_score(truth, [result.assignment[c.cid] for c in clients]) == 1.0
+    assert result.final["accuracy"] > 0.5
     assert all(e.exit_code == 0 and e.handled.get("stop") == 1 for e in edges)  # told the server finished
 
 
@@ -94,9 +94,9 @@ def test_slow_devices_reporting_progress_keep_their_round_open(clients, server_t
                                                  progress_grace_s=2.0, max_round_s=60)).run()
     for th in threads:
         th.join(timeout=30)
-    assert [h["updates"] for h in result["history"]] == [4, 4]
-    assert min(h["seconds"] for h in result["history"]) > 0.5  # every round outlived its first deadline
-    assert "late-update" not in result["rejected"] and "stale-update" not in result["rejected"]
+    assert [h["updates"] for h in result.history] == [4, 4]
+    assert min(h["seconds"] for h in result.history) > 0.5  # every round outlived its first deadline
+    assert "late-update" not in result.rejected and "stale-update" not in result.rejected
     assert time.monotonic() - t0 < 120
 
 
@@ -149,9 +149,9 @@ def test_refused_and_not_training_devices(clients, server_transport):
     result = Orchestrator(strategy(), server, config(6, rounds=2)).run()
     for th in threads + more:
         th.join(timeout=30)
-    assert result["refused"] == {"c99": "its labels go up to 12; this federation has 10 classes (0 to 9)"}
-    assert odd.exit_code == 4 and odd.refused_reason == result["refused"]["c99"]
-    assert result["not_training"] == {c.cid: "no torch on the device (pip install 'fedsketch[train]')"}
-    assert [h["tasked"] for h in result["history"]] == [4, 4] and [h["updates"] for h in result["history"]] == [4, 4]
-    assert c.cid in result["assignment"] and c.cid in result["final"]["per_client"]  # sketched and evaluated
+    assert result.refused == {"c99": "its labels go up to 12; this federation has 10 classes (0 to 9)"}
+    assert odd.exit_code == 4 and odd.refused_reason == result.refused["c99"]
+    assert result.not_training == {c.cid: "no torch on the device (pip install 'fedsketch[train]')"}
+    assert [h["tasked"] for h in result.history] == [4, 4] and [h["updates"] for h in result.history] == [4, 4]
+    assert c.cid in result.assignment and c.cid in result.final["per_client"]  # sketched and evaluated
     assert nt.handled.get("train", 0) == 0 and nt.exit_code == 0

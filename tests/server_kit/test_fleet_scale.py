@@ -79,13 +79,13 @@ def test_300_devices_all_register_and_cluster_right(shipped_acl):
         finally:
             final = fleet.close()
         log = broker.log_text()
-    assert len(result["assignment"]) == 300 and not result["dropped"]  # every device registered and stayed
+    assert len(result.assignment) == 300 and not result.dropped  # every device registered and stayed
     assert final["done"] == 300 and final["exit_codes"] == {"0": 300}  # and was told the run finished
     assert final["handled"]["hello"] == 300 and final["handled"]["sketch"] == 300
     assert "dropped" not in log.lower(), [line for line in log.splitlines() if "dropped" in line.lower()][:3]
     truth = [c.group for c in clients]
-    assert adjusted_rand_score(truth, [result["assignment"][c.cid] for c in clients]) == 1.0
-    assert not result["rejected"].get("inbox-full")
+    assert adjusted_rand_score(truth, [result.assignment[c.cid] for c in clients]) == 1.0
+    assert not result.rejected.get("inbox-full")
     assert took < 120
 
 

@@ -388,9 +388,9 @@ def test_flis_dc_over_mqtt_offers_every_cluster_model(digits, start_edge_clients
     result = Orchestrator(make(FLISDC, digits), server, cfg).run()
     for th in threads:
         th.join(timeout=20)
-    assert result["assignment"] == {"c00": 0, "c01": 1, "c02": 0, "c03": 1}
+    assert result.assignment == {"c00": 0, "c01": 1, "c02": 0, "c03": 1}
     assert [{k: h["summary"][k] for k in ("updates", "rejected", "clusters", "clipped")}
-            for h in result["history"]] == [{"updates": 4, "rejected": 0, "clusters": 2, "clipped": 0}] * 2
-    first, second = (h["model_bytes_delivered"] for h in result["history"])
+            for h in result.history] == [{"updates": 4, "rejected": 0, "clusters": 2, "clipped": 0}] * 2
+    first, second = (h["model_bytes_delivered"] for h in result.history)
     assert second / first == pytest.approx(2.0, rel=0.01)  # round 2: both cluster models to every client
-    assert not result["rejected"] and result["final"]["accuracy"] > 0.6
+    assert not result.rejected and result.final["accuracy"] > 0.6

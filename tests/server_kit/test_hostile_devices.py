@@ -119,7 +119,7 @@ def run_server(transport, fed, n, *, rounds=3, on_round=None):
 
 
 def ari(result, clients) -> float:
-    return adjusted_rand_score([c.group for c in clients], [result["assignment"][c.cid] for c in clients])
+    return adjusted_rand_score([c.group for c in clients], [result.assignment[c.cid] for c in clients])
 
 
 # -- through Mosquitto ----------------------------------------------------------------------
@@ -156,10 +156,10 @@ def test_crash_messages_through_the_acl_live_and_retained(digits, shipped_acl):
             evil.close()
         for th in threads:
             th.join(timeout=30)
-    assert [h["updates"] for h in result["history"]] == [len(digits)] * 3  # every round completed, nobody lost
+    assert [h["updates"] for h in result.history] == [len(digits)] * 3  # every round completed, nobody lost
     assert ari(result, digits) == 1.0
-    assert result["final"]["accuracy"] > 0.6
-    assert result["transport"]["rejected"] == {"retained": 3, "meta": 6}
+    assert result.final["accuracy"] > 0.6
+    assert result.transport["rejected"] == {"retained": 3, "meta": 6}
 
 
 @needs_mosquitto
@@ -219,9 +219,9 @@ def test_forged_server_messages_are_dropped_without_the_acl(digits):
             intruder.close()
         for th in threads:
             th.join(timeout=30)
-    assert [h["updates"] for h in result["history"]] == [len(digits)] * 3
+    assert [h["updates"] for h in result.history] == [len(digits)] * 3
     assert ari(result, digits) == 1.0
-    assert result["final"]["accuracy"] > 0.6
+    assert result.final["accuracy"] > 0.6
     # every device ended and closed its transport: the counts below are final. Each forgery had reached the
     # device before the server's stop did: the intruder waited for every PUBACK (Mosquitto has queued the
     # message for the subscribers by then) before the run went on to the stop, and a device's queue is FIFO

@@ -216,12 +216,12 @@ def run_federation(start_edge_clients, server_transport, strategy, clients, fed,
 def test_ifca_over_mqtt(digits12, start_edge_clients, server_transport):
     result, models_per_round, received = run_federation(start_edge_clients, server_transport, IFCA(settings=SETTINGS, k=4, architecture=ARCH), digits12,
                                                         "ifca")
-    assert [h["updates"] for h in result["history"]] == [12, 12, 12]
+    assert [h["updates"] for h in result.history] == [12, 12, 12]
     # round 1: one random model per client, on its own topic; then all 4 to everyone: one broadcast each
     assert models_per_round == [12, 4, 4]
     assert received == [1 + 4 + 4 + 1] * 12  # + the final evaluation's own model
-    assert not result["rejected"]
-    assert result["final"]["accuracy"] is not None and result["final"]["accuracy"] > 0.3
+    assert not result.rejected
+    assert result.final["accuracy"] is not None and result.final["accuracy"] > 0.3
     print(f"IFCA over MQTT: final accuracy {result['final']['accuracy']:.3f}, "
           f"MODEL bytes {result['transport']['sent']['MODEL']['bytes']}")
 
@@ -229,13 +229,13 @@ def test_ifca_over_mqtt(digits12, start_edge_clients, server_transport):
 def test_ladd_over_mqtt_clusters_like_the_simulator(digits12, start_edge_clients, server_transport):
     result, models_per_round, received = run_federation(start_edge_clients, server_transport, LADD(settings=SETTINGS, k=4, seed=0), digits12, "ladd",
                                                         rounds=1)
-    stats = result["transport"]
+    stats = result.transport
     assert stats["received"]["FEATURES"]["messages"] == 12
     # each client its own cluster's model (+ evaluation); every member trains: once per cluster topic
-    assert models_per_round == [len(set(result["assignment"].values()))] and received == [2] * 12
-    assert not result["rejected"]
+    assert models_per_round == [len(set(result.assignment.values()))] and received == [2] * 12
+    assert not result.rejected
     # the clients computed the same features as the simulator's workers: same K-means result
     s = LADD(k=4, seed=0)
     s.setup([ClientInfo(c.cid, len(c.y_train)) for c in digits12], {"x": np.zeros(1, np.float32)})
     expected = s.on_sketches({c.cid: ladd_features(c.x_train, c.y_train, num_classes=10) for c in digits12})
-    assert result["assignment"] == expected
+    assert result.assignment == expected

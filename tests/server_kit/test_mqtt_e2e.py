@@ -83,27 +83,27 @@ def run_federation(url, clients, passwords=None, rounds=3, protocol="3.1.1", fra
 
 def check_result(result, clients, rounds=3):
     truth = [c.group for c in clients]
-    labels = [result["assignment"][c.cid] for c in clients]
+    labels = [result.assignment[c.cid] for c in clients]
     assert adjusted_rand_score(truth, labels) == 1.0, labels
-    assert [h["updates"] for h in result["history"]] == [len(clients)] * rounds
+    assert [h["updates"] for h in result.history] == [len(clients)] * rounds
     fed = Simulator(FedAvg(settings=SETTINGS, seed=0), clients, architecture=ARCH, seed=0).run(rounds)
-    assert result["final"]["accuracy"] > fed.accuracies[-1] + 0.05, (result["final"], fed.accuracies)
-    sketches = result["transport"]["received"]["SKETCH"]
+    assert result.final["accuracy"] > fed.accuracies[-1] + 0.05, (result.final, fed.accuracies)
+    sketches = result.transport["received"]["SKETCH"]
     assert sketches["messages"] == len(clients) and sketches["bytes"] <= 64 * len(clients)
     # through the broker each device got only its cluster's model: one per round and one to evaluate
     assert [m["messages"] for m in result["edge_models"]] == [rounds + 1] * len(clients)
-    assert sum(m["bytes"] for m in result["edge_models"]) == result["delivered"]["MODEL"]
+    assert sum(m["bytes"] for m in result["edge_models"]) == result.delivered["MODEL"]
     # each device follows its cluster's topic: the final evaluation's models went once per cluster, and so did
     # the rounds' (every device trains every round), once the devices confirmed what they follow
     k = len(set(labels))
     topics = Topics("fedsketch", FED)
     on_clusters = [t for t, what in result["published"] if what == "MODEL" and "/clusters/" in t]
     assert sorted(on_clusters) == sorted([topics.model(f"c{j}") for j in range(k)] * (rounds + 1))
-    assert result["final"]["deliveries"] == {"cluster_topic": k, "per_device": 0}
+    assert result.final["deliveries"] == {"cluster_topic": k, "per_device": 0}
     # one evaluate command for the fleet, one sketch request
     for op in ("evaluate", "sketch"):
         assert [t for t, what in result["published"] if what == op] == [topics.broadcast()], op
-    assert result["final"]["asked"] == result["final"]["evaluated"] == len(clients)
+    assert result.final["asked"] == result.final["evaluated"] == len(clients)
 
 
 def test_federation_over_embedded_amqtt_broker(digits):
@@ -134,24 +134,24 @@ def test_sampled_rounds_and_evaluation_over_mosquitto_with_acl(digits, shipped_a
     with MosquittoBroker(acl=shipped_acl(FED), passwords=passwords) as broker:
         result = run_federation(broker.url, digits, passwords=passwords, protocol="5", rounds=2, fraction=0.5,
                                 eval_fraction=0.5)
-    assignment = result["assignment"]
+    assignment = result.assignment
     assert adjusted_rand_score([c.group for c in digits], [assignment[c.cid] for c in digits]) == 1.0
-    assert [h["deliveries"] for h in result["history"]] == [{"cluster_topic": 0, "per_device": 8}] * 2
+    assert [h["deliveries"] for h in result.history] == [{"cluster_topic": 0, "per_device": 8}] * 2
     sampled = {c for c in assignment if in_sample(c, 0.5, 0)}
     expected = set(sampled)
     for j in set(assignment.values()):
         members = [c for c in assignment if assignment[c] == j]
         if not sampled & set(members):
             expected.add(min(members, key=lambda c: sample_point(c, 0)))
-    final = result["final"]
+    final = result.final
     assert set(final["per_client"]) == expected and final["asked"] == final["evaluated"] == len(expected)
     for c, models, trained, metrics in zip(digits, result["edge_models"], result["edge_trained"],
                                            result["edge_metrics"]):
         asked = c.cid in expected
         assert (models["messages"], metrics) == (trained + int(asked), int(asked)), c.cid
-    assert sum(m["bytes"] for m in result["edge_models"]) == result["delivered"]["MODEL"]
+    assert sum(m["bytes"] for m in result["edge_models"]) == result.delivered["MODEL"]
     assert [t for t, what in result["published"] if what == "evaluate"].count(Topics("fedsketch", FED).broadcast()) == 1
-    assert not result["rejected"]
+    assert not result.rejected
 
 
 # ---------------------------------------------------------------- processes
@@ -200,13 +200,13 @@ def test_client_killed_mid_round_does_not_stop_the_round(tmp_path, digits):
         server.close()
         for p in procs.values():
             p.wait(timeout=30)
-    h = result["history"]
+    h = result.history
     assert [r["updates"] for r in h] == [4, 3, 3]
     assert h[1]["missing"] == [victim]
     # the round closed on the victim's last will, long before its 90 s deadline
     assert h[1]["seconds"] < 30
     assert time.monotonic() - t0 < 120
-    assert result["final"]["accuracy"] is not None
+    assert result.final["accuracy"] is not None
 
 
 @needs_mosquitto
@@ -245,11 +245,11 @@ def test_server_killed_and_resumed_keeps_assignment_and_continues(tmp_path, digi
         for p in procs:
             p.wait(timeout=30)
     result = json.loads((report / "results.json").read_text())
-    assert result["assignment"] == saved_assignment
-    assert [h["round"] for h in result["history"]] == [1, 2, 3, 4]
-    resumed = [h for h in result["history"] if h["round"] > saved_round]
+    assert result.assignment == saved_assignment
+    assert [h["round"] for h in result.history] == [1, 2, 3, 4]
+    resumed = [h for h in result.history if h["round"] > saved_round]
     assert resumed and all(h["updates"] == 8 for h in resumed)
     truth = {c.cid: c.group for c in clients}
     assert adjusted_rand_score([truth[c] for c in sorted(truth)], [saved_assignment[c] for c in sorted(truth)]) == 1.0
     assert "resumed from" in second.stderr
-    np.testing.assert_array_less(0, [h["updates"] for h in result["history"]])
+    np.testing.assert_array_less(0, [h["updates"] for h in result.history])

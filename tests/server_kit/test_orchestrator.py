@@ -42,26 +42,26 @@ def test_clustered_federation_recovers_rotation_groups(digits12, start_edge_clie
     for th in threads:
         th.join(timeout=20)
     truth = [c.group for c in digits12]
-    labels = [result["assignment"][c.cid] for c in digits12]
+    labels = [result.assignment[c.cid] for c in digits12]
     assert adjusted_rand_score(truth, labels) == 1.0
-    assert [h["updates"] for h in result["history"]] == [12, 12, 12]
-    assert result["final"]["accuracy"] > 0.5
-    stats = result["transport"]
+    assert [h["updates"] for h in result.history] == [12, 12, 12]
+    assert result.final["accuracy"] > 0.5
+    stats = result.transport
     # 12 sketches of 200 bits, each within 64 bytes with the envelope
     assert stats["received"]["SKETCH"]["messages"] == 12
     assert stats["received"]["SKETCH"]["bytes"] <= 12 * 64
     # each client downloads its own cluster's model and nothing else: 3 rounds + the final evaluation
     got = [e.transport.stats()["received"]["MODEL"] for e in edge]
     assert [g["messages"] for g in got] == [4] * 12
-    assert sum(g["bytes"] for g in got) == result["delivered"]["MODEL"]
+    assert sum(g["bytes"] for g in got) == result.delivered["MODEL"]
     # every member of a cluster trains and is evaluated: each model goes once, on its cluster's topic
     k = len(set(labels))
     assert stats["sent"]["MODEL"]["messages"] == k * 4
-    assert [h["deliveries"] for h in result["history"]] == [{"cluster_topic": k, "per_device": 0}] * 3
-    assert result["final"]["deliveries"] == {"cluster_topic": k, "per_device": 0}
-    assert result["final"]["asked"] == result["final"]["evaluated"] == 12
-    assert stats["sent"]["MODEL"]["bytes"] * 3 == result["delivered"]["MODEL"]  # 3 devices per cluster
-    assert not result["rejected"]
+    assert [h["deliveries"] for h in result.history] == [{"cluster_topic": k, "per_device": 0}] * 3
+    assert result.final["deliveries"] == {"cluster_topic": k, "per_device": 0}
+    assert result.final["asked"] == result.final["evaluated"] == 12
+    assert stats["sent"]["MODEL"]["bytes"] * 3 == result.delivered["MODEL"]  # 3 devices per cluster
+    assert not result.rejected
 
 
 def test_hostile_messages_are_rejected_and_the_round_finishes(digits12, start_edge_clients, server_transport):
@@ -93,22 +93,23 @@ def test_hostile_messages_are_rejected_and_the_round_finishes(digits12, start_ed
         rogue.publish_raw(topics.update("c01"), b"FS" + bytes(400))  # truncated envelope
 
     strategy = FedAvg(settings=TrainSettings(epochs=1, lr=3e-3, batch_size=16))
-    orch = Orchestrator(strategy, server, config(min_clients=4, rounds=2), on_round=attack)
+    # c01's topic carries forgeries (no ACL here): c01 keeps its place, and its honest update comes within the grace
+    orch = Orchestrator(strategy, server, config(min_clients=4, rounds=2, straggler_grace=10.0), on_round=attack)
     orch_ref["o"] = orch
     result = orch.run()
     for th in threads:
         th.join(timeout=20)
-    assert [h["updates"] for h in result["history"]] == [4, 4]  # nothing lost
-    rejected = {**result["rejected"], **result["transport"]["rejected"]}
+    assert [h["updates"] for h in result.history] == [4, 4]  # nothing lost
+    rejected = {**result.rejected, **result.transport["rejected"]}
     for reason in ("non-finite", "tensor-name", "unknown-client", "sketch-length", "sender"):
         assert rejected.get(reason, 0) >= 1, (reason, rejected)
     assert sum(rejected.values()) >= 8
-    assert result["final"]["accuracy"] is not None
+    assert result.final["accuracy"] is not None
 
 
 def test_bad_server_config_is_refused():
-    with pytest.raises(ValueError, match=r"round_quorum must be in \(0, 1\], got 1.5"):
-        ServerConfig(round_quorum=1.5)
+    with pytest.raises(ValueError, match=r"report_goal must be in \(0, 1\], got 1.5"):
+        ServerConfig(report_goal=1.5)
     with pytest.raises(ValueError, match="rounds must be a positive integer, got 0"):
         ServerConfig(rounds=0)
     with pytest.raises(ValueError, match=r"flip_prob must be in \[0, 0.5\], got 0.9"):
@@ -130,10 +131,10 @@ def test_model_delivery_bytes_on_the_wire(digits12, mode, per_step, start_edge_c
     result = Orchestrator(strategy, server, config(min_clients=6, rounds=1, model_delivery=mode)).run()
     for th in threads:
         th.join(timeout=20)
-    assert len(set(result["assignment"].values())) == 2
+    assert len(set(result.assignment.values())) == 2
     got = [e.transport.stats()["received"]["MODEL"] for e in edge]
     assert [g["messages"] for g in got] == [2 * per_step] * 6  # round 1 and the final evaluation
     # what the server reports is what the devices downloaded
-    assert result["delivered"]["MODEL"] == sum(g["bytes"] for g in got)
-    assert result["history"][0]["model_bytes_delivered"] == sum(g["bytes"] for g in got) // 2
-    assert [h["updates"] for h in result["history"]] == [6]
+    assert result.delivered["MODEL"] == sum(g["bytes"] for g in got)
+    assert result.history[0]["model_bytes_delivered"] == sum(g["bytes"] for g in got) // 2
+    assert [h["updates"] for h in result.history] == [6]

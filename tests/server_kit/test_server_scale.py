@@ -280,32 +280,32 @@ def _published(broker):
 def test_sampled_rounds_go_per_device_and_the_evaluation_once_per_cluster(digits12, start_edge_clients, server_transport):
     result, edges, broker = _run(digits12, start_edge_clients, server_transport, fraction=0.5)
     topics = Topics("fedsketch", FED)
-    k = len(set(result["assignment"].values()))
+    k = len(set(result.assignment.values()))
     assert k == 4
     # 2 of each cluster's 3 devices train per round: the third follows the topic and needs nothing
-    for h in result["history"]:
+    for h in result.history:
         assert h["tasked"] == 8 and h["deliveries"] == {"cluster_topic": 0, "per_device": 8}
-    assert result["final"]["deliveries"] == {"cluster_topic": k, "per_device": 0}
-    assert result["final"]["asked"] == result["final"]["evaluated"] == 12
+    assert result.final["deliveries"] == {"cluster_topic": k, "per_device": 0}
+    assert result.final["asked"] == result.final["evaluated"] == 12
     # every device downloaded exactly what it needed: a model per round it trained, one to evaluate
     for e in edges:
         assert e.transport.stats()["received"]["MODEL"]["messages"] == e.handled.get("train", 0) + 1, e.cid
         assert e.followed == {topics.model(f"c{result['assignment'][e.cid]}")}
     got = sum(e.transport.stats()["received"]["MODEL"]["bytes"] for e in edges)
-    assert got == result["delivered"]["MODEL"]
+    assert got == result.delivered["MODEL"]
     pubs = _published(broker)
     on_clusters = [t for t, what in pubs if "/clusters/" in t]
     assert sorted(on_clusters) == sorted({topics.model(f"c{j}") for j in range(k)})  # once each, all at the end
     # the same command for everyone goes once: the sketch request and the evaluation
     for op in ("sketch", "evaluate"):
         assert [t for t, what in pubs if what == op] == [topics.broadcast()], op
-    assert not result["rejected"]
+    assert not result.rejected
 
 
 def test_eval_fraction_asks_the_sample_and_waits_for_it_only(digits12, start_edge_clients, server_transport):
     result, edges, broker = _run(digits12, start_edge_clients, server_transport, rounds=1, eval_fraction=0.5)
-    final = result["final"]
-    assignment = result["assignment"]
+    final = result.final
+    assignment = result.assignment
     sampled = {c for c in assignment if in_sample(c, 0.5, 0)}
     extra = set()
     for j in set(assignment.values()):  # a cluster the sample missed: its device of the smallest point
@@ -325,12 +325,12 @@ def test_eval_fraction_asks_the_sample_and_waits_for_it_only(digits12, start_edg
         # a device outside the sample gets the broadcast, ignores it, and downloads no model for it
         assert e.handled.get("evaluate", 0) >= 1
         assert e.transport.stats()["received"]["MODEL"]["messages"] == e.handled.get("train", 0) + int(asked)
-    assert sum(e.transport.stats()["received"]["MODEL"]["bytes"] for e in edges) == result["delivered"]["MODEL"]
+    assert sum(e.transport.stats()["received"]["MODEL"]["bytes"] for e in edges) == result.delivered["MODEL"]
     pubs = _published(broker)
     topics = Topics("fedsketch", FED)
     assert sorted(t for t, what in pubs if what == "evaluate") == sorted(
         [topics.broadcast()] + [topics.cmd(c) for c in extra])
-    assert not result["rejected"]
+    assert not result.rejected
 
 
 # -- the device's side --------------------------------------------------------------------------

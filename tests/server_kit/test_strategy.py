@@ -119,12 +119,12 @@ def test_late_client_joins_the_nearest_cluster(digits, start_edge_clients, serve
     result = Orchestrator(strategy, server, cfg, on_round=on_round).run()
     for th in threads:
         th.join(timeout=30)
-    a = result["assignment"]
+    a = result.assignment
     assert late.cid in a
     same_group = [c.cid for c in early if c.group == late.group]
     assert {a[c] for c in same_group} == {a[late.cid]}
     assert adjusted_rand_score([c.group for c in digits], [a[c.cid] for c in digits]) == 1.0
-    assert result["history"][-1]["updates"] == 13  # it trains with its cluster from then on
+    assert result.history[-1]["updates"] == 13  # it trains with its cluster from then on
 
 
 def test_checkpoint_state_round_trips():

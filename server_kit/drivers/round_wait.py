@@ -1,0 +1,270 @@
+"""Whom a training round waits for, per group of devices, and what became of each device it tasked.
+
+A round tasks devices in groups: the devices that train the same models
+(one cluster's model, or all of IFCA's K). Each group needs a number of
+updates (the strategy's sample: ``fraction`` of the cluster), may have been
+given spare devices on top (``--over-select``), and has a report goal: the
+share ``--report-goal`` of what it needs. :class:`RoundWait` keeps, in O(1)
+per message:
+
+- the devices still awaited (tasked, online, neither answered nor refused);
+- per group, the valid updates counted and the devices still awaited;
+- when each valid update came (seconds since the round began);
+- the refused ones, with the reason. A refused update counts toward its
+  group's report goal as an answer (the device did answer; nothing it sent
+  can be used), so it never holds the round past its goal; the device keeps
+  its place until the round closes, and a valid update it sends by then
+  still counts (on a broker without the shipped ACL, the refused message may
+  have been somebody else's forgery on its topic).
+
+A round closes (see :class:`CloseReason`) when nobody is left to wait for;
+when every group reached its goal (after a grace for the stragglers and the
+refused); at its deadline, unless a device's progress claims are plausible
+(:mod:`~server_kit.drivers.pace`); or at the longest a round may last.
+:class:`DeviceOutcome` says what became of each tasked device.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable
+
+from edge_sdk.worker import Task
+
+__all__ = ["Awaited", "CloseReason", "DeviceOutcome", "RoundClose", "RoundGroup", "RoundWait", "group_of"]
+
+
+class Awaited:
+    """The clients a phase waits for: expected, not answered, not given up on, online.
+
+    Handlers and status changes update it in O(1), so that the pump's
+    stopping rule never scans the clients. ``kind`` names the phase, so that
+    a stray message of another phase answers nothing.
+    """
+
+    def __init__(self, kind: str, expected: Any = (), online: Any = ()) -> None:
+        self.kind = kind
+        self.expected = frozenset(expected)
+        self.answered: set[str] = set()
+        self.given_up: set[str] = set()
+        #: Expected, online, neither answered nor given up on.
+        self.left: set[str] = set()
+        for c in self.expected:
+            if c in online:
+                self._wait_for(c)
+
+    def answer(self, kind: str, cid: str) -> None:
+        if kind == self.kind and cid in self.expected and cid not in self.answered:
+            self.answered.add(cid)
+            self._stop_waiting(cid)
+
+    def give_up(self, kind: str, cid: str) -> None:
+        if kind == self.kind and cid in self.expected and cid not in self.answered:
+            self.given_up.add(cid)
+            self._stop_waiting(cid)
+
+    def set_online(self, cid: str, online: bool) -> None:
+        if cid not in self.expected:
+            return
+        if not online:
+            self._stop_waiting(cid)
+        elif cid not in self.answered and cid not in self.given_up:
+            self._wait_for(cid)
+
+    # the two changes of ``left``: a subclass keeps its own counts in step here
+    def _wait_for(self, cid: str) -> None:
+        self.left.add(cid)
+
+    def _stop_waiting(self, cid: str) -> None:
+        self.left.discard(cid)
+
+
+def group_of(task: Task) -> tuple[str, ...]:
+    """The group of a task: the model keys it offers (one cluster's, or all of IFCA's)."""
+    return tuple(sorted(task.models))
+
+
+@dataclass(frozen=True)
+class RoundGroup:
+    """The devices of one round that train the same models."""
+
+    models: tuple[str, ...]
+    #: Every device tasked in the group, spares included.
+    members: frozenset[str]
+    #: Updates the strategy's sample asks for (the group's tasks that are not spares).
+    needed: int
+    #: Answers that close the group (``report_goal`` of ``needed``, at least one): valid updates and refused ones.
+    goal: int
+
+
+class CloseReason(Enum):
+    """Why a round closed."""
+
+    #: Nobody left to wait for: every tasked device answered, was refused or went offline.
+    ALL_ANSWERED = "all-answered"
+    #: Every group reached its report goal; the stragglers had their grace.
+    GOAL = "goal"
+    #: The deadline passed and no awaited device's progress claim was plausible.
+    DEADLINE = "deadline"
+    #: The longest a round may last (``max_round_s``).
+    CAP = "cap"
+
+
+class DeviceOutcome(Enum):
+    """What became of a device a round tasked."""
+
+    REPORTED = "reported"
+    REFUSED = "refused"
+    #: Online, not refused, no update by the close: dropped as a straggler (its late update is refused).
+    STRAGGLER = "straggler"
+    OFFLINE = "offline"
+
+
+@dataclass(frozen=True)
+class RoundClose:
+    """How a round's wait ended."""
+
+    reason: CloseReason
+    #: Seconds from the round's start to its close.
+    close_s: float
+    #: Seconds from the start until every group had its goal (None: never).
+    goal_s: float | None
+    #: The devices whose progress claims kept the round open past its deadline.
+    extended_by: frozenset[str]
+
+
+class RoundWait(Awaited):
+    """One training round's wait (see the module docstring).
+
+    Parameters
+    ----------
+    rnd : int
+        The round.
+    tasks : sequence of Task
+        The round's tasks; ``Task.spare`` marks the over-selected ones.
+    online : iterable of str
+        The devices online now.
+    report_goal : float
+        Share of each group's needed updates that closes it, in (0, 1].
+    clock : callable
+        Monotonic time (replaceable in tests).
+    """
+
+    def __init__(self, rnd: int, tasks: Sequence[Task], online: Iterable[str], *, report_goal: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.round = rnd
+        self.clock = clock
+        self.started = clock()
+        by_group: dict[tuple[str, ...], list[Task]] = {}
+        for t in tasks:
+            by_group.setdefault(group_of(t), []).append(t)
+        self.groups: dict[tuple[str, ...], RoundGroup] = {}
+        for g, ts in sorted(by_group.items()):
+            needed = sum(1 for t in ts if not t.spare) or len(ts)
+            goal = min(len(ts), max(1, math.ceil(report_goal * needed - 1e-9)))
+            self.groups[g] = RoundGroup(g, frozenset(t.cid for t in ts), needed, goal)
+        self.group_of: dict[str, tuple[str, ...]] = {t.cid: group_of(t) for t in tasks}
+        self.spares = frozenset(t.cid for t in tasks if t.spare)
+        self._reported = {g: 0 for g in self.groups}
+        #: Per group, the devices refused and not (yet) answered with a valid update.
+        self._refused = {g: 0 for g in self.groups}
+        self._waiting = {g: 0 for g in self.groups}
+        #: Seconds from the start to each valid update.
+        self.reported_at: dict[str, float] = {}
+        #: Each refused device's last reason (it may still answer with a valid update).
+        self.refusals: dict[str, str] = {}
+        #: Valid updates that robust screening then refused at aggregation, with the reason.
+        self.screened: dict[str, str] = {}
+        #: When every group first had its goal (seconds from the start), or None.
+        self.goal_s: float | None = None
+        super().__init__("update", (t.cid for t in tasks), online)
+
+    def _wait_for(self, cid: str) -> None:
+        if cid not in self.left:
+            self._waiting[self.group_of[cid]] += 1
+        super()._wait_for(cid)
+
+    def _stop_waiting(self, cid: str) -> None:
+        if cid in self.left:
+            self._waiting[self.group_of[cid]] -= 1
+        super()._stop_waiting(cid)
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    def answer(self, kind: str, cid: str) -> None:
+        """A valid update of ``cid`` (once; a refused device that answers now counts as reported)."""
+        if kind != self.kind or cid not in self.expected or cid in self.answered:
+            return
+        self.reported_at[cid] = self.elapsed()
+        g = self.group_of[cid]
+        if cid in self.refusals:
+            self._refused[g] -= 1
+        self._reported[g] += 1
+        super().answer(kind, cid)
+        if self.goal_s is None and self.goal_met():
+            self.goal_s = self.reported_at[cid]
+
+    def refuse(self, cid: str, reason: str) -> bool:
+        """A refused update of ``cid``: recorded, counted toward the goal as an answer. Whether it was tasked.
+
+        ``cid`` keeps its place: a valid update before the close still counts.
+        """
+        if cid not in self.expected:
+            return False
+        if cid not in self.answered:
+            if cid not in self.refusals:
+                self._refused[self.group_of[cid]] += 1
+                if self.goal_s is None and self.goal_met():
+                    self.goal_s = self.elapsed()
+            self.refusals[cid] = reason
+        return True
+
+    def screen(self, refused_by: dict[str, str]) -> None:
+        """Updates the aggregation's screening refused (after the close): recorded as refusals."""
+        for cid, reason in refused_by.items():
+            if cid in self.answered:
+                self.screened[cid] = reason
+                self.refusals[cid] = reason
+
+    def was_refused(self, cid: str) -> bool:
+        """Whether the round counted nothing of ``cid``'s: its updates refused, or its valid one screened out."""
+        return cid in self.screened or (cid in self.refusals and cid not in self.answered)
+
+    def goal_met(self) -> bool:
+        """Every group has its goal of answers, valid or refused (a group with nobody left to wait for is done)."""
+        return all(self._reported[g] + self._refused[g] >= grp.goal or self._waiting[g] == 0
+                   for g, grp in self.groups.items())
+
+    def settled(self) -> bool:
+        """Nothing left to wait for, or every group at its goal: what the first wait stops on."""
+        return not self.left or self.goal_met()
+
+    def outcome(self, cid: str, online: Callable[[str], bool]) -> DeviceOutcome:
+        """What became of tasked device ``cid`` (call after the close)."""
+        if self.was_refused(cid):
+            return DeviceOutcome.REFUSED
+        if cid in self.answered:
+            return DeviceOutcome.REPORTED
+        return DeviceOutcome.STRAGGLER if online(cid) else DeviceOutcome.OFFLINE
+
+    def record(self, close: RoundClose, online: Callable[[str], bool]) -> dict[str, Any]:
+        """The round's wait for its record in ``results.json``: selected, reported, stragglers, refused."""
+        outcomes = {c: self.outcome(c, online) for c in sorted(self.expected)}
+        return {
+            "selected": len(self.expected), "spares": len(self.spares),
+            "reported": sum(1 for o in outcomes.values() if o is DeviceOutcome.REPORTED),
+            "stragglers": sorted(c for c, o in outcomes.items() if o is DeviceOutcome.STRAGGLER),
+            "offline": sorted(c for c, o in outcomes.items() if o is DeviceOutcome.OFFLINE),
+            "refused": {c: self.refusals[c] for c, o in outcomes.items() if o is DeviceOutcome.REFUSED},
+            "goals": {"+".join(g): {"needed": grp.needed, "goal": grp.goal, "selected": len(grp.members),
+                                    "reported": self._reported[g]} for g, grp in self.groups.items()},
+            "reported_s": {c: round(s, 3) for c, s in sorted(self.reported_at.items())},
+            "close": close.reason.value, "close_s": round(close.close_s, 3),
+            "goal_s": None if close.goal_s is None else round(close.goal_s, 3),
+            "extended_by": sorted(close.extended_by),
+        }
