@@ -87,8 +87,8 @@ def wait_round(pump: Callable[[Callable[[], bool], float], bool], wait: RoundWai
             grace = max(0.0, goal_s + max(policy.straggler_grace * goal_s, floor) - elapsed)
             grace = min(grace, max(0.0, policy.max_round_s - elapsed))
             if not pump(lambda: not wait.left, grace) and wait.left:
-                log.info("round %d: report goal reached at %.1f s; closing without %d straggler(s) after a "
-                         "%.1f s grace", wait.round, goal_s, len(wait.left), grace)
+                log.info("round %d: report goal reached at %.1f s; closing after a %.1f s grace without %d "
+                         "device(s) still awaited", wait.round, goal_s, grace, len(wait.left))
             return closed(CloseReason.ALL_ANSWERED if not wait.left else CloseReason.GOAL)
         if elapsed >= policy.max_round_s:
             return closed(CloseReason.CAP)
