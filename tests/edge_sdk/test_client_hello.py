@@ -37,18 +37,33 @@ def test_a_hello_is_one_message_without_a_status():
     assert ec.hello_due is None
 
 
-def test_the_hello_after_connecting_waits_a_random_jitter_without_blocking():
+class FakeClock:
+    """Stands in for the ``time`` module of edge_sdk.client: ``monotonic()`` moves only when a test says; any
+    ``sleep`` fails the test (nothing there may block)."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        raise AssertionError(f"edge_sdk.client slept {seconds} s")
+
+
+def test_the_hello_after_connecting_waits_a_random_jitter_without_blocking(monkeypatch):
+    import edge_sdk.client
+
+    clock = FakeClock()
+    monkeypatch.setattr(edge_sdk.client, "time", clock)
     broker = MemoryBroker()
     ec = device(broker, hello_jitter_s=0.4)
-    t0 = time.monotonic()
-    ec.start()
-    assert time.monotonic() - t0 < 0.2  # start() schedules, it does not sleep
+    ec.start()  # schedules the hello: no sleep (the fake clock refuses one), the clock stands still
     due = ec.hello_due
-    assert due is not None and t0 <= due <= t0 + 0.4 + 0.05
-    ec.step()
-    if time.monotonic() < due:
-        assert sent(broker, "hello") == []
-    time.sleep(max(0.0, due - time.monotonic()) + 0.01)
+    assert due is not None and 1000.0 <= due <= 1000.4
+    assert ec.step() is True  # not due yet (unless the draw was exactly 0): step() neither waits nor sends
+    assert sent(broker, "hello") == ([] if due > 1000.0 else ["fedsketch/hello/clients/c1/hello"])
+    clock.now = due
     ec.step()
     assert len(sent(broker, "hello")) == 1 and ec.hello_due is None
 

@@ -86,7 +86,11 @@ def test_300_devices_all_register_and_cluster_right(shipped_acl):
     truth = [c.group for c in clients]
     assert adjusted_rand_score(truth, [result.assignment[c.cid] for c in clients]) == 1.0
     assert not result.rejected.get("inbox-full")
-    assert took < 120
+    # no phase ran into its deadline: all 300 registered and sketched (above), and the round closed when every
+    # device tasked had answered, not at its deadline nor at its cap
+    (rec,) = result.history
+    assert (rec["close"], rec["updates"], rec["stragglers"]) == ("all-answered", rec["tasked"], [])
+    print(f"300 devices: the run took {took:.1f} s, phases {result.timings}")  # reported, not asserted
 
 
 def _burst(url: str, cids: list[str], passwords: dict[str, str], per_device: int) -> int:

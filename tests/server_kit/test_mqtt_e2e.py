@@ -203,9 +203,9 @@ def test_client_killed_mid_round_does_not_stop_the_round(tmp_path, digits):
     h = result.history
     assert [r["updates"] for r in h] == [4, 3, 3]
     assert h[1]["missing"] == [victim]
-    # the round closed on the victim's last will, long before its 90 s deadline
-    assert h[1]["seconds"] < 30
-    assert time.monotonic() - t0 < 120
+    # the round closed on the victim's last will (it went offline: nobody left to wait for), not at its 90 s deadline
+    assert (h[1]["close"], h[1]["offline"]) == ("all-answered", [victim])
+    print(f"round 2 took {h[1]['seconds']:.1f} s, the whole run {time.monotonic() - t0:.1f} s")  # reported only
     assert result.final["accuracy"] is not None
 
 
