@@ -51,6 +51,19 @@ the cluster's updates held (the drivers hold the round's updates anyway):
 envelope of the model, as the server's transport signs every message it
 sends (:mod:`edge_sdk.signing`).
 
+Stallers (``--stallers``, on by default): does one slow, lying or broken
+device hold the rounds open? Two federations through
+:class:`server_kit.drivers.orchestrator.Orchestrator` over a real broker
+(Mosquitto when installed, else the embedded one), real edge clients, the
+same clients and seeds: a clean one, and one where ``c00`` sends only
+malformed updates, ``c01`` says "still training" every second and never
+sends one, and ``c02`` (honest) starts each training 60 s late, longer than
+the round's deadline (30 s) (:mod:`server_kit.stallers`). Both with
+``--stall-fraction`` of each cluster needed per round, ``--over-select``
+spares and ``--report-goal``. Keys: ``round_s_clean`` and
+``round_s_with_stallers`` (median round time, seconds), ``stall_ratio``
+(with over clean), the final evaluation's accuracy and the ARI of both.
+
 Run: ``.venv/bin/python benchmarks/robustness.py --quick`` (about 3 minutes
 on 2 cores) or ``--data ../shared/data/mnist``. The last line is JSON:
 ``clean_acc``, ``worst_victim_acc_defended`` (norm bounding, worst attack),
@@ -253,6 +266,69 @@ def orchestrated(env, args, attack: str | None) -> dict[str, Any]:
             "seconds": time.perf_counter() - t0}
 
 
+def stalling(env, args, with_stallers: bool) -> dict[str, Any]:
+    """One federation over a real broker, with or without the three stallers (see the module docstring)."""
+    from edge_sdk.client import EdgeClient
+    from edge_sdk.transport import BrokerConfig, MqttTransport
+    from edge_sdk.worker import LocalWorker
+    from server_kit.broker import start_broker
+    from server_kit.drivers import Orchestrator, ServerConfig
+    from server_kit.stallers import ClaimsForever, MalformedUpdates, SlowWorker
+    from server_kit.strategies.fedsketch import SketchClustered
+
+    fed, release = "stall", threading.Event()
+    devices = {"c00": MalformedUpdates, "c01": ClaimsForever} if with_stallers else {}
+    with start_broker() as broker:
+        def transport(cid: str) -> MqttTransport:
+            return MqttTransport(BrokerConfig.from_url(broker.url, reconnect_min_s=0.1), cid, federation=fed)
+
+        threads = []
+        for i, c in enumerate(env["clients"]):
+            data = (c.cid, c.x_train, c.y_train, c.x_test, c.y_test)
+            seed = args.seed * 1000 + i
+            worker = (SlowWorker(*data, architecture=env["arch"], seed=seed, release=release)
+                      if with_stallers and c.cid == "c02" else LocalWorker(*data, architecture=env["arch"], seed=seed))
+            kw = {"release": release} if c.cid in devices else {}
+            edge = devices.get(c.cid, EdgeClient)(transport(c.cid), worker, federation=fed, seed=seed,
+                                                  model_timeout_s=120, progress_interval_s=1.0, **kw)
+            th = threading.Thread(target=edge.run, kwargs={"max_idle_s": 300}, daemon=True)
+            th.start()
+            threads.append(th)
+        server = transport("server")
+        server.connect(timeout=10)
+        strategy = SketchClustered(settings=env["settings"], fraction=args.stall_fraction, seed=args.seed,
+                                   min_cluster_size=args.min_cluster_size)
+        config = ServerConfig(federation=fed, rounds=args.rounds, min_clients=len(env["clients"]),
+                              register_timeout_s=120, sketch_timeout_s=120, round_timeout_s=30,
+                              first_round_timeout_s=30, eval_timeout_s=120, flip_prob=0.1, encoder=env["encoder"],
+                              architecture=env["arch"], seed=args.seed, over_select=args.over_select,
+                              report_goal=args.report_goal)
+
+        def on_round(rec: dict) -> None:
+            print(f"    round {rec['round']}: {rec['seconds']:.1f} s, closed by {rec['close']}, "
+                  f"{rec['reported']}/{rec['selected']} reported, stragglers {rec['stragglers']}, "
+                  f"refused {sorted(rec['refused'])}", flush=True)
+            if rec["round"] == args.rounds:
+                release.set()
+
+        try:
+            result = Orchestrator(strategy, server, config, on_round=on_round).run()
+        finally:
+            release.set()
+            server.close()
+        for th in threads:
+            th.join(timeout=60)
+    from sklearn.metrics import adjusted_rand_score
+
+    cids = sorted(env["groups"])
+    return {"round_s": float(np.median([h["seconds"] for h in result.history])),
+            "per_round_s": [round(h["seconds"], 2) for h in result.history],
+            "close": [h["close"] for h in result.history], "acc": result.final["accuracy"],
+            "ari": float(adjusted_rand_score([env["groups"][c] for c in cids],
+                                             [result.assignment.get(c, -1) for c in cids])),
+            "benched": sorted(result.benched), "stragglers": [h["stragglers"] for h in result.history]}
+
+
 # --------------------------------------------------------------------------- costs
 
 
@@ -371,6 +447,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="skip the cross-cluster run through the orchestrator")
     p.add_argument("--repeats", type=int, default=5, help="timed passes of each defence's aggregation")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--no-stallers", dest="stallers", action="store_false",
+                   help="skip the two federations with and without the stalling devices")
+    p.add_argument("--stall-fraction", type=float, default=0.5,
+                   help="share of each cluster a round needs in those federations (default: %(default)s)")
+    p.add_argument("--over-select", type=float, default=0.3,
+                   help="spares per cluster in those federations (default: %(default)s)")
+    p.add_argument("--report-goal", type=float, default=1.0,
+                   help="report goal in those federations (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     quick = dict(clients=20, rounds=8, epochs=3, lr=1e-2, batch_size=16, fraction=1.0, min_cluster_size=3)
@@ -428,6 +512,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  clean runs: updates clipped {clipped_clean}; largest honest norm / round median "
           f"{max(rows[d]['clean']['max_norm_ratio'] for d in defences):.2f}")
 
+    stall = {}
+    if args.stallers:
+        for label, on in (("clean", False), ("with_stallers", True)):
+            print(f"\nfederation over a real broker, {label.replace('_', ' ')} (fraction {args.stall_fraction}, "
+                  f"over-select {args.over_select}, report goal {args.report_goal}):", flush=True)
+            stall[label] = stalling(env, args, on)
+        ratio = stall["with_stallers"]["round_s"] / stall["clean"]["round_s"]
+        print(f"  median round: clean {stall['clean']['round_s']:.2f} s, with the stallers "
+              f"{stall['with_stallers']['round_s']:.2f} s (ratio {ratio:.2f}); final accuracy "
+              f"{stall['clean']['acc']:.3f} vs {stall['with_stallers']['acc']:.3f}; ARI {stall['clean']['ari']:.2f} "
+              f"vs {stall['with_stallers']['ari']:.2f}; benched {stall['with_stallers']['benched']}")
+
     cost = costs(record, args.repeats)
     info = cost.pop("_round")
     print(f"\ncost of each defence on one recorded round ({info['updates']} updates, {info['clusters']} clusters, "
@@ -468,6 +564,14 @@ def main(argv: list[str] | None = None) -> int:
         "cross_cluster_victim_acc_orchestrator": round(orch["acc"], 4) if orch is not None else None,
         "cross_cluster_clean_acc_orchestrator": round(orch_clean["acc"], 4) if orch_clean is not None else None,
         **sign,
+        **({"round_s_clean": round(stall["clean"]["round_s"], 3),
+            "round_s_with_stallers": round(stall["with_stallers"]["round_s"], 3),
+            "stall_ratio": round(stall["with_stallers"]["round_s"] / stall["clean"]["round_s"], 3),
+            "stall_acc_clean": stall["clean"]["acc"], "stall_acc_with_stallers": stall["with_stallers"]["acc"],
+            "stall_ari_clean": stall["clean"]["ari"], "stall_ari_with_stallers": stall["with_stallers"]["ari"],
+            "stall_benched": stall["with_stallers"]["benched"],
+            "stall_settings": {"fraction": args.stall_fraction, "over_select": args.over_select,
+                               "report_goal": args.report_goal}} if stall else {}),
         "seconds": round(time.perf_counter() - t_all, 1),
     }
     if any(not math.isfinite(v) for d in attacked.values() for v in d.values()):

@@ -6,6 +6,8 @@ import pytest
 
 from server_kit.cli import load_config, main
 
+from helpers import ari_against
+
 
 def test_config_file_is_read_and_validated(tmp_path):
     good = tmp_path / "run.toml"
@@ -182,19 +184,21 @@ def test_paho_not_connected_line_is_debug_only(caplog):
             paho.removeFilter(f)
 
 
-def _synthetic_result() -> dict:
+def _synthetic_result():
     """What Orchestrator.run returns for 2 rounds of 2 clusters (tests/server_kit/test_report.py has more)."""
-    return {
-        "strategy": "fedavg", "assignment": {"a": 0, "b": 0, "c": 1, "d": 1},
-        "history": [{"round": 1, "acc_before": 0.1, "acc_before_per_model": {"global": 0.1}},
-                    {"round": 2, "acc_before": 0.7, "acc_before_per_model": {"global": 0.7}}],
-        "final": {"accuracy": 0.85, "per_client": {}, "per_model": {"global": 0.85}},
-        "timings": {}, "rejected": {},
-        "transport": {"sent": {"CMD": {"messages": 4, "bytes": 400}}, "received": {"UPDATE": {"messages": 4,
-                                                                                             "bytes": 4000}}},
-        "delivered": {"MODEL": 3000}, "pretrain": [], "encoder": "digits_encoder",
-        "refused": {"e": "wrong sample shape"},
-    }
+    from server_kit.drivers.result import RunResult
+
+    return RunResult(
+        strategy="fedavg", assignment={"a": 0, "b": 0, "c": 1, "d": 1},
+        history=[{"round": 1, "acc_before": 0.1, "acc_before_per_model": {"global": 0.1}},
+                 {"round": 2, "acc_before": 0.7, "acc_before_per_model": {"global": 0.7}}],
+        final={"accuracy": 0.85, "per_client": {}, "per_model": {"global": 0.85}},
+        timings={}, rejected={},
+        transport={"sent": {"CMD": {"messages": 4, "bytes": 400}}, "received": {"UPDATE": {"messages": 4,
+                                                                                         "bytes": 4000}}},
+        delivered={"MODEL": 3000}, pretrain=[], encoder="digits_encoder", architecture=None,
+        refused={"e": "wrong sample shape"},
+    )
 
 
 def test_report_dir_run_prints_the_page_and_the_summary_with_ari(tmp_path, capsys, monkeypatch):
@@ -204,7 +208,8 @@ def test_report_dir_run_prints_the_page_and_the_summary_with_ari(tmp_path, capsy
 
     monkeypatch.setattr(cli, "_with_broker", lambda *a, **k: _synthetic_result())
     truth = tmp_path / "truth.json"
-    truth.write_text(json.dumps({"a": 0, "b": 0, "c": 1, "d": 2}))
+    truth_groups = {"a": 0, "b": 0, "c": 1, "d": 2}
+    truth.write_text(json.dumps(truth_groups))
     report = tmp_path / "report"
     assert main(["--strategy", "fedavg", "--report-dir", str(report), "--truth", str(truth),
                  "--target-accuracy", "0.8"]) == 0
@@ -212,15 +217,17 @@ def test_report_dir_run_prints_the_page_and_the_summary_with_ari(tmp_path, capsy
     assert out[-2] == f"report: {report / 'report.html'}"
     summary = json.loads(out[-1])
     # accuracy after round 1 = what round 2 measured before training (0.7), after round 2 = the final evaluation
+    # the ARI of the assignment {a, b: 0; c, d: 1} against the truth {a, b: 0; c: 1; d: 2} is 4/7, rounded to 4 places
+    ari = ari_against(truth_groups, _synthetic_result().assignment)
+    assert ari == pytest.approx(4 / 7)
     assert summary == {"strategy": "fedavg", "final_accuracy": 0.775, "final_evaluation": 0.85, "clusters": 2,
-                       "rounds": 2, "ari": summary["ari"]}
-    assert 0.0 < summary["ari"] < 1.0
+                       "rounds": 2, "ari": round(ari, 4)}
     for name in ("results.json", "accuracy.png", "bytes.png", "report.html"):
         assert (report / name).stat().st_size > 0, name
     results = json.loads((report / "results.json").read_text())
     assert results["accuracy_per_round"] == [0.7, 0.85] and results["rounds_to_target"] == 2
     assert results["refused"] == {"e": "wrong sample shape"}
-    assert round(results["clustering"]["ari"], 4) == summary["ari"]
+    assert results["clustering"]["ari"] == pytest.approx(ari)
     # without a report folder the summary still scores the clustering
     assert main(["--strategy", "fedavg", "--truth", str(truth)]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["ari"] == summary["ari"]

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from edge_sdk.client import EdgeClient
-from edge_sdk.protocol import Kind, Message, Topics, encode_message
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from edge_sdk.worker import LocalWorker, Task, TrainSettings
 from server_kit.broker import MosquittoBroker, find_mosquitto
@@ -23,7 +22,7 @@ from server_kit.drivers.closing import ClosePolicy, wait_round
 from server_kit.drivers.pace import Pace
 from server_kit.drivers.phase import Phase, RunPhase
 from server_kit.drivers.round_wait import CloseReason, DeviceOutcome, RoundWait
-from server_kit.strategies.fedavg import FedAvg
+from server_kit.stallers import ClaimsForever, MalformedUpdates, SlowWorker
 from server_kit.strategies.fedsketch import SketchClustered
 
 from helpers import ARCH, ari_against
@@ -249,62 +248,11 @@ def test_server_config_refuses_bad_closing_settings():
 # -- a federation over Mosquitto with three devices that would hold its rounds open ------------------
 
 
-def raw_update(fed: str, cid: str, meta_json: str, rnd: int) -> bytes:
-    """An UPDATE envelope with the meta as written (no encoder would write 1e400)."""
-    import struct
-
-    from edge_sdk.protocol import MAGIC, PROTOCOL_VERSION
-
-    meta = meta_json.encode()
-    head = struct.pack(">2sBBBIHI", MAGIC, PROTOCOL_VERSION, int(Kind.UPDATE), 0, rnd, len(meta), 0)
-    return head + bytes((len(fed),)) + fed.encode() + bytes((len(cid),)) + cid.encode() + meta
-
-
-class Malformed(EdgeClient):
-    """Every update refused: odd rounds a meta the transport cannot decode, even rounds broken tensors."""
-
-    release: threading.Event
-
-    def _do_train(self, m, rnd):
-        r, key = m["round"], m["models"][0]
-        topic = self.topics.update(self.cid)
-        if r % 2:
-            raw = raw_update(self.federation, self.cid, f'{{"round":{r},"model_key":"{key}","n_samples":1e400}}', r)
-            self.transport._client.publish(topic, raw, qos=1)
-        else:
-            meta = {"round": r, "model_key": key, "n_samples": 50, "loss": 0.1, "metrics": {}}
-            self.transport.publish(topic, Message(Kind.UPDATE, self.federation, self.cid, r, meta, b"\x01" * 64))
-
-
-class ClaimsForever(EdgeClient):
-    """Says "training round r" every second and never sends an update (until released, after the last round)."""
-
-    release: threading.Event
-
-    def _do_train(self, m, rnd):
-        done = threading.Event()
-        beat = threading.Thread(target=self._report_progress, args=(m["round"], done), daemon=True)
-        beat.start()
-        self.release.wait()
-        done.set()
-
-
-class SlowWorker(LocalWorker):
-    """An honest device that sleeps longer than the round's deadline before it trains."""
-
-    release: threading.Event
-    sleep_s = 40.0
-
-    def fit(self, task):
-        self.release.wait(self.sleep_s)
-        return super().fit(task)
-
-
 @needs_mosquitto
 def test_one_slow_lying_or_broken_device_holds_no_round_open(digits12, shipped_acl):
     fed = "pace"
     release = threading.Event()
-    bad = {"c00": Malformed, "c01": ClaimsForever}  # c00 rotation 0, c01 90, c02 (slow) 180
+    bad = {"c00": MalformedUpdates, "c01": ClaimsForever}  # c00 rotation 0, c01 90, c02 (slow) 180
     passwords = {c.cid: f"pw-{c.cid}" for c in digits12} | {"server": "pw-server"}
     rounds, deadline = 3, 25.0
     with MosquittoBroker(acl=shipped_acl(fed), passwords=passwords) as broker:
@@ -314,12 +262,12 @@ def test_one_slow_lying_or_broken_device_holds_no_round_open(digits12, shipped_a
 
         threads, edges = [], []
         for i, c in enumerate(digits12):
-            wcls = SlowWorker if c.cid == "c02" else LocalWorker
-            w = wcls(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=i)
-            w.release = release
+            args = (c.cid, c.x_train, c.y_train, c.x_test, c.y_test)
+            w = (SlowWorker(*args, architecture=ARCH, seed=i, release=release) if c.cid == "c02"
+                 else LocalWorker(*args, architecture=ARCH, seed=i))
+            kw = {"release": release} if c.cid in bad else {}
             ec = bad.get(c.cid, EdgeClient)(make(c.cid), w, federation=fed, seed=i, model_timeout_s=60,
-                                            progress_interval_s=1.0)
-            ec.release = release
+                                            progress_interval_s=1.0, **kw)
             th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 120}, daemon=True)
             th.start()
             threads.append(th)

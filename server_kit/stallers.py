@@ -1,0 +1,80 @@
+"""Devices that would hold a round open, for the tests and ``benchmarks/robustness.py``.
+
+* :class:`MalformedUpdates`: every update refused: in odd rounds a meta
+  field of ``1e400`` (refused by the transport before it is decoded), in
+  even rounds a body that is no tensors (refused by the server's checks);
+* :class:`ClaimsForever`: says "training round r" every
+  ``progress_interval_s`` and never sends an update;
+* :class:`SlowWorker`: an honest device whose training starts ``sleep_s``
+  late (a stalled SD card), longer than the round's deadline.
+
+Each takes a ``release`` event (keyword; set it after the last round): from
+then on it answers at once, so that the final evaluation hears from it.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from edge_sdk.client import EdgeClient
+from edge_sdk.protocol import MAGIC, PROTOCOL_VERSION, Kind, Message
+from edge_sdk.worker import LocalWorker, Task, Update
+
+__all__ = ["ClaimsForever", "MalformedUpdates", "SlowWorker", "raw_update"]
+
+
+def raw_update(federation: str, cid: str, meta_json: str, rnd: int) -> bytes:
+    """An UPDATE envelope with its meta exactly as written (no encoder writes ``1e400``), no body."""
+    meta = meta_json.encode()
+    head = struct.pack(">2sBBBIHI", MAGIC, PROTOCOL_VERSION, int(Kind.UPDATE), 0, rnd, len(meta), 0)
+    return head + bytes((len(federation),)) + federation.encode() + bytes((len(cid),)) + cid.encode() + meta
+
+
+class _Released:
+    """The ``release`` keyword of the stallers."""
+
+    def __init__(self, *args: Any, release: threading.Event | None = None, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.release = release if release is not None else threading.Event()
+
+
+class MalformedUpdates(_Released, EdgeClient):
+    """A device whose every update is refused (see the module docstring)."""
+
+    def _do_train(self, m: Mapping[str, Any], rnd: int) -> None:
+        r, key = m["round"], m["models"][0]
+        topic = self.topics.update(self.cid)
+        if r % 2:
+            raw = raw_update(self.federation, self.cid, f'{{"round":{r},"model_key":"{key}","n_samples":1e400}}', r)
+            if hasattr(self.transport, "publish_raw"):  # the in-memory broker
+                self.transport.publish_raw(topic, raw)
+            else:  # MQTT: straight through paho, as a device with its own credentials could
+                self.transport._client.publish(topic, raw, qos=1)
+        else:
+            meta = {"round": r, "model_key": key, "n_samples": 50, "loss": 0.1, "metrics": {}}
+            self.transport.publish(topic, Message(Kind.UPDATE, self.federation, self.cid, r, meta, b"\x01" * 64))
+
+
+class ClaimsForever(_Released, EdgeClient):
+    """A device that says it trains and never sends an update, until ``release``."""
+
+    def _do_train(self, m: Mapping[str, Any], rnd: int) -> None:
+        done = threading.Event()
+        beat = threading.Thread(target=self._report_progress, args=(m["round"], done), daemon=True,
+                                name=f"{self.cid}-claims")
+        beat.start()
+        self.release.wait()
+        done.set()
+
+
+class SlowWorker(_Released, LocalWorker):
+    """An honest device that starts training ``sleep_s`` late (until ``release``)."""
+
+    sleep_s = 60.0
+
+    def fit(self, task: Task) -> Update:
+        self.release.wait(self.sleep_s)
+        return super().fit(task)
