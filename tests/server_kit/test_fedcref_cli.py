@@ -79,8 +79,32 @@ def test_fedcref_federation_from_the_command_line(device_files, tmp_path, capsys
     # the exported community models label new data with ONNX Runtime alone
     from edge_sdk.fedcref import OnnxCommunityLabeler
 
-    labeler = OnnxCommunityLabeler(tmp_path / "report" / "communities")
+    folder = tmp_path / "report" / "communities"
+    index = json.loads((folder / "communities.json").read_text())
+    assert sorted(e["file"] for e in index["communities"]) == sorted(p.name for p in folder.glob("*.onnx"))
+    labeler = OnnxCommunityLabeler(folder)
     assert len(labeler.communities) == 3 and labeler.n_features == 64
+    # every sample of the shared digits, labelled: the community whose members' clusters hold that digit
+    digit_of = {e["community"]: {digit[m] for m in e["members"]} for e in index["communities"]}
+    assert sorted(map(sorted, digit_of.values())) == [[0], [1], [4]]
+    x_all = np.concatenate([np.load(p)["x"] for p in device_files])
+    y_all = np.concatenate([truth[f"c{i}"] for i in range(len(device_files))])
+    shared = np.isin(y_all, [0, 1, 4])
+    x, y = x_all[shared], y_all[shared]
+    labels_here = labeler.predict(x)
+    hits = np.mean([digit_of[int(g)] == {int(d)} for g, d in zip(labels_here, y)])
+    print(f"ONNX community labels: {hits:.3f} of {len(y)} samples of digits 0, 1 and 4 go to their digit's community")
+    assert hits > 0.8  # observed 0.976; chance is 1/3
+    # the same labels in a process where torch cannot be imported (``import torch`` raises ImportError there)
+    np.savez(tmp_path / "shared.npz", x=x)
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import numpy as np\n"
+            "from edge_sdk.fedcref import OnnxCommunityLabeler\n"
+            f"x = np.load({str(tmp_path / 'shared.npz')!r})['x']\n"
+            f"np.save({str(tmp_path / 'labels.npy')!r}, OnnxCommunityLabeler({str(folder)!r}).predict(x))\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "labels.npy"), labels_here)
 
 
 def test_fedcref_command_line_refuses_bad_settings(device_files, tmp_path, capsys):

@@ -15,7 +15,7 @@ from server_kit.strategies.base import ClientInfo
 from server_kit.strategies.ifca import IFCA, perturbed_copy
 from server_kit.strategies.ladd import LADD, nearest_center
 
-from helpers import ARCH
+from helpers import ARCH, ari_against
 
 pytest.importorskip("torch")
 
@@ -161,8 +161,9 @@ def test_ifca_in_the_simulator(digits12):
     assert sorted(s.models) == ["c0", "c1", "c2", "c3"]
     assert set(res.assignment) == {c.cid for c in digits12} and set(res.assignment.values()) <= {0, 1, 2, 3}
     assert [r.summary["updates"] for r in res.rounds] == [12, 12, 12]
-    assert res.accuracies[-1] > 0.3
     print(f"IFCA simulator: ARI {res.ari:.3f}, accuracy per round {np.round(res.accuracies, 3).tolist()}")
+    # observed: ARI 0.639, accuracy 0.636 after 3 rounds; a random assignment scores an ARI about 0, chance 0.1
+    assert res.ari > 0.4 and res.accuracies[-1] > 0.45
 
     # on-device ONNX selection picks what a torch evaluation of the same weights picks
     models = s.models
@@ -221,9 +222,11 @@ def test_ifca_over_mqtt(digits12, start_edge_clients, server_transport):
     assert models_per_round == [12, 4, 4]
     assert received == [1 + 4 + 4 + 1] * 12  # + the final evaluation's own model
     assert not result.rejected
-    assert result.final["accuracy"] is not None and result.final["accuracy"] > 0.3
-    print(f"IFCA over MQTT: final accuracy {result['final']['accuracy']:.3f}, "
-          f"MODEL bytes {result['transport']['sent']['MODEL']['bytes']}")
+    ari = ari_against({c.cid: c.group for c in digits12}, result.assignment)
+    print(f"IFCA over MQTT: final accuracy {result.final['accuracy']:.3f}, ARI {ari:.3f}, "
+          f"MODEL bytes {result.transport['sent']['MODEL']['bytes']}")
+    # observed: accuracy 0.636, ARI 0.639 (as in the simulator); chance 0.1, a random assignment's ARI about 0
+    assert result.final["accuracy"] > 0.45 and ari > 0.4
 
 
 def test_ladd_over_mqtt_clusters_like_the_simulator(digits12, start_edge_clients, server_transport):
