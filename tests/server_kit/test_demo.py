@@ -25,7 +25,16 @@ def test_small_demo_runs_end_to_end(tmp_path, capsys, broker):
     assert set(summary) == {"ari", "clustered_acc", "fedavg_acc", "seconds", "sketch_bytes"}
     assert summary["ari"] == 1.0
     assert summary["sketch_bytes"] <= 64
-    for name in ("results.json", "accuracy.png", "threshold_search.png", "bytes.png"):
-        assert (report / name).read_bytes()[:1], name
+    assert (report / "results.json").stat().st_size > 0
+    from PIL import Image  # matplotlib's own dependency: it drew these
+
+    for name in ("accuracy.png", "threshold_search.png", "bytes.png"):
+        with Image.open(report / name) as img:
+            assert img.format == "PNG", name
+            size, colours = img.size, img.convert("RGB").getcolors(maxcolors=1 << 24)
+        print(f"{name}: {size[0]}x{size[1]}, {len(colours)} colours")
+        # a figure of a few inches at matplotlib's dpi, with something drawn on it (not one blank colour)
+        assert 200 <= size[0] <= 4000 and 150 <= size[1] <= 4000, (name, size)
+        assert len(colours) > 1, name
     results = json.loads((report / "results.json").read_text())
     assert len(results["clustered_accuracy"]) == 2 and len(results["fedavg_accuracy"]) == 2

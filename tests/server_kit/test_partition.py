@@ -247,6 +247,11 @@ def test_dirichlet_indices_deterministic():
     a = dirichlet_indices(labels, 5, 0.5, seed=11)
     b = dirichlet_indices(labels, 5, 0.5, seed=11)
     assert all(np.array_equal(p, q) for p, q in zip(a, b))
+    # a partition of every sample (each once, at least min_size=10 per client), of the very sizes seed 11 draws;
+    # another seed draws other shards
+    assert np.array_equal(np.sort(np.concatenate(a)), np.arange(len(labels)))
+    assert [len(p) for p in a] == [113, 66, 159, 134, 28]
+    assert [len(p) for p in dirichlet_indices(labels, 5, 0.5, seed=12)] == [102, 90, 75, 89, 144]
 
 
 # ----------------------------------------------------------------------------- bad arguments

@@ -113,6 +113,10 @@ def test_pretraining_is_seeded(clients, pretrained):
     assert again.history[0]["clients"] == twice.history[0]["clients"]
     for k in again.weights:
         np.testing.assert_array_equal(again.weights[k], twice.weights[k])
+    # the very clients seed 3 picks (2 of the 3); another seed picks others and trains other weights
+    other = federated_ae_pretrain(clients, architecture=ARCH, rounds=1, clients_per_round=2, epochs=1, seed=4)
+    assert again.history[0]["clients"] == ["c00", "c01"] and other.history[0]["clients"] == ["c01", "c02"]
+    assert not np.array_equal(again.weights["encoder.0.weight"], other.weights["encoder.0.weight"])
 
 
 def test_pretraining_rejects_bad_settings(clients):

@@ -59,13 +59,18 @@ def test_nan_update_is_dropped_and_the_rest_aggregated(caplog):
 
 
 def test_sampling_is_seeded_by_round_and_covers_each_cluster():
-    s = ClusteredFedAvg(fraction=0.5, seed=3)
-    s.setup([ClientInfo(f"c{i}", 1) for i in range(8)], w(0, 0))
-    s.set_assignment({f"c{i}": i % 2 for i in range(8)})
-    first = [t.cid for t in s.configure_round(4, [f"c{i}" for i in range(8)])]
-    again = [t.cid for t in s.configure_round(4, [f"c{i}" for i in range(8)])]
-    assert first == again and len(first) == 4
+    def chosen(seed: int, rnd: int) -> list[str]:
+        s = ClusteredFedAvg(fraction=0.5, seed=seed)
+        s.setup([ClientInfo(f"c{i}", 1) for i in range(8)], w(0, 0))
+        s.set_assignment({f"c{i}": i % 2 for i in range(8)})
+        return [t.cid for t in s.configure_round(rnd, [f"c{i}" for i in range(8)])]
+
+    first = chosen(3, 4)
+    assert first == chosen(3, 4) and len(first) == 4
     assert sorted(int(c[1:]) % 2 for c in first) == [0, 0, 1, 1]
+    # the very sample (cluster by cluster, each cluster's half), and another one for another seed or round
+    assert first == ["c0", "c4", "c1", "c7"]
+    assert chosen(4, 4) == ["c2", "c4", "c3", "c5"] and chosen(3, 5) == ["c2", "c4", "c1", "c7"]
 
 
 def test_bad_strategy_parameters_are_refused():
