@@ -33,10 +33,11 @@ from edge_sdk.protocol import (
 )
 from edge_sdk.signing import Signer, Verifier, generate_key
 from edge_sdk.transport import BrokerConfig, MemoryBroker, MemoryTransport, MqttTransport
-from edge_sdk.worker import LocalWorker, TrainSettings
+from edge_sdk.worker import LocalWorker, Task, TrainSettings
 from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig
+from server_kit.drivers.phase import Phase
 from server_kit.strategies.fedavg import FedAvg
 from server_kit.strategies.fedsketch import SketchClustered
 
@@ -268,10 +269,10 @@ def _memory_run(server_transport, clients, hostile=None):
 def test_update_under_another_clusters_key_is_refused(digits, server_transport):
     clean = _memory_run(server_transport, digits)
     attacked = _memory_run(server_transport, digits, hostile={digits[0].cid: CrossClusterAttacker})
-    assert attacked["rejected"]["wrong-model"] == 3  # one per round
-    own = attacked["assignment"][digits[0].cid]
+    assert attacked.rejected["wrong-model"] == 3  # one per round
+    own = attacked.assignment[digits[0].cid]
     victim = "c1" if f"c{own}" != "c1" else "c0"
-    assert attacked["final"]["per_model"][victim] == pytest.approx(clean["final"]["per_model"][victim], abs=0.02)
+    assert attacked.final["per_model"][victim] == pytest.approx(clean.final["per_model"][victim], abs=0.02)
 
 
 @pytest.fixture(scope="module")
@@ -284,7 +285,8 @@ def orchestrator(server_transport):
                         template=template)
     orch.strategy.setup([], template)
     orch.link.handle_safely("t", Message(Kind.HELLO, "fz", "c1", 0, {"n_samples": 10}))
-    orch.intake.round, orch.intake.tasked, orch.intake.allowed = 1, {"c1"}, {"c1": frozenset({"global"})}
+    orch.intake.run.enter(Phase.TRAIN, rnd=0)
+    orch.intake.open_round(1, [Task("c1", 1, {"global": template})], online={"c1"})
     return orch
 
 

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -74,11 +75,13 @@ def run_federation(url, clients, passwords=None, rounds=3, protocol="3.1.1", fra
         server.close()
     for th in threads:
         th.join(timeout=30)
-    result["edge_models"] = [e.transport.stats()["received"]["MODEL"] for e in edge]
-    result["edge_trained"] = [e.handled.get("train", 0) for e in edge]
-    result["edge_metrics"] = [e.transport.stats()["sent"].get("METRICS", {}).get("messages", 0) for e in edge]
-    result["published"] = published
-    return result
+    # the run's result, and what the devices counted on their side
+    return SimpleNamespace(**result.to_dict(),
+                           edge_models=[e.transport.stats()["received"]["MODEL"] for e in edge],
+                           edge_trained=[e.handled.get("train", 0) for e in edge],
+                           edge_metrics=[e.transport.stats()["sent"].get("METRICS", {}).get("messages", 0)
+                                         for e in edge],
+                           published=published)
 
 
 def check_result(result, clients, rounds=3):
@@ -91,18 +94,18 @@ def check_result(result, clients, rounds=3):
     sketches = result.transport["received"]["SKETCH"]
     assert sketches["messages"] == len(clients) and sketches["bytes"] <= 64 * len(clients)
     # through the broker each device got only its cluster's model: one per round and one to evaluate
-    assert [m["messages"] for m in result["edge_models"]] == [rounds + 1] * len(clients)
-    assert sum(m["bytes"] for m in result["edge_models"]) == result.delivered["MODEL"]
+    assert [m["messages"] for m in result.edge_models] == [rounds + 1] * len(clients)
+    assert sum(m["bytes"] for m in result.edge_models) == result.delivered["MODEL"]
     # each device follows its cluster's topic: the final evaluation's models went once per cluster, and so did
     # the rounds' (every device trains every round), once the devices confirmed what they follow
     k = len(set(labels))
     topics = Topics("fedsketch", FED)
-    on_clusters = [t for t, what in result["published"] if what == "MODEL" and "/clusters/" in t]
+    on_clusters = [t for t, what in result.published if what == "MODEL" and "/clusters/" in t]
     assert sorted(on_clusters) == sorted([topics.model(f"c{j}") for j in range(k)] * (rounds + 1))
     assert result.final["deliveries"] == {"cluster_topic": k, "per_device": 0}
     # one evaluate command for the fleet, one sketch request
     for op in ("evaluate", "sketch"):
-        assert [t for t, what in result["published"] if what == op] == [topics.broadcast()], op
+        assert [t for t, what in result.published if what == op] == [topics.broadcast()], op
     assert result.final["asked"] == result.final["evaluated"] == len(clients)
 
 
@@ -145,12 +148,12 @@ def test_sampled_rounds_and_evaluation_over_mosquitto_with_acl(digits, shipped_a
             expected.add(min(members, key=lambda c: sample_point(c, 0)))
     final = result.final
     assert set(final["per_client"]) == expected and final["asked"] == final["evaluated"] == len(expected)
-    for c, models, trained, metrics in zip(digits, result["edge_models"], result["edge_trained"],
-                                           result["edge_metrics"]):
+    for c, models, trained, metrics in zip(digits, result.edge_models, result.edge_trained,
+                                           result.edge_metrics):
         asked = c.cid in expected
         assert (models["messages"], metrics) == (trained + int(asked), int(asked)), c.cid
-    assert sum(m["bytes"] for m in result["edge_models"]) == result.delivered["MODEL"]
-    assert [t for t, what in result["published"] if what == "evaluate"].count(Topics("fedsketch", FED).broadcast()) == 1
+    assert sum(m["bytes"] for m in result.edge_models) == result.delivered["MODEL"]
+    assert [t for t, what in result.published if what == "evaluate"].count(Topics("fedsketch", FED).broadcast()) == 1
     assert not result.rejected
 
 
@@ -245,11 +248,11 @@ def test_server_killed_and_resumed_keeps_assignment_and_continues(tmp_path, digi
         for p in procs:
             p.wait(timeout=30)
     result = json.loads((report / "results.json").read_text())
-    assert result.assignment == saved_assignment
-    assert [h["round"] for h in result.history] == [1, 2, 3, 4]
-    resumed = [h for h in result.history if h["round"] > saved_round]
+    assert result["assignment"] == saved_assignment
+    assert [h["round"] for h in result["history"]] == [1, 2, 3, 4]
+    resumed = [h for h in result["history"] if h["round"] > saved_round]
     assert resumed and all(h["updates"] == 8 for h in resumed)
     truth = {c.cid: c.group for c in clients}
     assert adjusted_rand_score([truth[c] for c in sorted(truth)], [saved_assignment[c] for c in sorted(truth)]) == 1.0
     assert "resumed from" in second.stderr
-    np.testing.assert_array_less(0, [h["updates"] for h in result.history])
+    np.testing.assert_array_less(0, [h["updates"] for h in result["history"]])

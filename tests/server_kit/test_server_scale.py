@@ -29,6 +29,7 @@ from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import LocalWorker, TrainSettings
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.drivers.delivery import _Follow
+from server_kit.drivers.phase import Phase
 from server_kit.strategies.fedsketch import SketchClustered
 
 from helpers import ARCH
@@ -132,7 +133,7 @@ def _fleet_costs(server_transport, n: int) -> tuple[dict[str, int], dict[str, in
     k = min(n // 2, 200)
     quorum = (k - 0.5) / n  # the sketches and the round close on the k-th answer, whatever the clock
     config = ServerConfig(federation=FED, rounds=1, min_clients=n, register_timeout_s=120, sketch_timeout_s=60,
-                          sketch_quorum=quorum, round_timeout_s=60, round_quorum=quorum, eval_timeout_s=2.0,
+                          sketch_quorum=quorum, round_timeout_s=60, report_goal=quorum, eval_timeout_s=2.0,
                           encoder="digits_encoder", architecture=ARCH, seed=0)
     orch = Orchestrator(strategy, server, config, template=template)
     meter = _Meter(orch)
@@ -156,7 +157,7 @@ def _fleet_costs(server_transport, n: int) -> tuple[dict[str, int], dict[str, in
         put((FED, Message(Kind.SKETCH, FED, c, 0, {}, bits)))
     meter.phase = "sketch"
     orch._cluster()
-    orch.intake.phase = "train"
+    orch.intake.run.enter(Phase.TRAIN, rnd=0)
     orch.assignments.announce()
     body = tensors_body({"w": np.ones((2, 3), np.float32)})
     for c in cids[:k]:
@@ -225,7 +226,7 @@ def test_a_device_saying_hello_again_must_confirm_its_topic_again(server_transpo
     orch.link.handle_safely("t", hello)
     strategy.setup([orch.clients["c1"].info], template)
     strategy.set_assignment({"c1": 0})
-    orch.intake.phase = "train"
+    orch.intake.run.enter(Phase.TRAIN, rnd=0)
     ack = Message(Kind.STATUS, FED, "c1", 0, {"state": "online", "follow": ["c0"]})
 
     def last_assign():
@@ -290,7 +291,7 @@ def test_sampled_rounds_go_per_device_and_the_evaluation_once_per_cluster(digits
     # every device downloaded exactly what it needed: a model per round it trained, one to evaluate
     for e in edges:
         assert e.transport.stats()["received"]["MODEL"]["messages"] == e.handled.get("train", 0) + 1, e.cid
-        assert e.followed == {topics.model(f"c{result['assignment'][e.cid]}")}
+        assert e.followed == {topics.model(f"c{result.assignment[e.cid]}")}
     got = sum(e.transport.stats()["received"]["MODEL"]["bytes"] for e in edges)
     assert got == result.delivered["MODEL"]
     pubs = _published(broker)
