@@ -49,7 +49,7 @@ class ClosePolicy:
     straggler_grace: float
     #: The shortest such grace (0 when ``straggler_grace`` is 0): rounds of a fraction of a second still let the
     #: devices a few network round trips behind the others in.
-    min_grace_s: float = 0.5
+    min_grace_s: float = 0.2
 
 
 def wait_round(pump: Callable[[Callable[[], bool], float], bool], wait: RoundWait, policy: ClosePolicy, pace: Pace,

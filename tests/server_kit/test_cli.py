@@ -33,6 +33,10 @@ def test_config_file_is_read_and_validated(tmp_path):
         (["--flip-prob", "0.7"], r"flip_prob must be in [0, 0.5], got 0.7"),
         (["--broker", "http://x:1"], "scheme"),
         (["--strategy", "fedavg", "--shared-base"], "--shared-base applies to clustered strategies"),
+        (["--report-goal", "0"], "report_goal must be in (0, 1], got 0.0"),
+        (["--over-select", "-0.5"], "over_select must be in [0, 10], got -0.5"),
+        (["--bench-after", "-1"], "bench_after must be an integer >= 0, got -1"),
+        (["--straggler-grace", "20"], "straggler_grace must be in [0, 10], got 20.0"),
     ],
 )
 def test_bad_settings_exit_2_with_a_message(argv, message, capsys):
