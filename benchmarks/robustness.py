@@ -268,32 +268,19 @@ def orchestrated(env, args, attack: str | None) -> dict[str, Any]:
 
 def stalling(env, args, with_stallers: bool) -> dict[str, Any]:
     """One federation over a real broker, with or without the three stallers (see the module docstring)."""
-    from edge_sdk.client import EdgeClient
     from edge_sdk.transport import BrokerConfig, MqttTransport
-    from edge_sdk.worker import LocalWorker
     from server_kit.broker import start_broker
     from server_kit.drivers import Orchestrator, ServerConfig
-    from server_kit.stallers import ClaimsForever, MalformedUpdates, SlowWorker
+    from server_kit.stallers import run_and_release, start_devices
     from server_kit.strategies.fedsketch import SketchClustered
 
     fed, release = "stall", threading.Event()
-    devices = {"c00": MalformedUpdates, "c01": ClaimsForever} if with_stallers else {}
     with start_broker() as broker:
         def transport(cid: str) -> MqttTransport:
             return MqttTransport(BrokerConfig.from_url(broker.url, reconnect_min_s=0.1), cid, federation=fed)
 
-        threads = []
-        for i, c in enumerate(env["clients"]):
-            data = (c.cid, c.x_train, c.y_train, c.x_test, c.y_test)
-            seed = args.seed * 1000 + i
-            worker = (SlowWorker(*data, architecture=env["arch"], seed=seed, release=release)
-                      if with_stallers and c.cid == "c02" else LocalWorker(*data, architecture=env["arch"], seed=seed))
-            kw = {"release": release} if c.cid in devices else {}
-            edge = devices.get(c.cid, EdgeClient)(transport(c.cid), worker, federation=fed, seed=seed,
-                                                  model_timeout_s=120, progress_interval_s=1.0, **kw)
-            th = threading.Thread(target=edge.run, kwargs={"max_idle_s": 300}, daemon=True)
-            th.start()
-            threads.append(th)
+        threads = start_devices(env["clients"], transport, architecture=env["arch"], release=release,
+                                stallers=with_stallers, seed=args.seed)
         server = transport("server")
         server.connect(timeout=10)
         strategy = SketchClustered(settings=env["settings"], fraction=args.stall_fraction, seed=args.seed,
@@ -311,13 +298,7 @@ def stalling(env, args, with_stallers: bool) -> dict[str, Any]:
             if rec["round"] == args.rounds:
                 release.set()
 
-        try:
-            result = Orchestrator(strategy, server, config, on_round=on_round).run()
-        finally:
-            release.set()
-            server.close()
-        for th in threads:
-            th.join(timeout=60)
+        result = run_and_release(Orchestrator(strategy, server, config, on_round=on_round), release, threads)
     from sklearn.metrics import adjusted_rand_score
 
     cids = sorted(env["groups"])

@@ -10,20 +10,27 @@
 
 Each takes a ``release`` event (keyword; set it after the last round): from
 then on it answers at once, so that the final evaluation hears from it.
+:func:`start_devices` starts a fleet with the three of them (``c00``,
+``c01``, ``c02``) or without, and :func:`run_and_release` runs a server over
+it and lets them go.
 """
 
 from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from edge_sdk.client import EdgeClient
 from edge_sdk.protocol import MAGIC, PROTOCOL_VERSION, Kind, Message
 from edge_sdk.worker import LocalWorker, Task, Update
 
-__all__ = ["ClaimsForever", "MalformedUpdates", "SlowWorker", "raw_update"]
+__all__ = ["STALLERS", "ClaimsForever", "MalformedUpdates", "SlowWorker", "raw_update", "run_and_release",
+           "start_devices"]
+
+#: Which device plays which staller in :func:`start_devices`.
+STALLERS = {"c00": "malformed updates", "c01": "claims progress forever", "c02": "starts training late"}
 
 
 def raw_update(federation: str, cid: str, meta_json: str, rnd: int) -> bytes:
@@ -78,3 +85,42 @@ class SlowWorker(_Released, LocalWorker):
     def fit(self, task: Task) -> Update:
         self.release.wait(self.sleep_s)
         return super().fit(task)
+
+
+def start_devices(clients: Sequence[Any], transport: Callable[[str], Any], *, architecture: str,
+                  release: threading.Event, stallers: bool, seed: int = 0, max_idle_s: float = 300.0
+                  ) -> list[threading.Thread]:
+    """One :class:`EdgeClient` thread per client (``cid``, ``x_train``, ...); with ``stallers``, :data:`STALLERS`.
+
+    ``transport(cid)`` makes a device's transport; device ``i`` is seeded ``seed * 1000 + i`` and reports
+    progress every second.
+    """
+    kinds: dict[str, type[EdgeClient]] = {"c00": MalformedUpdates, "c01": ClaimsForever} if stallers else {}
+    threads = []
+    for i, c in enumerate(clients):
+        data = (c.cid, c.x_train, c.y_train, c.x_test, c.y_test)
+        s = seed * 1000 + i
+        worker = (SlowWorker(*data, architecture=architecture, seed=s, release=release)
+                  if stallers and c.cid == "c02" else LocalWorker(*data, architecture=architecture, seed=s))
+        kw = {"release": release} if c.cid in kinds else {}
+        t = transport(c.cid)
+        edge = kinds.get(c.cid, EdgeClient)(t, worker, federation=t.federation, seed=s, model_timeout_s=120,
+                                            progress_interval_s=1.0, **kw)
+        th = threading.Thread(target=edge.run, kwargs={"max_idle_s": max_idle_s}, daemon=True, name=c.cid)
+        th.start()
+        threads.append(th)
+    return threads
+
+
+def run_and_release(orchestrator: Any, release: threading.Event, threads: Sequence[threading.Thread], *,
+                    join_s: float = 60.0) -> Any:
+    """``orchestrator.run()``; then (whatever happens) the stallers let go, the server's transport closed and
+    the devices waited for (``join_s`` each). Set ``release`` after the last round yourself (``on_round``), so
+    that the final evaluation hears from them."""
+    try:
+        return orchestrator.run()
+    finally:
+        release.set()
+        orchestrator.transport.close()
+        for th in threads:
+            th.join(timeout=join_s)

@@ -13,16 +13,15 @@ import threading
 import numpy as np
 import pytest
 
-from edge_sdk.client import EdgeClient
 from edge_sdk.transport import BrokerConfig, MqttTransport
-from edge_sdk.worker import LocalWorker, Task, TrainSettings
+from edge_sdk.worker import Task, TrainSettings
 from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.drivers.closing import ClosePolicy, wait_round
 from server_kit.drivers.pace import Pace
 from server_kit.drivers.phase import Phase, RunPhase
 from server_kit.drivers.round_wait import CloseReason, DeviceOutcome, RoundWait
-from server_kit.stallers import ClaimsForever, MalformedUpdates, SlowWorker
+from server_kit.stallers import STALLERS, run_and_release, start_devices
 from server_kit.strategies.fedsketch import SketchClustered
 
 from helpers import ARCH, ari_against
@@ -252,26 +251,16 @@ def test_server_config_refuses_bad_closing_settings():
 def test_one_slow_lying_or_broken_device_holds_no_round_open(digits12, shipped_acl):
     fed = "pace"
     release = threading.Event()
-    bad = {"c00": MalformedUpdates, "c01": ClaimsForever}  # c00 rotation 0, c01 90, c02 (slow) 180
     passwords = {c.cid: f"pw-{c.cid}" for c in digits12} | {"server": "pw-server"}
     rounds, deadline = 3, 25.0
+    # c00 (rotation 0) sends malformed updates, c01 (90) claims progress forever, c02 (180) is slow and honest
+    assert set(STALLERS) == {"c00", "c01", "c02"}
     with MosquittoBroker(acl=shipped_acl(fed), passwords=passwords) as broker:
         def make(cid):
             cfg = BrokerConfig.from_url(broker.url, username=cid, password=passwords[cid], reconnect_min_s=0.1)
             return MqttTransport(cfg, cid, federation=fed)
 
-        threads, edges = [], []
-        for i, c in enumerate(digits12):
-            args = (c.cid, c.x_train, c.y_train, c.x_test, c.y_test)
-            w = (SlowWorker(*args, architecture=ARCH, seed=i, release=release) if c.cid == "c02"
-                 else LocalWorker(*args, architecture=ARCH, seed=i))
-            kw = {"release": release} if c.cid in bad else {}
-            ec = bad.get(c.cid, EdgeClient)(make(c.cid), w, federation=fed, seed=i, model_timeout_s=60,
-                                            progress_interval_s=1.0, **kw)
-            th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 120}, daemon=True)
-            th.start()
-            threads.append(th)
-            edges.append(ec)
+        threads = start_devices(digits12, make, architecture=ARCH, release=release, stallers=True, max_idle_s=120)
         server = make("server")
         server.connect(timeout=10)
 
@@ -285,13 +274,7 @@ def test_one_slow_lying_or_broken_device_holds_no_round_open(digits12, shipped_a
                               sketch_timeout_s=30, round_timeout_s=deadline, first_round_timeout_s=deadline,
                               eval_timeout_s=60, encoder="digits_encoder", architecture=ARCH, seed=0,
                               over_select=0.5, report_goal=1.0, bench_after=2)
-        try:
-            result = Orchestrator(strategy, server, config, on_round=on_round).run()
-        finally:
-            release.set()
-            server.close()
-        for th in threads:
-            th.join(timeout=60)
+        result = run_and_release(Orchestrator(strategy, server, config, on_round=on_round), release, threads)
 
     truth = {c.cid: c.group for c in digits12}
     assert ari_against(truth, result.assignment) == 1.0
