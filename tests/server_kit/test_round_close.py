@@ -247,35 +247,47 @@ def test_server_config_refuses_bad_closing_settings():
 # -- a federation over Mosquitto with three devices that would hold its rounds open ------------------
 
 
-@needs_mosquitto
-def test_one_slow_lying_or_broken_device_holds_no_round_open(digits12, shipped_acl):
+ROUNDS, DEADLINE = 3, 25.0
+
+
+def federation(clients, acl, *, stallers: bool):
+    """12 devices over Mosquitto with the shipped ACL; with ``stallers``, c00, c01 and c02 of server_kit.stallers."""
     fed = "pace"
     release = threading.Event()
-    passwords = {c.cid: f"pw-{c.cid}" for c in digits12} | {"server": "pw-server"}
-    rounds, deadline = 3, 25.0
-    # c00 (rotation 0) sends malformed updates, c01 (90) claims progress forever, c02 (180) is slow and honest
-    assert set(STALLERS) == {"c00", "c01", "c02"}
-    with MosquittoBroker(acl=shipped_acl(fed), passwords=passwords) as broker:
+    passwords = {c.cid: f"pw-{c.cid}" for c in clients} | {"server": "pw-server"}
+    with MosquittoBroker(acl=acl(fed), passwords=passwords) as broker:
         def make(cid):
             cfg = BrokerConfig.from_url(broker.url, username=cid, password=passwords[cid], reconnect_min_s=0.1)
             return MqttTransport(cfg, cid, federation=fed)
 
-        threads = start_devices(digits12, make, architecture=ARCH, release=release, stallers=True, max_idle_s=120)
+        threads = start_devices(clients, make, architecture=ARCH, release=release, stallers=stallers,
+                                max_idle_s=120)
         server = make("server")
         server.connect(timeout=10)
 
         def on_round(rec):
-            if rec["round"] == rounds:
+            if rec["round"] == ROUNDS:
                 release.set()  # the stallers let go, so that the final evaluation hears everybody
 
         strategy = SketchClustered(settings=TrainSettings(epochs=3, lr=1e-2, batch_size=16), fraction=0.5,
                                    min_cluster_size=2, seed=0)
-        config = ServerConfig(federation=fed, rounds=rounds, min_clients=12, register_timeout_s=30,
-                              sketch_timeout_s=30, round_timeout_s=deadline, first_round_timeout_s=deadline,
+        config = ServerConfig(federation=fed, rounds=ROUNDS, min_clients=12, register_timeout_s=30,
+                              sketch_timeout_s=30, round_timeout_s=DEADLINE, first_round_timeout_s=DEADLINE,
                               eval_timeout_s=60, encoder="digits_encoder", architecture=ARCH, seed=0,
                               over_select=0.5, report_goal=1.0, bench_after=2)
-        result = run_and_release(Orchestrator(strategy, server, config, on_round=on_round), release, threads)
+        return run_and_release(Orchestrator(strategy, server, config, on_round=on_round), release, threads)
 
+
+@needs_mosquitto
+def test_one_slow_lying_or_broken_device_holds_no_round_open(digits12, shipped_acl):
+    # c00 (rotation 0) sends malformed updates, c01 (90) claims progress forever, c02 (180) is slow and honest
+    assert set(STALLERS) == {"c00", "c01", "c02"}
+    clean = federation(digits12, shipped_acl, stallers=False)
+    result = federation(digits12, shipped_acl, stallers=True)
+    deadline = DEADLINE
+    assert all(h["close"] in ("all-answered", "goal") for h in clean.history)
+    print(f"final accuracy: clean {clean.final['accuracy']:.3f}, with the stallers {result.final['accuracy']:.3f}; "
+          f"rounds {[h['close_s'] for h in clean.history]} s and {[h['close_s'] for h in result.history]} s")
     truth = {c.cid: c.group for c in digits12}
     assert ari_against(truth, result.assignment) == 1.0
     honest = {c.cid for c in digits12} - {"c00", "c01", "c02"}
@@ -299,4 +311,7 @@ def test_one_slow_lying_or_broken_device_holds_no_round_open(digits12, shipped_a
     assert "c00" not in r3["refused"] and r3["selected"] == 11  # benched after 2 rounds in a row
     assert set(result.benched) == {"c00"} and result.benched["c00"].startswith("update refused in 2 rounds in a row")
     assert {"c01", "c02"} <= set(r1["stragglers"])
-    assert result.final["accuracy"] > 0.75  # a clean federation of these 12 reaches about 0.9 (see the benchmark)
+    # accuracy and clusters as without them (observed: 0.856 clean, 0.825 with the stallers, whose clusters
+    # train on 2 devices instead of 3)
+    assert ari_against(truth, clean.assignment) == 1.0
+    assert result.final["accuracy"] >= clean.final["accuracy"] - 0.05 and result.final["accuracy"] > 0.75
