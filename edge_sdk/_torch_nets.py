@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .install import install_hint
+
 try:
     import torch
     from torch import nn
 except ImportError as e:  # a device without torch: sketching and ONNX evaluation never come here
-    raise ImportError("the torch architectures need torch (pip install 'fedsketch[train]'); sketching and "
+    raise ImportError(f"the torch architectures need torch ({install_hint('train')}); sketching and "
                       "evaluate() with ONNX Runtime work without it") from e
 
 __all__ = [

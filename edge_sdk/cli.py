@@ -15,6 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .install import install_hint
+
 
 def parse_params(items: Sequence[str]) -> dict[str, Any]:
     """``["eps1=0.4", 'algorithm="hdbscan"', "algorithm=hdbscan"]`` -> keyword arguments.
@@ -181,8 +183,7 @@ def _run_plugin(name: str, entry: Any, rest: list[str]) -> int:
         run = entry.load()
     except ImportError as e:
         print(
-            f"fedsketch {name} needs the server extra ({e}); install it with: "
-            "pip install 'fedsketch[server]'",
+            f"fedsketch {name} needs the server extra ({e}); install it with: {install_hint('server')}",
             file=sys.stderr,
         )
         return 2

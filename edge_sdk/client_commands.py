@@ -25,6 +25,7 @@ import numpy as np
 
 from .bits import fresh_seed
 from .drift import DriftWatch
+from .install import install_hint
 from .protocol import Kind, Message, ProtocolError, sketch_body, tensors_body
 from .protocol.commands import Op, parse
 from .sampling import in_sample
@@ -145,8 +146,8 @@ class ClientCommands:
             elif op in HANDLERS:
                 getattr(self, HANDLERS[op])(m, msg.round)
         except ImportError as e:  # e.g. a train command on a device without torch
-            log.error("command %s needs a missing package (%s); for local training: "
-                      "pip install 'fedsketch[train]'", op, e)
+            log.error("command %s needs a missing package (%s); for local training: %s", op, e,
+                      install_hint("train"))
         except (ValueError, KeyError, TypeError, TimeoutError, RuntimeError) as e:
             log.error("command %s failed: %s", op, e)
         except Exception as e:  # whatever a command triggers, the device keeps serving

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ._validation import check_positive_int
+from .install import install_hint
 from .model_checks import ModelInfo, state_spec
 
 __all__ = [
@@ -57,8 +58,8 @@ def import_torch() -> Any:
         import torch
     except ImportError as e:  # pragma: no cover - the test environment has torch
         raise ImportError(
-            "local training needs torch (pip install 'fedsketch[train]' or a torch wheel "
-            "for this platform); evaluate() and sketching work without it"
+            f"local training needs torch ({install_hint('train')}, or a torch wheel for this platform); "
+            "evaluate() and sketching work without it"
         ) from e
     return torch
 

@@ -247,6 +247,8 @@ def _server_settings(args: argparse.Namespace) -> tuple[Any, dict[str, Any], str
     name = args.strategy or strat.pop("name", "fedsketch")
     _check_name("strategy", name, known_strategies())
     config = ServerConfig(**conf)
+    if args.resume and not config.checkpoint_dir and name != "fedcref":
+        raise ValueError("--resume needs --checkpoint-dir: the folder the interrupted run wrote its checkpoints to")
     if config.architecture is not None:
         _check_name("architecture", config.architecture, known_architectures())
     if config.encoder is not None:

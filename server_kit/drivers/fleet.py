@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from edge_sdk.install import install_hint
 from edge_sdk.protocol.commands import Op
 
 from ..strategies.base import ClientInfo
@@ -141,7 +142,7 @@ class Fleet:
         info = ClientInfo(cid, n, hello["classes_present"], tuple(hello["capabilities"]))
         self.clients[cid] = ClientState(info, trains=trains)
         self.set_online(cid, True)
-        why = None if trains else "no torch on the device (pip install 'fedsketch[train]')"
+        why = None if trains else f"no torch on the device ({install_hint('train')})"
         if why:
             self.not_training[cid] = why
         else:

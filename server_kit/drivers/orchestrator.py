@@ -56,6 +56,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from edge_sdk.install import install_hint
 from edge_sdk.protocol import Kind, Message, Topics
 from edge_sdk.protocol.commands import Op
 from edge_sdk.rejections import RejectionLog
@@ -271,7 +272,7 @@ class Orchestrator:
         if not self.trainable():
             raise RuntimeError(f"none of the {len(self.clients)} admitted clients can train "
                                f"({'; '.join(f'{c}: {r}' for c, r in sorted(self.not_training.items()))}): "
-                               "install torch on the devices (pip install 'fedsketch[train]')")
+                               f"install torch on the devices ({install_hint('train')})")
         log.info("registration closed: %d clients admitted (%d train)%s", len(self.clients),
                  len(self.trainable()), f", {len(self.refused)} refused" if self.refused else "")
 

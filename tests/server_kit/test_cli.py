@@ -37,6 +37,7 @@ def test_config_file_is_read_and_validated(tmp_path):
         (["--over-select", "-0.5"], "over_select must be in [0, 10], got -0.5"),
         (["--bench-after", "-1"], "bench_after must be an integer >= 0, got -1"),
         (["--straggler-grace", "20"], "straggler_grace must be in [0, 10], got 20.0"),
+        (["--resume"], "--resume needs --checkpoint-dir: the folder the interrupted run wrote its checkpoints to"),
     ],
 )
 def test_bad_settings_exit_2_with_a_message(argv, message, capsys):

@@ -9,6 +9,7 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.client import EdgeClient
+from edge_sdk.install import install_hint
 from edge_sdk.transport import BrokerConfig, MemoryBroker, MemoryTransport, MqttTransport
 from edge_sdk.worker import LocalWorker, TrainSettings
 from server_kit.broker import MosquittoBroker, find_mosquitto
@@ -153,7 +154,7 @@ def test_refused_and_not_training_devices(clients, server_transport):
         th.join(timeout=30)
     assert result.refused == {"c99": "its labels go up to 12; this federation has 10 classes (0 to 9)"}
     assert odd.exit_code == 4 and odd.refused_reason == result.refused["c99"]
-    assert result.not_training == {c.cid: "no torch on the device (pip install 'fedsketch[train]')"}
+    assert result.not_training == {c.cid: f"no torch on the device ({install_hint('train')})"}
     assert [h["tasked"] for h in result.history] == [4, 4] and [h["updates"] for h in result.history] == [4, 4]
     assert c.cid in result.assignment and c.cid in result.final["per_client"]  # sketched and evaluated
     assert nt.handled.get("train", 0) == 0 and nt.exit_code == 0

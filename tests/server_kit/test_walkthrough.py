@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edge_sdk.install import install_hint
 from server_kit.broker import MosquittoBroker, find_mosquitto, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,7 +117,7 @@ def test_28x28_fleet_without_model_flags_refuses_and_spares_whom_it_must(tmp_pat
     assert "round 1: trained" not in outs[no_torch] and "round 1: trained" in outs[files[0].stem]
     results = json.loads((tmp_path / "report" / "results.json").read_text())
     assert results["refused"] == {"c99": reason}
-    assert results["not_training"] == {no_torch: "no torch on the device (pip install 'fedsketch[train]')"}
+    assert results["not_training"] == {no_torch: f"no torch on the device ({install_hint('train')})"}
     assert [h["tasked"] for h in results["history"]] == [5, 5] and [h["updates"] for h in results["history"]] == [5, 5]
     assert results["clustering"]["ari"] == 1.0
     html = (tmp_path / "report" / "report.html").read_text()
