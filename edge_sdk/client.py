@@ -135,7 +135,7 @@ class EdgeClient(ClientCommands):
         self._hello_lock = threading.Lock()
         self._jitter = random.Random()  # from the OS: devices must not jitter alike
         self._commands_run = 0
-        #: What :func:`main` exits with: 0, or 4 when the server refused this device.
+        #: What :func:`main` exits with: 0, 4 when the server refused this device, 5 when the server failed.
         self.exit_code = 0
         #: Why the server refused this device (None while admitted or not yet answered).
         self.refused_reason: str | None = None
@@ -349,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fedsketch-client", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="A FedSketch edge client over MQTT. It learns the model, encoder, classes and training "
                     "settings from the server; exits 0 when the server finishes, 4 when it refuses this device, "
-                    "3 when the broker cannot be reached, 2 for bad arguments or data.")
+                    "5 when the server could not finish the run (the reason is logged), 3 when the broker cannot "
+                    "be reached, 2 for bad arguments or data.")
     p.add_argument("--broker", default="mqtt://127.0.0.1:1883", help="mqtt://host:port or mqtts://host:port")
     p.add_argument("--federation", default="default", help="the federation's id (the server's --federation)")
     p.add_argument("--root", default="fedsketch", help="topic root")

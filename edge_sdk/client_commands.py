@@ -42,6 +42,9 @@ VIA = "_via"
 #: The ``VIA`` of the application's own command (:meth:`ClientCommands.data_changed`), never of a message.
 LOCAL = "local"
 
+#: What a device outside ``--stay`` exits with when the server says it could not finish the run.
+SERVER_FAILED = 5
+
 #: The commands after which the client may stop: op -> its method, called with the command's clean
 #: fields, which returns whether to keep serving.
 ENDINGS: dict[str, str] = {Op.STOP: "_on_stop", Op.REFUSED: "_on_refused"}
@@ -157,6 +160,12 @@ class ClientCommands:
 
     # -- the commands that may end the service -------------------------------
     def _on_stop(self, m: Mapping[str, Any]) -> bool:
+        if m["failed"]:
+            log.error("the server could not finish the run: %s%s", m["reason"],
+                      "; staying for the next run" if self.stay else "")
+            if not self.stay:
+                self.exit_code = SERVER_FAILED
+            return self.stay
         if self.stay:
             log.info("the server has finished (%s); staying for the next run", m["reason"])
             return True

@@ -170,7 +170,8 @@ _FOLLOW = Field("keys", max_len=64)
 #: Fields of each command, by its ``op`` (server -> device).
 COMMANDS: dict[str, dict[str, Field]] = {
     "hello": {},
-    "stop": {"reason": Field("str", max_len=300, default="finished")},
+    # failed: the server could not finish the run (the reason says why); a device outside --stay exits 5
+    "stop": {"reason": Field("str", max_len=300, default="finished"), "failed": Field("bool", default=False)},
     # the device's model; with "follow", the model topics it keeps (it unsubscribes from the others)
     "assign": {"model_key": _MODEL_KEY, "follow": _FOLLOW},
     # admitted: what the device learns from the server instead of flags

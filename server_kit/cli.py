@@ -140,9 +140,9 @@ def _with_broker(args: argparse.Namespace, config: Any, bcfg: Any, run: Any, *er
     try:
         transport.connect()
         return run(transport)
-    except (ConnectionError, TimeoutError, *errors) as e:
+    except (ConnectionError, TimeoutError, *errors, Exception) as e:  # the devices were told (Orchestrator.run)
         log.debug("the run could not finish", exc_info=True)
-        print(f"fedsketch-server: {e}", file=sys.stderr)
+        print(f"fedsketch-server: {e or type(e).__name__}", file=sys.stderr)
         return None
     finally:
         transport.close()

@@ -35,7 +35,8 @@ architecture, template), an :class:`~.intake.Intake` (the phase, and the
 checks and records of what the devices send), a :class:`~.delivery.Delivery`
 (the model topics each device follows, each model sent once or per device)
 and :class:`~.assignment.Assignments` (which model each device is told);
-phase 2 is :func:`~.ae_phase.pretrain_ae`. The phase itself is a
+phase 2 is :func:`~.ae_phase.pretrain_ae` and phase 5
+:func:`~.final_eval.final_evaluation`. The phase itself is a
 :class:`~.phase.Phase`, moved only by :class:`~.phase.RunPhase`.
 
 Every message from a client is validated on arrival (envelope, sender vs
@@ -69,13 +70,14 @@ from .checkpoint import read_checkpoint, read_encoder, write_checkpoint
 from .closing import ClosePolicy, wait_round
 from .config import ServerConfig
 from .delivery import Delivery
+from .final_eval import final_evaluation
 from .fleet import ClientState, Fleet, some_ids
 from .intake import Intake
 from .link import ServerLink
 from .models import RunModels
 from .pace import Pace
 from .phase import Phase
-from .records import eval_result, eval_sample, round_record
+from .records import round_record
 from .resketch import Resketch, drift_totals
 from .result import RunResult
 from .round_wait import RoundClose, RoundWait
@@ -361,36 +363,6 @@ class Orchestrator:
 
         return wait_round(self.link.pump, wait, policy, self.pace, claims)
 
-    def _final_eval(self) -> dict[str, Any]:
-        intake = self.intake
-        intake.run.enter(Phase.EVALUATE, rnd=self.config.rounds + 1)
-        intake.metrics = {}
-        keys = {c: self.strategy.model_key_for(c) for c in self.online() if self.strategy.is_clustered(c)}
-        sampled, extra = eval_sample(keys, self.config.eval_fraction, self.config.seed)
-        asked = sorted(sampled + extra)
-        for cid in asked:  # a device evaluates the model it was told: tell it again where that changed
-            if self.assignments.told.get(cid) != keys[cid]:
-                self.assignments.assign(cid, keys[cid])
-        self.delivery.await_confirmations(self.config.round_timeout_s)
-        intake.eval_keys = {c: keys[c] for c in asked}
-        awaited = intake.expect("metrics", asked, self.fleet.online_ids)
-        delivered, deliveries = self.delivery.deliver_models({c: [keys[c]] for c in asked}, self.strategy.models)
-        arch = {"architecture": self.architecture} if self.architecture else {}
-        if sampled:  # one command for the sample; each device knows its model and whether it is in it
-            self.link.broadcast(Op.EVALUATE, round=intake.round, fraction=self.config.eval_fraction,
-                                seed=self.config.seed, **arch)
-        for cid in extra:
-            self.link.command(cid, Op.EVALUATE, round=intake.round, model_key=keys[cid], **arch)
-        log.info("final evaluation: %d of %d assigned device(s) asked (fraction %g, %d added so that every "
-                 "cluster is evaluated); models once on %d cluster topic(s), %d copies per device", len(asked),
-                 len(keys), self.config.eval_fraction, len(extra), deliveries["cluster_topic"],
-                 deliveries["per_device"])
-        self.link.pump(lambda: not awaited.left, self.config.eval_timeout_s)
-        intake.eval_keys = {}
-        return eval_result(intake.metrics, keys, eval_fraction=self.config.eval_fraction, asked=len(asked),
-                           delivered=delivered, deliveries=deliveries, broadcast=bool(sampled),
-                           per_device=len(extra))
-
     # -- checkpoints ------------------------------------------------------
     def _checkpoint(self, rnd: int) -> None:
         if not self.config.checkpoint_dir:
@@ -431,12 +403,7 @@ class Orchestrator:
     # -- the run ------------------------------------------------------------
     def _start(self) -> None:
         """A fresh run: registration, then (pre-training and) clustering, then each device told its model."""
-        try:
-            self._register()
-        except (RuntimeError, ValueError) as e:  # the devices are told, so they do not wait in vain
-            if self.config.stop_clients:
-                self.link.broadcast(Op.STOP, reason=f"the server stopped: {e}"[:300])
-            raise
+        self._register()
         self.strategy.setup([s.info for s in self.clients.values()], self.template)
         pretrain = getattr(self.strategy, "pretrain", None)
         if pretrain is not None:
@@ -460,7 +427,31 @@ class Orchestrator:
         return last
 
     def run(self, *, resume: bool = False) -> RunResult:
-        """Run the federation; returns its :class:`~.result.RunResult` (assignment, history, final evaluation...)."""
+        """Run the federation; returns its :class:`~.result.RunResult` (assignment, history, final evaluation...).
+
+        Whatever ends the run early (a deadline with nobody to cluster, a bad checkpoint, an error in a
+        strategy, Ctrl-C) is told to the devices first, in a ``stop`` command with ``failed`` and the reason
+        (signed like every command), then raised: no device waits in vain.
+        """
+        try:
+            return self._run(resume)
+        except (Exception, KeyboardInterrupt) as e:
+            if self.config.stop_clients:
+                self._tell_failure(e)
+            raise
+
+    def _tell_failure(self, error: BaseException) -> None:
+        """Tell every device that the run failed, and why (best effort: the broker may be what failed)."""
+        why = str(error) or type(error).__name__
+        reason = (f"the server could not finish the run ({self.intake.phase.value} phase, round "
+                  f"{self.intake.round}): {why}")[:300]
+        try:
+            self.link.broadcast(Op.STOP, reason=reason, failed=True)
+            log.error("told the devices: %s", reason)
+        except Exception as e:  # the transport itself failed: nothing more to tell
+            log.warning("could not tell the devices that the run failed: %s", e)
+
+    def _run(self, resume: bool) -> RunResult:
         t0 = time.monotonic()
         self.link.subscribe(("hello", "sketch", "update", "status", "metrics"))
         start = self._resume() + 1 if resume else 1
@@ -471,7 +462,9 @@ class Orchestrator:
         t_train = time.monotonic()
         for rnd in range(start, self.config.rounds + 1):
             self._run_round(rnd)
-        final = self._final_eval()
+        final = final_evaluation(self.config, self.strategy, architecture=self.architecture, link=self.link,
+                                 fleet=self.fleet, intake=self.intake, assignments=self.assignments,
+                                 delivery=self.delivery)
         self.timings["training_s"] = time.monotonic() - t_train
         if self.config.stop_clients:
             self.link.broadcast(Op.STOP, reason="finished")

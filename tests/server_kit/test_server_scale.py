@@ -29,6 +29,7 @@ from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import LocalWorker, TrainSettings
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.drivers.delivery import _Follow
+from server_kit.drivers.final_eval import final_evaluation
 from server_kit.drivers.phase import Phase
 from server_kit.strategies.fedsketch import SketchClustered
 
@@ -172,7 +173,8 @@ def _fleet_costs(server_transport, n: int) -> tuple[dict[str, int], dict[str, in
         put((FED, Message(Kind.METRICS, FED, c, 2, {"round": 2, "model_key": strategy.model_key_for(c),
                                                     "accuracy": 0.5, "n_test": 3})))
     meter.phase = "evaluate"
-    final = orch._final_eval()
+    final = final_evaluation(orch.config, strategy, architecture=orch.architecture, link=orch.link, fleet=orch.fleet,
+                             intake=orch.intake, assignments=orch.assignments, delivery=orch.delivery)
     assert len(final["per_client"]) == k
     return ({p: max(v) for p, v in meter.until.items()}, {m: max(v) for m, v in meter.handler.items()}, orch)
 
