@@ -131,8 +131,9 @@ def _fleet_costs(server_transport, n: int) -> tuple[dict[str, int], dict[str, in
     server.connect()
     template = {"w": np.zeros((2, 3), np.float32)}
     strategy = SketchClustered(min_cluster_size=2, seed=0)
-    k = min(n // 2, 200)
-    quorum = (k - 0.5) / n  # the sketches and the round close on the k-th answer, whatever the clock
+    k = min(n // 2, 200) // 4 * 4  # k / 4 answers in each of the 4 clusters
+    # the sketches close on the k-th answer, the round on the (k / 4)-th of each cluster, whatever the clock
+    quorum = (k - 0.5) / n
     config = ServerConfig(federation=FED, rounds=1, min_clients=n, register_timeout_s=120, sketch_timeout_s=60,
                           sketch_quorum=quorum, round_timeout_s=60, report_goal=quorum, eval_timeout_s=2.0,
                           encoder="digits_encoder", architecture=ARCH, seed=0)
@@ -166,7 +167,7 @@ def _fleet_costs(server_transport, n: int) -> tuple[dict[str, int], dict[str, in
         put((FED, Message(Kind.UPDATE, FED, c, 1, meta, body)))
     meter.phase = "round"
     rec = orch._run_round(1)
-    assert rec["updates"] == k
+    assert rec["updates"] == k and rec["close"] == "goal", rec["close"]
     for c in cids:  # every device confirms its model topic
         put((FED, Message(Kind.STATUS, FED, c, 0, {"state": "online", "follow": [strategy.model_key_for(c)]})))
     for c in cids[:k]:
