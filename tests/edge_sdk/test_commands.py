@@ -22,7 +22,7 @@ FED = "cmds"
 #: Every field of every command, with a value the device accepts.
 EVERY_FIELD = {
     "hello": {},
-    "stop": {"reason": "the server stopped"},
+    "stop": {"reason": "the server stopped", "failed": True},
     "assign": {"model_key": "c1", "follow": ["c1"]},
     "welcome": {"architecture": ARCH, "encoder": "digits_encoder", "num_classes": 10, "train": False,
                 "reason": "no torch on the device"},
@@ -83,7 +83,7 @@ def test_the_builder_refuses_unknown_commands_and_fields():
     ops = re.escape(str(sorted(COMMANDS)))
     with pytest.raises(ValueError, match=f"^unknown command 'nope'; the commands are {ops}$"):
         build("nope")
-    with pytest.raises(ValueError, match=r"^command 'stop' has no field 'why'; its fields are \['reason'\]$"):
+    with pytest.raises(ValueError, match=r"^command 'stop' has no field 'why'; its fields are \['failed', 'reason'\]$"):
         build(Op.STOP, why="done")
     with pytest.raises(ValueError, match=r"^command 'assign' has no field 'op'; its fields are "
                                          r"\['follow', 'model_key'\]$"):
@@ -103,7 +103,8 @@ def test_the_parser_refuses_unknown_ops_and_bad_types_with_the_schemas_words():
     with pytest.raises(ProtocolError, match=r"^meta field 'reason' is missing$"):
         parse(over_the_wire({"op": "refused"}))
     # a field the command does not declare is dropped, not refused (a newer server may add one)
-    assert parse(over_the_wire({"op": "stop", "reason": "x", "later": 1})) == {"op": "stop", "reason": "x"}
+    assert parse(over_the_wire({"op": "stop", "reason": "x", "later": 1})) == {"op": "stop", "reason": "x",
+                                                                                 "failed": False}
 
 
 def test_the_client_dispatches_parsed_commands_and_counts_refused_ones():

@@ -113,7 +113,7 @@ def test_schema_fills_defaults_and_drops_unknown_fields():
 def test_every_command_the_server_sends_passes_the_schema():
     """The orchestrator's own commands, as it writes them (a drift here would refuse honest traffic)."""
     samples = {
-        "hello": {}, "stop": {"reason": "finished"}, "assign": {"model_key": "c0", "follow": ["c0"]},
+        "hello": {}, "stop": {"reason": "finished", "failed": False}, "assign": {"model_key": "c0", "follow": ["c0"]},
         "welcome": {"architecture": "lenet5_1x28x28_10", "encoder": "fmnist_fc_encoder", "num_classes": 10,
                     "train": True},
         "refused": {"reason": "its samples hold 64 values; this federation's models take 784 (28x28)"},

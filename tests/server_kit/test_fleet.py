@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -112,9 +113,9 @@ def test_a_fleet_that_cannot_train_stops_at_registration(clients, monkeypatch, s
     server = server_transport(broker, federation="fleet")
     server.connect()
     orch = Orchestrator(strategy(), server, config(3))
-    with pytest.raises(RuntimeError, match=r"none of the 3 admitted clients can train \(c00: no torch on the "
-                                           r"device \(pip install 'fedsketch\[train\]'\); c01: .*\): install torch "
-                                           r"on the devices"):
+    hint = re.escape(install_hint("train"))
+    with pytest.raises(RuntimeError, match=rf"none of the 3 admitted clients can train \(c00: no torch on the "
+                                           rf"device \({hint}\); c01: .*\): install torch on the devices"):
         orch.run()
     assert orch.history == []
     for th in threads:  # told why, the devices leave
