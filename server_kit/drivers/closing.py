@@ -5,7 +5,8 @@ how the wait ended (:class:`~.round_wait.RoundClose`):
 
 1. until nobody is left to wait for, or every group of the round has its
    report goal, or the round's deadline;
-2. nobody left: the round closes at once (``ALL_ANSWERED``);
+2. nobody left (every tasked device sent a valid update or went offline):
+   the round closes at once (``ALL_ANSWERED``);
 3. every group at its goal: the devices still awaited (stragglers, and
    refused devices that may still send a valid update) get a grace of
    ``straggler_grace`` times the time the goal took (at least

@@ -14,7 +14,7 @@ before each message.
 A tasked device's update that is refused, whatever refused it (the
 transport's decoding, the schema, the tensors, the model key, the round), is
 known to its round (:meth:`Intake.refuse_update`): the round records the
-reason and stops waiting for the device.
+reason and counts it as the device's answer toward its report goal.
 """
 
 from __future__ import annotations
@@ -81,7 +81,6 @@ class Intake:
         #: The rounds each client was tasked in (a late update is told apart from a stray one).
         self.tasked_rounds: dict[str, set[int]] = {}
         self.updates: dict[str, Update] = {}
-        self.slowest_update_s = 0.0
         #: The autoencoder pre-training of the run, while it goes on (:mod:`server_kit.pretrain.rounds`).
         self.ae: AEPretraining | None = None
         self.metrics: dict[str, dict[str, Any]] = {}
@@ -126,7 +125,7 @@ class Intake:
         self.awaited = Awaited("none")
 
     def refuse_update(self, cid: str, reason: str) -> None:
-        """An update from ``cid`` was refused (by anything): its round, if it tasked ``cid``, stops waiting for it.
+        """An update from ``cid`` was refused (by anything): its round, if it tasked ``cid``, counts it as an answer.
 
         In pre-training, the autoencoder round gives up on the device likewise.
         """
@@ -189,7 +188,6 @@ class Intake:
         self.updates[cid] = Update(cid, rnd, key, weights, n, m.get("loss", float("nan")), m["metrics"])
         wait.answer("update", cid)
         self.pace.note_update(wait, cid)
-        self.slowest_update_s = max(self.slowest_update_s, wait.reported_at.get(cid, 0.0))
 
     def on_ae_update(self, cid: str, msg: Message, registered: int) -> None:
         """An autoencoder update (its sample count capped at the ``registered`` one), checked and recorded."""

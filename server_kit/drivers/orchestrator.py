@@ -17,9 +17,9 @@ or its in-memory twin in unit tests):
    (``over_select``), each client delivered the models it needs (see
    :mod:`~server_kit.drivers.delivery`) and commanded to train; updates
    collected until every group of the round has its report goal (then a
-   grace for the stragglers), nobody is left to wait for (a device that
-   vanished, or whose update was refused, is not waited for), or the
-   deadline (see :mod:`~server_kit.drivers.closing`); aggregate, checkpoint;
+   grace for the stragglers; a refused update counts as its device's
+   answer), nobody is left to wait for (a device that vanished, announced
+   by its last will, is not waited for), or the deadline (see :mod:`~server_kit.drivers.closing`); aggregate, checkpoint;
    a device refused round after round is benched (:mod:`~.pace`);
 5. a final evaluation: one broadcast ``evaluate`` command (each device
    evaluates the model it was assigned), of all the assigned online devices
@@ -347,7 +347,7 @@ class Orchestrator:
         the slowest update seen so far, whichever is longer.
         """
         c = self.config
-        slowest = self.intake.slowest_update_s
+        slowest = self.pace.slowest_s
         if rnd == 1 or not slowest:
             return c.first_round_timeout_s or 3 * c.round_timeout_s
         return max(c.round_timeout_s, 2 * slowest)

@@ -62,6 +62,11 @@ class Pace:
         #: Benched devices, with the reason.
         self.benched: dict[str, str] = {}
 
+    @property
+    def slowest_s(self) -> float:
+        """The slowest valid update of the run so far (seconds from its round's start; 0 before any)."""
+        return max(self.device_s.values(), default=0.0)
+
     def plausible_s(self, cid: str, group: tuple[str, ...]) -> float | None:
         """How long a round may be while ``cid``'s claims keep it open (None: nothing measured yet)."""
         past = self.device_s.get(cid, self.group_s.get(group))

@@ -104,7 +104,7 @@ class RoundGroup:
 class CloseReason(Enum):
     """Why a round closed."""
 
-    #: Nobody left to wait for: every tasked device answered, was refused or went offline.
+    #: Nobody left to wait for: every tasked device sent a valid update or went offline.
     ALL_ANSWERED = "all-answered"
     #: Every group reached its report goal; the stragglers had their grace.
     GOAL = "goal"
