@@ -76,6 +76,11 @@ class Task:
     #: Over-selected: a margin over what the round needs, so that a slow device does not hold it open.
     spare: bool = False
 
+    @property
+    def group(self) -> tuple[str, ...]:
+        """The model keys offered, sorted: the tasks of a round that offer the same models form one group."""
+        return tuple(sorted(self.models))
+
 
 @dataclass(frozen=True)
 class Update:

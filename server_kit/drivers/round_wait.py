@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from edge_sdk.worker import Task
 
-__all__ = ["Awaited", "CloseReason", "DeviceOutcome", "RoundClose", "RoundGroup", "RoundWait", "group_of"]
+__all__ = ["Awaited", "CloseReason", "DeviceOutcome", "RoundClose", "RoundGroup", "RoundWait"]
 
 
 class Awaited:
@@ -83,15 +83,11 @@ class Awaited:
         self.left.discard(cid)
 
 
-def group_of(task: Task) -> tuple[str, ...]:
-    """The group of a task: the model keys it offers (one cluster's, or all of IFCA's)."""
-    return tuple(sorted(task.models))
-
-
 @dataclass(frozen=True)
 class RoundGroup:
     """The devices of one round that train the same models."""
 
+    #: The model keys its tasks offer (``Task.group``).
     models: tuple[str, ...]
     #: Every device tasked in the group, spares included.
     members: frozenset[str]
@@ -161,13 +157,13 @@ class RoundWait(Awaited):
         self.started = clock()
         by_group: dict[tuple[str, ...], list[Task]] = {}
         for t in tasks:
-            by_group.setdefault(group_of(t), []).append(t)
+            by_group.setdefault(t.group, []).append(t)
         self.groups: dict[tuple[str, ...], RoundGroup] = {}
         for g, ts in sorted(by_group.items()):
             needed = sum(1 for t in ts if not t.spare) or len(ts)
             goal = min(len(ts), max(1, math.ceil(report_goal * needed - 1e-9)))
             self.groups[g] = RoundGroup(g, frozenset(t.cid for t in ts), needed, goal)
-        self.group_of: dict[str, tuple[str, ...]] = {t.cid: group_of(t) for t in tasks}
+        self.group_of: dict[str, tuple[str, ...]] = {t.cid: t.group for t in tasks}
         self.spares = frozenset(t.cid for t in tasks if t.spare)
         self._reported = {g: 0 for g in self.groups}
         #: Per group, the devices refused and not (yet) answered with a valid update.

@@ -198,7 +198,7 @@ class Strategy(ABC):
             return tasks
         groups: dict[tuple[str, ...], list[Task]] = {}
         for t in tasks:
-            groups.setdefault(tuple(sorted(t.models)), []).append(t)
+            groups.setdefault(t.group, []).append(t)
         taken = {t.cid for t in tasks}
         free = sorted(c for c in available if c not in taken and c in self.clients)
         spares: list[Task] = []
