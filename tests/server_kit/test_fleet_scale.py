@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-from edge_sdk.protocol import Kind, Message
+from edge_sdk.protocol import Kind, Message, Topics
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from edge_sdk.transport.netloop import NetworkLoop
 from edge_sdk.worker import LocalWorker, TrainSettings
@@ -23,6 +23,8 @@ from server_kit.broker import DEPLOY_CONF, MosquittoBroker, adapt_deploy_conf, f
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.emulate import EmulatedFleet, fleet_partition
 from server_kit.strategies.fedsketch import SketchClustered
+
+from helpers import Collector
 
 FED = "fleet"
 needs_mosquitto = pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")
@@ -58,12 +60,21 @@ def test_300_devices_all_register_and_cluster_right(shipped_acl):
     clients = fleet_partition(300, min_samples=60, max_samples=100, groups=4, seed=1)
     passwords = {c.cid: f"pw-{c.cid}" for c in clients}
     with shipped_broker(shipped_acl, passwords) as broker:
+        # connected is not subscribed: a device says hello once its subscriptions are sent, so its own hello
+        # proves the broker holds them (MQTT keeps one client's packets in order) before the server's hello;
+        # the server listens for them from before the first device connects
+        server = server_transport(broker.url)
+        server.connect()
+        hellos = Collector(timeout=60)
+        server.subscribe(Topics("fedsketch", FED).all_clients("hello"), hellos)
         fleet = EmulatedFleet(broker.url, clients, passwords=passwords, federation=FED, loops=2, seed=1)
         fleet.start()
         try:
             assert fleet.wait_connected(30)
-            server = server_transport(broker.url)
-            server.connect()
+            deadline = time.monotonic() + 60
+            while len({m.sender for m in hellos.messages}) < 300 and time.monotonic() < deadline:
+                hellos.wait(len(hellos.items) + 1, timeout=1.0)
+            assert len({m.sender for m in hellos.messages}) == 300
             config = ServerConfig(federation=FED, rounds=1, min_clients=300, register_timeout_s=60,
                                   sketch_timeout_s=60, round_timeout_s=60, eval_timeout_s=60, seed=0,
                                   architecture="digits_cnn_1x8x8_10", encoder="digits_encoder")
