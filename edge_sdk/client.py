@@ -22,6 +22,8 @@ import json
 import logging
 import queue
 import random
+import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -32,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .client_commands import VIA, ClientCommands, DeviceDrift
+from .client_commands import SERVER_STATUS, VIA, ClientCommands, DeviceDrift
 from .protocol import SERVER_ID, Kind, Message, ProtocolError, Topics, parse_tensors
 from .rejections import RejectionLog
 from .schema import check_meta
@@ -137,6 +139,12 @@ class EdgeClient(ClientCommands):
         self._commands_run = 0
         #: What :func:`main` exits with: 0, 4 when the server refused this device, 5 when the server failed.
         self.exit_code = 0
+        #: The run the server last announced (its retained status), None before the first announcement.
+        self.run_id: str | None = None
+        #: Runs announced while this device served (the first one included).
+        self.runs_seen = 0
+        #: Whether the server's last status said it is online (None: no status seen yet).
+        self.server_online: bool | None = None
         #: Why the server refused this device (None while admitted or not yet answered).
         self.refused_reason: str | None = None
         self._connections = 0
@@ -267,22 +275,63 @@ class EdgeClient(ClientCommands):
         except (ConnectionError, ValueError) as e:  # closed meanwhile: the next connection says it again
             log.warning("hello not sent: %s", e)
 
+    def schedule_hello(self) -> float:
+        """Say hello up to ``hello_jitter_s`` from now (:meth:`step` sends it when due); returns the wait.
+
+        A hello already scheduled keeps its (earlier) time.
+        """
+        delay = self._jitter.uniform(0.0, self.hello_jitter_s) if self.hello_jitter_s else 0.0
+        with self._hello_lock:
+            due = time.monotonic() + delay
+            if self._hello_due is None or due < self._hello_due:
+                self._hello_due = due
+            return max(0.0, self._hello_due - time.monotonic())
+
     def _on_connected(self) -> None:
         """Every (re)connection: schedule a hello, up to ``hello_jitter_s`` from now (network thread: no wait).
 
         :meth:`step` sends it when due; nothing here blocks the network thread.
         """
         self._connections += 1
-        delay = self._jitter.uniform(0.0, self.hello_jitter_s) if self.hello_jitter_s else 0.0
-        with self._hello_lock:
-            self._hello_due = time.monotonic() + delay
+        delay = self.schedule_hello()
         if self._connections > 1:
             log.info("reconnected: announcing this device again in %.1f s", delay)
+
+    def _on_server_status_msg(self, topic: str, msg: Message) -> None:
+        """The server's status (network thread): queued, handled on the client's loop between two commands."""
+        if msg.kind != Kind.STATUS or msg.sender != SERVER_ID:
+            self._rejections("sender", msg.sender, f"ignoring {msg.kind.name} on {topic}")
+            return
+        msg = dataclasses.replace(msg, meta={**msg.meta, VIA: SERVER_STATUS})
+        try:
+            self._cmds.put_nowait(msg)
+        except queue.Full:
+            self._rejections("queue-full", msg.sender, "command queue full; dropping the server's status")
+
+    def _forget_run(self) -> None:
+        """A new run: drop what the last one left (admission, model, models and encoders received)."""
+        self._welcomed = False
+        self.model_key = None
+        self.refused_reason = None
+        self._follow(["+"], confirm=False)
+        with self._models_cv:
+            self._models.clear()
+            for name in self.encoder_dirs:
+                self._encoders.pop(name, None)
+            self.encoder_dirs.clear()
+        self._remove_encoder_folders()
+
+    def _remove_encoder_folders(self) -> None:
+        """Delete the folder of the encoders received (nothing of a run stays on the device's disk)."""
+        root, self._encoder_root = self._encoder_root, None
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
 
     def start(self) -> None:
         """Connect, subscribe, register (and register again after every reconnection)."""
         self.transport.subscribe(self.topics.cmd(self.cid), self._on_cmd)
         self.transport.subscribe(self.topics.broadcast(), self._on_cmd)
+        self.transport.subscribe(self.topics.server_status(), self._on_server_status_msg)
         for f in sorted(self.followed):  # every model until an assign says which to follow
             self.transport.subscribe(f, self._on_model)
         self.transport.on_connected(self._on_connected)
@@ -328,17 +377,26 @@ class EdgeClient(ClientCommands):
         return not self._stop.is_set()
 
     def run(self, *, max_idle_s: float | None = None) -> None:
-        """Process commands until ``stop`` (or ``max_idle_s`` without any command)."""
-        self.start()
-        idle_since = time.monotonic()
-        seen = self._commands_run
-        while self.step(timeout=0.5):
-            if self._commands_run != seen:
-                seen, idle_since = self._commands_run, time.monotonic()
-            elif max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
-                log.warning("no command for %g s: leaving", max_idle_s)
-                break
-        self.transport.close()
+        """Process commands until ``stop`` (or ``max_idle_s`` without any command); then :meth:`close`."""
+        try:
+            self.start()
+            idle_since = time.monotonic()
+            seen = self._commands_run
+            while self.step(timeout=0.5):
+                if self._commands_run != seen:
+                    seen, idle_since = self._commands_run, time.monotonic()
+                elif max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
+                    log.warning("no command for %g s: leaving", max_idle_s)
+                    break
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Disconnect and delete the encoders received: the device keeps nothing of its runs on disk."""
+        try:
+            self.transport.close()
+        finally:
+            self._remove_encoder_folders()
 
     def stop(self) -> None:
         self._stop.set()
@@ -348,8 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fedsketch-client", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="A FedSketch edge client over MQTT. It learns the model, encoder, classes and training "
-                    "settings from the server; exits 0 when the server finishes, 4 when it refuses this device, "
-                    "5 when the server could not finish the run (the reason is logged), 3 when the broker cannot "
+                    "settings from the server; exits 0 when the server finishes (with --serve: on SIGTERM or the "
+                    "server's leave), 4 when it refuses this device, 5 when the server could not finish the run (the reason is logged), 3 when the broker cannot "
                     "be reached, 2 for bad arguments or data.")
     p.add_argument("--broker", default="mqtt://127.0.0.1:1883", help="mqtt://host:port or mqtts://host:port")
     p.add_argument("--federation", default="default", help="the federation's id (the server's --federation)")
@@ -367,8 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="say hello after a random wait of up to S seconds after every (re)connection, so that a "
                         "fleet booting at once (or back after a broker restart) does not reach the broker in one "
                         "instant; 0: at once")
-    p.add_argument("--stay", action="store_true",
-                   help="when the server finishes, keep waiting for its next run instead of exiting 0")
+    p.add_argument("--serve", "--stay", dest="stay", action="store_true",
+                   help="service mode (the systemd unit's): serve run after run. The device joins each run the "
+                        "server announces, stays through its stop, a failed run or a refusal, waits while the "
+                        "server is away, and leaves only on SIGTERM or a leave the server sends")
     p.add_argument("--server-key", default=None, metavar="PEM",
                    help="the server's Ed25519 public key (given at enrolment): obey only messages it signed")
     p.add_argument("--fedcref", action="store_true",
@@ -423,6 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     client = EdgeClient(transport, worker, federation=args.federation, root=args.root, seed=args.seed,
                         stay=args.stay, hello_jitter_s=args.hello_jitter)
+    _stop_on_sigterm(client.stop)
     rc = _serve(args, lambda: client.run(max_idle_s=args.max_idle))
     return client.exit_code if rc == 0 else rc
 
@@ -448,6 +509,18 @@ def _transport(args: argparse.Namespace, cfg: Any) -> Any:
         log.warning("no --server-key: this device obeys any message whose sender says 'server'; "
                     "only the broker's ACL protects it")
     return transport
+
+
+def _stop_on_sigterm(stop: Any) -> None:
+    """SIGTERM (systemd's stop) ends the device's loop cleanly: it disconnects and removes its files, exit 0."""
+    def on_term(signum: int, frame: Any) -> None:
+        log.info("SIGTERM: leaving")
+        stop()
+
+    try:
+        signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread (a test calling main): the caller's own handling stays
+        pass
 
 
 def _serve(args: argparse.Namespace, run: Any) -> int:

@@ -29,10 +29,11 @@ from .install import install_hint
 from .protocol import Kind, Message, ProtocolError, sketch_body, tensors_body
 from .protocol.commands import Op, parse
 from .sampling import in_sample
+from .schema import check_meta
 from .sketch import Sketch, Sketcher
 from .worker import Task, TrainSettings
 
-__all__ = ["ENDINGS", "HANDLERS", "LOCAL", "VIA", "ClientCommands", "DeviceDrift"]
+__all__ = ["ENDINGS", "HANDLERS", "LOCAL", "SERVER_STATUS", "VIA", "ClientCommands", "DeviceDrift"]
 
 # the device's log keeps its one name: these lines were the client's and still are
 log = logging.getLogger("edge_sdk.client")
@@ -41,13 +42,15 @@ log = logging.getLogger("edge_sdk.client")
 VIA = "_via"
 #: The ``VIA`` of the application's own command (:meth:`ClientCommands.data_changed`), never of a message.
 LOCAL = "local"
+#: The ``VIA`` of the server's own status (its run announcement, retained on ``server/status``).
+SERVER_STATUS = "server-status"
 
 #: What a device outside ``--stay`` exits with when the server says it could not finish the run.
 SERVER_FAILED = 5
 
 #: The commands after which the client may stop: op -> its method, called with the command's clean
 #: fields, which returns whether to keep serving.
-ENDINGS: dict[str, str] = {Op.STOP: "_on_stop", Op.REFUSED: "_on_refused"}
+ENDINGS: dict[str, str] = {Op.STOP: "_on_stop", Op.REFUSED: "_on_refused", Op.LEAVE: "_on_leave"}
 #: Every other command: op -> its method, called with the command's clean fields and round.
 HANDLERS: dict[str, str] = {
     Op.HELLO: "_on_hello",
@@ -132,6 +135,9 @@ class ClientCommands:
         self._apply_data_change()  # the application's change comes before the next command
         if msg.meta.get(VIA) == LOCAL:
             return True  # data_changed's wake-up: done above
+        if msg.meta.get(VIA) == SERVER_STATUS:
+            self._on_server_status(msg)
+            return True
         broadcast = msg.meta.get(VIA) == "broadcast"
         try:
             m = parse(msg)  # every field checked: types, ranges, lengths; unknown ops refused
@@ -174,9 +180,43 @@ class ClientCommands:
 
     def _on_refused(self, m: Mapping[str, Any]) -> bool:
         self.refused_reason = m["reason"]
+        if self.stay:  # this run does not want the device; the next one may
+            log.error("the server refused this device for this run: %s; staying for the next run", m["reason"])
+            return True
         self.exit_code = 4
         log.error("the server refused this device: %s", m["reason"])
         return False
+
+    def _on_leave(self, m: Mapping[str, Any]) -> bool:
+        log.warning("the server asked this device to leave the fleet: %s", m["reason"])
+        return False
+
+    # -- the server's own status: its runs ----------------------------------------
+    def _on_server_status(self, msg: Message) -> None:
+        """The server's announcement (retained on its status topic): a run began, or the server is away.
+
+        A run this device has not seen yet (another run id) starts afresh: what the last run left
+        (admission, assignment, models, encoders received and their folders) is dropped, and the device
+        says hello (after its jitter, unless the server's own hello request comes first).
+        """
+        try:
+            m = check_meta(msg)
+        except ProtocolError as e:
+            self._rejections(e.reason, msg.sender, f"server status: {e}")
+            return
+        run = m.get("run")
+        if m["state"] == "offline":
+            log.info("the server is away%s; waiting for its next run", f" (run {run})" if run else "")
+            self.server_online = False
+            return
+        self.server_online = True
+        if run is None or run == self.run_id:
+            return
+        self.run_id = run
+        self.runs_seen += 1
+        self._forget_run()
+        log.info("the server announces run %s: joining it", run)
+        self.schedule_hello()
 
     # -- the others -------------------------------------------------------------
     def _on_hello(self, m: Mapping[str, Any], rnd: int) -> None:

@@ -172,6 +172,8 @@ COMMANDS: dict[str, dict[str, Field]] = {
     "hello": {},
     # failed: the server could not finish the run (the reason says why); a device outside --stay exits 5
     "stop": {"reason": Field("str", max_len=300, default="finished"), "failed": Field("bool", default=False)},
+    # the owner retires the device from the fleet: it exits 0, service mode or not
+    "leave": {"reason": Field("str", max_len=300, default="the server asked this device to leave")},
     # the device's model; with "follow", the model topics it keeps (it unsubscribes from the others)
     "assign": {"model_key": _MODEL_KEY, "follow": _FOLLOW},
     # admitted: what the device learns from the server instead of flags
@@ -229,6 +231,8 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "state": Field("str", choices=("online", "offline"), default="online"),
         "working": Field("int", 0, MAX_ROUND),  # the round it is training, while it trains
         "follow": _FOLLOW,  # the model topics it now follows (the answer to an assign's "follow")
+        # the server's own status (retained on server/status): the run it serves ("online") or served
+        "run": Field("id"),
     },
     # sent by a device whose data changed, without being asked (edge_sdk.client_commands: data_changed)
     Kind.SKETCH: {"unasked": Field("bool")},

@@ -129,11 +129,23 @@ def _with_broker(args: argparse.Namespace, config: Any, bcfg: Any, run: Any) -> 
     if why is not None:
         print(f"fedsketch-server: cannot reach the broker at {bcfg.url}: {why}", file=sys.stderr)
         return None
-    transport = MqttTransport(bcfg, args.username or SERVER_ID, federation=config.federation, root=config.root)
+    from edge_sdk.protocol import Topics, encode_message
+
+    from .drivers.link import server_offline
+
+    signer = None
+    will = encode_message(server_offline(config.federation))
     if args.signing_key:
         from edge_sdk.signing import load_signer
 
-        transport.sign_with(load_signer(args.signing_key))
+        signer = load_signer(args.signing_key)
+        will = signer.sign(will)
+    # if this process dies, the broker tells the devices (retained) that the server is away
+    transport = MqttTransport(bcfg, args.username or SERVER_ID, federation=config.federation, root=config.root,
+                              will_topic=Topics(config.root, config.federation).server_status(),
+                              will_payload=will, will_retain=True)
+    if signer is not None:
+        transport.sign_with(signer)
     else:
         log.warning("no --signing-key: devices cannot tell this server's commands from forged ones; "
                     "only the broker's ACL protects them")
@@ -203,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose)
     from .drivers.orchestrator import Orchestrator
 
+    if args.leave:
+        return _send_leave(args)
     try:
         config, strat, name, broker, report_dir = _server_settings(args)
         truth, robust = _checked_extras(args, name)
@@ -223,6 +237,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     _print_summary(args, result, strategy, report_dir, truth)
     return 0
+
+
+def _send_leave(args: argparse.Namespace) -> int:
+    """``--leave ID...``: a signed leave to each device named (or, with ``all``, one broadcast); no run."""
+    from edge_sdk.protocol import Topics, check_id
+    from edge_sdk.protocol.commands import Op
+
+    from .drivers.link import ServerLink
+
+    try:
+        config, _, _, broker, _ = _server_settings(args)
+        everyone = "all" in args.leave
+        targets = [] if everyone else [check_id(c, "--leave") for c in args.leave]
+        bcfg = _broker_config(args, broker)
+    except (ValueError, TypeError, OSError) as e:
+        print(f"fedsketch-server: error: {e}", file=sys.stderr)
+        return 2
+
+    def send(transport: Any) -> int:
+        link = ServerLink(transport, Topics(config.root, config.federation), config.federation,
+                          handler=lambda topic, msg: None, rejections=lambda *a: None)
+        reason = "the fleet's owner retired this device"
+        if everyone:
+            link.broadcast(Op.LEAVE, reason=reason)
+        for cid in targets:
+            link.command(cid, Op.LEAVE, reason=reason)
+        # closing the connection waits for the broker's acknowledgements
+        print(f"fedsketch-server: leave sent to {'every device' if everyone else ', '.join(targets)}")
+        return 0
+
+    return 0 if _with_broker(args, config, bcfg, send) == 0 else 3
 
 
 def _server_settings(args: argparse.Namespace) -> tuple[Any, dict[str, Any], str, str, str | None]:

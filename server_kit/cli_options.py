@@ -237,6 +237,10 @@ def _add_output_options(p: argparse.ArgumentParser, dflt: Callable[..., str]) ->
                    help="write the state after every round here (default: none, no checkpoints)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint's last round (default: off)")
+    p.add_argument("--leave", action="append", default=[], metavar="CLIENT_ID",
+                   help="run nothing: tell these devices (repeatable; 'all': every device of the federation) to "
+                        "leave the fleet, signed with --signing-key, then exit; a device in service mode exits 0 "
+                        "(default: none)")
     p.add_argument("--report-dir", default=None, metavar="DIR",
                    help="write results.json, accuracy.png, threshold_search.png (sketch strategies), bytes.png "
                         "and report.html here (default: none)")

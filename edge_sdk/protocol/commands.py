@@ -33,6 +33,8 @@ class Op(str, Enum):
     HELLO = "hello"
     #: The server has finished (``reason``): the device exits, unless it stays for the next run.
     STOP = "stop"
+    #: The owner retires the device (``reason``): it exits 0, in service mode too.
+    LEAVE = "leave"
     #: The device's model (``model_key``) and, with ``follow``, the model topics it keeps.
     ASSIGN = "assign"
     #: Admitted: the architecture, encoder, classes and whether it trains.

@@ -32,12 +32,13 @@ def write_checkpoint(directory: str | Path, rnd: int, strategy: Strategy, *, his
                      timings: Mapping[str, float], clients: Mapping[str, ClientInfo], sketches: Mapping[str, Any],
                      config: ServerConfig, encoder: str | None, architecture: str | None, latent_dim: int | None,
                      pretrain_history: list[dict[str, Any]], fresh: Mapping[str, Sketch] | None = None,
-                     pace: Mapping[str, Any] | None = None) -> None:
+                     pace: Mapping[str, Any] | None = None, run_id: str | None = None) -> None:
     """Write the state after round ``rnd`` to ``directory`` (created if missing); see the module docstring.
 
     ``fresh``: the sketches a run that follows drift got during training and has not handed to its strategy
     yet (:mod:`~server_kit.drivers.resketch`); None (a run that does not follow drift) writes no such key.
     ``pace``: the run's memory of its devices' pace (:meth:`server_kit.drivers.pace.Pace.state`).
+    ``run_id``: the run's id, which a resumed run announces again (its devices keep what the run gave them).
     """
     from safetensors.numpy import save_file
 
@@ -53,7 +54,7 @@ def write_checkpoint(directory: str | Path, rnd: int, strategy: Strategy, *, his
         "sketches": _sketches_json(sketches),
         "config": asdict(config),
         "encoder": encoder, "architecture": architecture, "latent_dim": latent_dim,
-        "pretrain_history": pretrain_history, "pace": dict(pace or {}),
+        "pretrain_history": pretrain_history, "pace": dict(pace or {}), "run_id": run_id,
     }
     if fresh is not None:
         state["fresh_sketches"] = _sketches_json(fresh)
@@ -82,6 +83,8 @@ class Checkpoint:
     fresh: dict[str, Sketch] = field(default_factory=dict)
     #: The run's memory of its devices' pace (training times, benched devices...).
     pace: dict[str, Any] = field(default_factory=dict)
+    #: The run's id (None in a checkpoint of an older version).
+    run_id: str | None = None
 
 
 def _sketches_json(sketches: Mapping[str, Any]) -> dict[str, list[Any]]:
@@ -111,7 +114,7 @@ def read_checkpoint(directory: str | Path) -> Checkpoint:
         sketches=_sketches_read(state.get("sketches", {})), fresh=_sketches_read(state.get("fresh_sketches", {})),
         history=list(state.get("history", [])), timings=dict(state.get("timings", {})),
         pretrain_history=list(state.get("pretrain_history", [])), encoder=state.get("encoder"),
-        architecture=state.get("architecture"), pace=dict(state.get("pace") or {}),
+        architecture=state.get("architecture"), pace=dict(state.get("pace") or {}), run_id=state.get("run_id"),
         latent_dim=int(state["latent_dim"]) if state.get("latent_dim") is not None else None)
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import secrets
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from typing import Any, Callable, Union
 from edge_sdk.protocol import SERVER_ID, Kind, Message, ProtocolError, Topics
 from edge_sdk.protocol.commands import Op, build
 
-__all__ = ["INBOX_SIZE", "Refused", "ServerLink", "explain_rejection"]
+__all__ = ["INBOX_SIZE", "Refused", "ServerLink", "explain_rejection", "new_run_id", "server_offline"]
 
 #: Messages the inbox holds; past it a message is dropped (an ``inbox-full`` rejection).
 INBOX_SIZE = 100_000
@@ -65,6 +66,17 @@ def explain_rejection(msg: Message, error: Exception) -> tuple[str, str]:
     if isinstance(error, (ValueError, KeyError, TypeError)):
         return "invalid", f"{msg.kind.name}: {error}"
     return "handler-error", f"{msg.kind.name}: {type(error).__name__}: {error}"
+
+
+def new_run_id(clock: Callable[[], float] = time.time) -> str:
+    """A fresh run's id: its start (UTC) and 6 random hex digits, e.g. ``20261125T021800-3fa9c1``."""
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(clock())) + "-" + secrets.token_hex(3)
+
+
+def server_offline(federation: str, run_id: str | None = None) -> Message:
+    """The server's status "offline" (its last will, and what it says when it leaves a run)."""
+    return Message(Kind.STATUS, federation, SERVER_ID, 0,
+                   {"state": "offline", **({"run": run_id} if run_id else {})})
 
 
 class ServerLink:
@@ -129,6 +141,16 @@ class ServerLink:
         Returns what :meth:`send` returns (the bytes sent, for the MQTT transport).
         """
         return self.send(self.topics.broadcast(), Kind.CMD, meta=build(op, **meta))
+
+    def announce(self, run_id: str, *, online: bool = True) -> int:
+        """Say on the server's status topic (retained) that run ``run_id`` is on, or that the server left it.
+
+        A device in service mode joins each run announced online (see
+        :meth:`edge_sdk.client_commands.ClientCommands._on_server_status`); a device
+        connecting later gets the broker's retained copy.
+        """
+        return self.send(self.topics.server_status(), Kind.STATUS, retain=True,
+                         meta={"state": "online" if online else "offline", "run": run_id})
 
     # -- receiving ----------------------------------------------------------
     def subscribe(self, leaves: Iterable[str]) -> None:

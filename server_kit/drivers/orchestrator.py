@@ -73,7 +73,7 @@ from .delivery import Delivery
 from .final_eval import final_evaluation
 from .fleet import ClientState, Fleet, some_ids
 from .intake import Intake
-from .link import ServerLink
+from .link import ServerLink, new_run_id
 from .models import RunModels
 from .pace import Pace
 from .phase import Phase
@@ -104,6 +104,8 @@ class Orchestrator:
         self.config = config
         self.topics = Topics(config.root, config.federation)
         self.on_round = on_round
+        #: The run's id, announced on the server's status topic (a resumed run keeps its checkpoint's).
+        self.run_id = new_run_id()
         self._rejections = RejectionLog(log)
         #: Refused messages per reason (logged once per sender and reason per interval).
         self.rejected: dict[str, int] = self._rejections.counts
@@ -248,6 +250,7 @@ class Orchestrator:
     # -- phases -------------------------------------------------------------
     def _register(self) -> None:
         t0 = time.monotonic()
+        self.link.announce(self.run_id)
         self.link.broadcast(Op.HELLO)
         need = self.config.min_clients
         quorum = max(1, int(np.ceil(self.config.register_quorum * need)))
@@ -372,7 +375,7 @@ class Orchestrator:
                          sketches=self.sketches, config=self.config, encoder=self.encoder_name,
                          architecture=self.architecture, latent_dim=self.run_models.latent,
                          pretrain_history=self.pretrain_history, fresh=self.resketch.pending(),
-                         pace=self.pace.state())
+                         pace=self.pace.state(), run_id=self.run_id)
 
     def _restore(self) -> int:
         ck = read_checkpoint(self.config.checkpoint_dir or "")
@@ -390,6 +393,7 @@ class Orchestrator:
         self.resketch.restore(ck.fresh)
         self.history = ck.history
         self.timings = ck.timings
+        self.run_id = ck.run_id or self.run_id
         self.pretrain_history = ck.pretrain_history
         models.encoder = ck.encoder or models.encoder
         if ck.latent_dim is not None:
@@ -420,6 +424,7 @@ class Orchestrator:
         """A killed run, continued: its checkpoint, then the devices asked to say hello; returns its last round."""
         last = self._restore()
         self.intake.run.enter(Phase.TRAIN, rnd=last)
+        self.link.announce(self.run_id)
         self.link.broadcast(Op.HELLO)
         self.link.pump(lambda: len(self.fleet.online_ids) >= min(self.config.min_clients, len(self.clients)),
                        self.config.register_timeout_s)
@@ -447,6 +452,7 @@ class Orchestrator:
                   f"{self.intake.round}): {why}")[:300]
         try:
             self.link.broadcast(Op.STOP, reason=reason, failed=True)
+            self.link.announce(self.run_id, online=False)
             log.error("told the devices: %s", reason)
         except Exception as e:  # the transport itself failed: nothing more to tell
             log.warning("could not tell the devices that the run failed: %s", e)
@@ -468,6 +474,7 @@ class Orchestrator:
         self.timings["training_s"] = time.monotonic() - t_train
         if self.config.stop_clients:
             self.link.broadcast(Op.STOP, reason="finished")
+            self.link.announce(self.run_id, online=False)
         self.intake.run.enter(Phase.DONE)
         self.timings["total_s"] = time.monotonic() - t0
         return RunResult(
@@ -478,5 +485,5 @@ class Orchestrator:
             dropped={c: f"offline since round {self.fleet.went_offline.get(c, 0)}"
                      for c, st in sorted(self.clients.items()) if not st.online},
             benched=dict(self.fleet.benched),
-            drift=drift_totals(self.history) if self.resketch.follows else None,
+            drift=drift_totals(self.history) if self.resketch.follows else None, run_id=self.run_id,
         )

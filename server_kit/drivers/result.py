@@ -48,6 +48,8 @@ class RunResult:
     benched: dict[str, str] = field(default_factory=dict)
     #: A run that follows drift: its counts added up (``server_kit.drivers.resketch.drift_totals``).
     drift: dict[str, int] | None = None
+    #: The run's id, as announced on the server's status topic.
+    run_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name (``drift`` only when the run follows drift), for ``results.json``."""

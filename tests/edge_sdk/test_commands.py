@@ -23,6 +23,7 @@ FED = "cmds"
 EVERY_FIELD = {
     "hello": {},
     "stop": {"reason": "the server stopped", "failed": True},
+    "leave": {"reason": "retired"},
     "assign": {"model_key": "c1", "follow": ["c1"]},
     "welcome": {"architecture": ARCH, "encoder": "digits_encoder", "num_classes": 10, "train": False,
                 "reason": "no torch on the device"},

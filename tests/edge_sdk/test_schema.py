@@ -113,7 +113,8 @@ def test_schema_fills_defaults_and_drops_unknown_fields():
 def test_every_command_the_server_sends_passes_the_schema():
     """The orchestrator's own commands, as it writes them (a drift here would refuse honest traffic)."""
     samples = {
-        "hello": {}, "stop": {"reason": "finished", "failed": False}, "assign": {"model_key": "c0", "follow": ["c0"]},
+        "hello": {}, "stop": {"reason": "finished", "failed": False},
+        "leave": {"reason": "the fleet's owner retired this device"}, "assign": {"model_key": "c0", "follow": ["c0"]},
         "welcome": {"architecture": "lenet5_1x28x28_10", "encoder": "fmnist_fc_encoder", "num_classes": 10,
                     "train": True},
         "refused": {"reason": "its samples hold 64 values; this federation's models take 784 (28x28)"},
@@ -128,6 +129,8 @@ def test_every_command_the_server_sends_passes_the_schema():
     for op, fields in broadcasts.items():
         assert check_meta(Message(Kind.CMD, FED, "server", 0, {"op": op, **fields})) == {"op": op, **fields}
     assert check_meta(Message(Kind.STATUS, FED, "c1", 0, {"follow": ["+"]})) == {"state": "online", "follow": ["+"]}
+    announce = {"state": "online", "run": "20261125T021800-3fa9c1"}  # the server's run announcement
+    assert check_meta(Message(Kind.STATUS, FED, "server", 0, announce)) == announce
     assert set(samples) == set(COMMANDS)
     for op, fields in samples.items():
         assert check_meta(Message(Kind.CMD, FED, "server", 0, {"op": op, **fields})) == {"op": op, **fields}
@@ -214,7 +217,7 @@ def test_device_survives_any_command(device, meta, rnd, caplog):
         return  # refused by the decoder: counted by the transport
     with caplog.at_level(logging.ERROR, logger="edge_sdk"):
         keep_going = device.handle(msg)  # must not raise, whatever the meta holds
-    assert keep_going is (check_meta_ok(msg) not in ("stop", "refused"))
+    assert keep_going is (check_meta_ok(msg) not in ("stop", "refused", "leave"))
     assert "Traceback" not in caplog.text
 
 
