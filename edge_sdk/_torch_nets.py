@@ -23,11 +23,13 @@ except ImportError as e:  # a device without torch: sketching and ONNX evaluatio
 
 __all__ = [
     "ARCHITECTURES",
+    "BasicBlock",
     "ConvAutoencoder",
     "DigitsCNN",
     "EncoderOnly",
     "FCAutoencoder",
     "LeNet5",
+    "ResNet18",
     "count_params",
 ]
 
@@ -271,6 +273,85 @@ class EncoderOnly(nn.Module):
         return self.ae.encode(x)
 
 
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions with BatchNorm and an identity (or 1x1) shortcut.
+
+    Parameters
+    ----------
+    c_in, c_out : int
+        Input and output channels.
+    stride : int
+        Stride of the first convolution (2 halves height and width); the
+        shortcut becomes a strided 1x1 convolution with BatchNorm whenever
+        the shape changes.
+    """
+
+    def __init__(self, c_in: int, c_out: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.relu = nn.ReLU(inplace=True)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))``."""
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 for small images, returning logits.
+
+    Stem Conv(3x3, stride 1) -> BatchNorm -> ReLU with 64 channels, four
+    stages of two :class:`BasicBlock` each (64, 128, 256, 512 channels; the
+    last three start with stride 2), global average pooling and one linear
+    layer. For 32x32 inputs the last feature map is 4x4.
+
+    Parameters
+    ----------
+    num_classes : int
+        Number of output logits.
+    in_channels : int
+        Image channels.
+    """
+
+    stage_channels = (64, 128, 256, 512)
+    blocks_per_stage = (2, 2, 2, 2)
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3) -> None:
+        super().__init__()
+        self.num_classes = int(num_classes)
+        self.in_channels = int(in_channels)
+        self.input_shape = (self.in_channels, 32, 32)
+        c0 = self.stage_channels[0]
+        self.conv1 = nn.Conv2d(self.in_channels, c0, 3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c0)
+        self.relu = nn.ReLU(inplace=True)
+        stages: list[nn.Module] = []
+        c_in = c0
+        for i, (c_out, n_blocks) in enumerate(zip(self.stage_channels, self.blocks_per_stage)):
+            blocks = [BasicBlock(c_in, c_out, stride=1 if i == 0 else 2)]
+            blocks += [BasicBlock(c_out, c_out) for _ in range(n_blocks - 1)]
+            stages.append(nn.Sequential(*blocks))
+            c_in = c_out
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(c_in, self.num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``(batch, num_classes)`` of images ``(batch, C, H, W)``."""
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
 #: Architecture name (as written in the manifest) -> constructor.
 ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {
     "fc_ae_784_50_20": lambda: FCAutoencoder(784, 50, 20),
@@ -279,10 +360,11 @@ ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {
     "conv_ae_3_12_24_48": lambda: ConvAutoencoder((3, 12, 24, 48)),
     "lenet5_1x28x28_10": lambda: LeNet5(1, 10),
     "digits_cnn_1x8x8_10": lambda: DigitsCNN(10),
+    "resnet18_3x32x32_10": lambda: ResNet18(10, 3),
 }
 
 
 # The public home of these names is edge_sdk.nets (see the module docstring).
-for _obj in (ConvAutoencoder, DigitsCNN, EncoderOnly, FCAutoencoder, LeNet5, count_params):
+for _obj in (BasicBlock, ConvAutoencoder, DigitsCNN, EncoderOnly, FCAutoencoder, LeNet5, ResNet18, count_params):
     _obj.__module__ = "edge_sdk.nets"
 del _obj

@@ -15,6 +15,10 @@ so a device without torch still sketches and evaluates.
 * :class:`LeNet5`: the LeNet-5 classifier trained after clustering; it
   returns logits (no softmax inside).
 * :class:`DigitsCNN`: a small classifier for 8x8 digits (logits).
+* :class:`ResNet18`: ResNet-18 (:class:`BasicBlock`, [2, 2, 2, 2]) with the
+  CIFAR stem for 32x32 RGB images (logits, 11,173,962 parameters for 10
+  classes): the paper's CIFAR-10 and PACS classifier, which ``fedsketch
+  bench`` times on the device. No shipped artifact holds its weights.
 * :class:`EncoderOnly`: a wrapper that exposes an autoencoder's
   :meth:`encode` as ``forward`` for ONNX export.
 
@@ -34,11 +38,13 @@ if TYPE_CHECKING:  # annotations only: torch is imported on first use
 __all__ = [
     "ARCHITECTURES",
     "BASE_LAYERS",
+    "BasicBlock",
     "ConvAutoencoder",
     "DigitsCNN",
     "EncoderOnly",
     "FCAutoencoder",
     "LeNet5",
+    "ResNet18",
     "build_model",
     "count_params",
 ]
@@ -47,7 +53,8 @@ __all__ = [
 #: Names defined with torch in :mod:`edge_sdk._torch_nets`, imported on
 #: first access (PEP 562 module ``__getattr__``).
 _TORCH_NAMES = frozenset({
-    "ARCHITECTURES", "ConvAutoencoder", "DigitsCNN", "EncoderOnly", "FCAutoencoder", "LeNet5", "count_params",
+    "ARCHITECTURES", "BasicBlock", "ConvAutoencoder", "DigitsCNN", "EncoderOnly", "FCAutoencoder", "LeNet5",
+    "ResNet18", "count_params",
 })
 
 

@@ -100,7 +100,7 @@ def test_help_shows_every_default_and_the_names_to_choose_from(capsys, monkeypat
     assert exc.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "fedcref" in known_strategies() and "fedsketch-fedae" in known_strategies()
-    assert known_architectures() == ["digits_cnn_1x8x8_10", "lenet5_1x28x28_10"]
+    assert known_architectures() == ["digits_cnn_1x8x8_10", "lenet5_1x28x28_10", "resnet18_3x32x32_10"]
     assert "digits_encoder" in known_encoders() and "digits_ae" not in known_encoders()
     assert f"one of: {', '.join(known_strategies())}." in out
     assert f"one of: {', '.join(known_architectures())} (default: chosen from the fleet)" in out
