@@ -16,19 +16,22 @@ and what each command does is in :mod:`edge_sdk.client_commands`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
+import os
 import queue
 import random
+import re
 import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -444,8 +447,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@contextlib.contextmanager
+def private_tmp(cid: str) -> Iterator[Path]:
+    """A temporary-files folder of this device process's own, removed when it ends.
+
+    What the libraries write there (ONNX Runtime's session file, torch's
+    kernel cache) and the encoders received go with the process, instead of
+    piling up in ``/tmp`` over months of runs and restarts.
+    """
+    folder = Path(tempfile.mkdtemp(prefix=f"fedsketch-{re.sub(r'[^A-Za-z0-9_.-]', '_', cid)[:64]}-"))
+    before = (os.environ.get("TMPDIR"), tempfile.tempdir)
+    os.environ["TMPDIR"] = tempfile.tempdir = str(folder)
+    try:
+        yield folder
+    finally:
+        if before[0] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before[0]
+        tempfile.tempdir = before[1]
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with private_tmp(args.client_id):
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     level = logging.WARNING if args.quiet else logging.INFO - 10 * min(args.verbose, 1)
     logging.basicConfig(level=level, format=f"%(asctime)s {args.client_id} %(levelname)s %(name)s: %(message)s")
     # paho's own lines ("Client is not connected" while it reconnects) repeat what the transport says
