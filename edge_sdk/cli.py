@@ -4,6 +4,7 @@
 ``fedsketch sketch DATA.npz`` sketch a local dataset (arrays ``x`` and ``y``) and print it
 ``fedsketch export TARGET``   rebuild a shipped model artifact (needs ``fedsketch[server]``)
 ``fedsketch keygen DIR``      the server's signing key pair: ``server.key`` (private) and ``server.pub``
+``fedsketch bench``           time the sketch path, a training epoch, message sizes and the broker on this device
 """
 
 from __future__ import annotations
@@ -221,6 +222,12 @@ def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentPars
     k = sub.add_parser("keygen", help="make the server's Ed25519 signing key pair (server.key, server.pub)")
     k.add_argument("dir", help="folder to write server.key (mode 600) and server.pub into")
 
+    from .bench.options import DESCRIPTION, add_arguments
+
+    b = sub.add_parser("bench", help="time the sketch path, one training epoch, message sizes and the broker here",
+                       description=DESCRIPTION)
+    add_arguments(b)
+
     for name, entry in sorted((_plugin_commands() if plugins is None else plugins).items()):  # export
         sub.add_parser(name, help=f"{_summary(entry)} (fedsketch {name} --help)", add_help=False)
     return p
@@ -243,6 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_sketch(args)
         if args.command == "keygen":
             return _cmd_keygen(args)
+        if args.command == "bench":
+            from .bench.command import run
+
+            return run(args)
     except (ValueError, FileNotFoundError, KeyError, OSError) as e:
         print(f"fedsketch {args.command}: error: {e}", file=sys.stderr)
         return 2
