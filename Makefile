@@ -16,7 +16,7 @@ FLOWER      ?= flower
 STAMP       := $(VENV)/.fedsketch-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv demo test test-numpy lint bench dist clean distclean
+.PHONY: all venv demo test test-numpy lint bench dist dist-pi clean distclean
 
 all: test
 
@@ -55,6 +55,12 @@ dist: $(STAMP)
 	$(PY) setup.py -q egg_info --egg-base build sdist -d dist
 	$(PIP) wheel --quiet --no-deps --no-build-isolation -w dist dist/fedsketch-*.tar.gz
 	@ls -l dist/fedsketch-*
+	@echo "the Raspberry Pi wheel (manylinux aarch64, built under emulation, needs root and qemu): sudo make dist-pi"
+
+# dist/fedsketch-<version>-cp311-cp311-manylinux_*_aarch64.whl: what a Raspberry Pi (64-bit OS, Python 3.11)
+# installs without a compiler. Built in an emulated arm64 Debian root (deploy/pi/build_wheel_aarch64.sh).
+dist-pi: dist
+	bash deploy/pi/build_wheel_aarch64.sh "$$(ls -t dist/fedsketch-*.tar.gz | head -n 1)" dist
 
 clean:
 	rm -rf build *.egg-info edge_sdk/_bits*.so ext/*.c .pytest_cache reports

@@ -88,7 +88,9 @@ EDGE = [
     "cryptography>=41",  # Ed25519: devices verify what their server signs
     "tomli>=1.1; python_version < '3.11'",  # TOML values of --set and --config before Python 3.11
 ]
-TRAIN = ["torch>=2.1"]
+# On aarch64 (a Raspberry Pi) the index's newer torch wheels are CUDA builds (3.2 GB, and their BLAS dies with
+# SIGILL on a Pi 4's cores); torch 2.9.1 is the index's last CPU build for aarch64 (about 723 MB installed).
+TRAIN = ["torch>=2.1; platform_machine != 'aarch64'", "torch==2.9.1; platform_machine == 'aarch64'"]
 SERVER = TRAIN + [
     "onnx>=1.15",
     "onnxscript>=0.1",

@@ -30,6 +30,20 @@ log = logging.getLogger(__name__)
 
 #: The logger paho writes to (``enable_logger``); the programs set its level by this name.
 _PAHO_LOGGER = "edge_sdk.transport.paho"
+
+
+class _WhileReconnecting(logging.Filter):
+    """paho's "Client is not connected" (logged as an error on each pass of its loop while the connection
+    is down) is kept only at DEBUG: the transport says itself that it lost the connection and reconnects."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and str(record.msg).startswith("Client is not connected"):
+            return logging.getLogger(_PAHO_LOGGER).isEnabledFor(logging.DEBUG)
+        return True
+
+
+logging.getLogger(_PAHO_LOGGER).addFilter(_WhileReconnecting())
+
 #: Seconds between two expiry passes over partial chunked transfers, while idle.
 _EXPIRY_PERIOD_S = 1.0
 

@@ -7,7 +7,7 @@ import logging
 import threading
 from typing import Any
 
-from .ports import free_port, wait_port
+from .ports import free_port, wait_listening
 
 __all__ = ["EmbeddedBroker"]
 
@@ -77,7 +77,7 @@ class EmbeddedBroker:
         self._loop, self._thread = loop, thread
         try:
             self._broker = asyncio.run_coroutine_threadsafe(self._start(), loop).result(timeout)
-            wait_port(self.host, self.port, timeout)
+            wait_listening(self.host, self.port, timeout)  # no probe connection: amqtt would log it
         except BaseException:
             self._stop_loop(timeout)
             raise

@@ -6,7 +6,7 @@ import socket
 import time
 from typing import Any
 
-__all__ = ["free_port", "wait_port"]
+__all__ = ["free_port", "wait_listening", "wait_port"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -30,3 +30,25 @@ def wait_port(host: str, port: int, timeout: float, alive: Any = None) -> None:
                 raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:g} s") from None
             time.sleep(0.02)
 
+
+
+def wait_listening(host: str, port: int, timeout: float) -> None:
+    """Wait until something listens on ``host:port``, without connecting to it.
+
+    For a broker in this process (:class:`~server_kit.broker.embedded.EmbeddedBroker`): a connection that
+    sends nothing would be logged by the broker as an error. The port is known taken when binding it fails.
+    """
+    import errno
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return
+                raise
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:g} s")
+        time.sleep(0.02)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 
 import numpy as np
@@ -460,3 +461,29 @@ def test_connect_errors():
     with pytest.raises(ConnectionError, match=rf"no answer from broker mqtt://127.0.0.1:{port} within 0.5 s"):
         t.connect(timeout=0.5)
     t.close()
+
+
+def test_paho_not_connected_is_no_error_while_the_transport_reconnects(caplog):
+    """paho logs "Client is not connected" as an error on each loop pass while the connection is down;
+    the transport says it reconnects, so that line is kept only when paho's logger is at DEBUG."""
+    import edge_sdk.transport.mqtt as m
+
+    paho = logging.getLogger(m._PAHO_LOGGER)
+    with caplog.at_level(logging.INFO):
+        paho.error("Client is not connected. Socket: None). Last known Connection State: MQTT_CS_CONNECTION_LOST")
+        paho.error("Failed to publish")
+    assert [r.getMessage() for r in caplog.records] == ["Failed to publish"]
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger=m._PAHO_LOGGER):
+        paho.error("Client is not connected. Socket: None).")
+    assert [r.getMessage() for r in caplog.records] == ["Client is not connected. Socket: None)."]
+
+
+def test_the_embedded_broker_starts_without_a_probe_connection(caplog):
+    """Waiting for the listener binds the port instead of connecting: amqtt logs no 'No data' error."""
+    from server_kit.broker import EmbeddedBroker
+
+    pytest.importorskip("amqtt")
+    with caplog.at_level(logging.INFO), EmbeddedBroker() as b:
+        assert b.running
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

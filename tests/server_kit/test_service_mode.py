@@ -20,7 +20,12 @@ from edge_sdk.protocol.commands import Op, build
 from edge_sdk.signing import write_keypair
 from server_kit import cli
 from server_kit.broker import MosquittoBroker, find_mosquitto
-from server_kit.service_fleet import run_server, start_service_devices, stop_devices, write_rotated_digits
+from server_kit.service_fleet import (
+    run_server,
+    start_service_devices,
+    stop_devices,
+    write_rotated_digits,
+)
 
 from helpers import ari_against
 
