@@ -87,6 +87,10 @@ class EdgeClient(ClientCommands):
         The cache of loaded ONNX encoders (name -> encoder). Clients in one
         process may share one dict, and so one ONNX Runtime session per
         encoder (an emulated fleet); by default each client has its own.
+    bench : mapping, optional
+        The hello fields of the device's own benchmark
+        (:func:`edge_sdk.bench.summary.hello_fields`): the server lists each
+        device's speed in its report.
     """
 
     def __init__(
@@ -103,9 +107,12 @@ class EdgeClient(ClientCommands):
         progress_interval_s: float = 10.0,
         hello_jitter_s: float = 0.0,
         encoders: dict[str, Any] | None = None,
+        bench: Mapping[str, Any] | None = None,
     ) -> None:
         self.transport = transport
         self.worker = worker
+        #: What the hello says of the device's own benchmark (``cpu``, ``bench``), or nothing.
+        self.bench: dict[str, Any] = dict(bench or {})
         self.cid = worker.cid
         self.federation = federation
         self.topics = Topics(root, federation)
@@ -257,7 +264,7 @@ class EdgeClient(ClientCommands):
         """
         with self._hello_lock:
             self._hello_due = None
-        self._send(self.topics.hello(self.cid), Kind.HELLO, meta=self.worker.hello())
+        self._send(self.topics.hello(self.cid), Kind.HELLO, meta={**self.worker.hello(), **self.bench})
 
     @property
     def hello_due(self) -> float | None:
@@ -423,6 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="sketch and training seed (default: OS)")
     BrokerConfig.add_arguments(p)
     p.add_argument("--threads", type=int, default=1, help="torch threads for local training")
+    p.add_argument("--bench", default=None, metavar="FILE",
+                   help="send the figures of this device's own benchmark (fedsketch bench --json FILE) with its "
+                        "hello: the server's report lists each device's speed")
     p.add_argument("--max-idle", type=float, default=None, help="leave after this many idle seconds")
     p.add_argument("--hello-jitter", type=float, default=3.0, metavar="S",
                    help="say hello after a random wait of up to S seconds after every (re)connection, so that a "
@@ -490,6 +500,7 @@ def _main(args: argparse.Namespace) -> int:
             x, y = f["x"], f["y"]
             x_test = f["x_test"] if "x_test" in f.files else None
             y_test = f["y_test"] if "y_test" in f.files else None
+        bench = _bench_fields(args)
         cfg = _broker_config(args)
         worker = LocalWorker(args.client_id, x, y, x_test, y_test, architecture=args.architecture,
                              num_classes=args.num_classes or 10, seed=args.seed)
@@ -512,10 +523,19 @@ def _main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     client = EdgeClient(transport, worker, federation=args.federation, root=args.root, seed=args.seed,
-                        stay=args.stay, hello_jitter_s=args.hello_jitter)
+                        stay=args.stay, hello_jitter_s=args.hello_jitter, bench=bench)
     _stop_on_sigterm(client.stop)
     rc = _serve(args, lambda: client.run(max_idle_s=args.max_idle))
     return client.exit_code if rc == 0 else rc
+
+
+def _bench_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """``--bench FILE``: the hello fields of that ``fedsketch bench --json`` file (ValueError, OSError if unfit)."""
+    if not args.bench:
+        return {}
+    from .bench.summary import hello_fields, load_bench_summary
+
+    return hello_fields(load_bench_summary(args.bench, architecture=args.architecture))
 
 
 def _broker_config(args: argparse.Namespace) -> Any:

@@ -226,6 +226,9 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "label_max": Field("int", 0, 0xFFFF),
         "input_shape": Field("ints", 1, 0xFFFF, max_len=4),
         "version": Field("str", max_len=32),
+        # the device's own `fedsketch bench` (fedsketch-client --bench FILE): its figures and its CPU
+        "bench": Field("numbers", max_len=16),
+        "cpu": Field("str", max_len=128),
     },
     Kind.STATUS: {
         "state": Field("str", choices=("online", "offline"), default="online"),

@@ -34,13 +34,11 @@ if [ ! -x "$R/bin/bash" ]; then
   say "making a Debian bookworm arm64 root in $R from $mirror (a few minutes, kept for next time)"
   debootstrap --arch=arm64 bookworm "$R" "$mirror" > "$R.debootstrap.log" 2>&1 || { say "debootstrap failed: $R.debootstrap.log"; exit 1; }
 fi
-cleanup() {
-  umount "$R/proc" 2>/dev/null || true
-  umount -R "$R/dev" 2>/dev/null || true
-}
+MOUNTED=()  # only what this script mounted is unmounted (a caller may hold mounts of its own there)
+cleanup() { for m in "${MOUNTED[@]}"; do umount -R "$m" 2>/dev/null || true; done; }
 trap cleanup EXIT
-mountpoint -q "$R/proc" || mount -t proc proc "$R/proc"
-mountpoint -q "$R/dev" || { mount --rbind /dev "$R/dev" && mount --make-rslave "$R/dev"; }
+mountpoint -q "$R/proc" || { mount -t proc proc "$R/proc" && MOUNTED+=("$R/proc"); }
+mountpoint -q "$R/dev" || { mount --rbind /dev "$R/dev" && mount --make-rslave "$R/dev" && MOUNTED+=("$R/dev"); }
 cp /etc/resolv.conf "$R/etc/resolv.conf"
 if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then  # a host behind a TLS-intercepting proxy
   mkdir -p "$R/usr/local/share/ca-certificates" && cp /usr/local/share/ca-certificates/*.crt "$R/usr/local/share/ca-certificates/"

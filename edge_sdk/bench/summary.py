@@ -20,7 +20,7 @@ from typing import Any, Optional, Union
 from .ratios import PAIRS
 from .results import FORMAT, FORMAT_VERSION, BenchResult
 
-__all__ = ["HELLO_KEYS", "load_bench_summary", "summary_for_hello"]
+__all__ = ["HELLO_KEYS", "hello_fields", "load_bench_summary", "summary_for_hello"]
 
 #: Every key the summary may hold, in order.
 HELLO_KEYS = ("encoder", "sketch_ms", "architecture", "epoch_ms", "epoch_over_sketch", "cpu", "cores", "mem_mb",
@@ -115,3 +115,17 @@ def load_bench_summary(path: Union[str, os.PathLike[str]], *, encoder: Optional[
         return _summary(data, encoder, architecture)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise _not_a_result(path, f"missing or malformed field {e}") from None
+
+
+def hello_fields(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The summary as the hello carries it (:data:`edge_sdk.schema` ``HELLO``): ``cpu`` and ``bench``.
+
+    ``bench`` holds the numbers (``sketch_ms``, ``epoch_ms``, ``epoch_over_sketch``, ``cores``, ``mem_mb``);
+    ``cpu`` names the CPU, with the kernel and what was timed (``"Cortex-A72 (cython; digits_encoder,
+    digits_cnn_1x8x8_10)"``), within the schema's 128 characters.
+    """
+    numbers = {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    timed = ", ".join(str(summary[k]) for k in ("encoder", "architecture") if k in summary)
+    notes = "; ".join(x for x in (str(summary.get("kernel") or ""), timed) if x)
+    cpu = f"{summary.get('cpu') or 'CPU not said'}" + (f" ({notes})" if notes else "")
+    return {"cpu": cpu[:128], "bench": numbers}

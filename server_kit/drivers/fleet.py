@@ -43,6 +43,26 @@ class ClientState:
     working: tuple[int, float] | None = None
 
 
+@dataclass(frozen=True)
+class DeviceSpeed:
+    """A device's own benchmark, as its hello said it (``fedsketch bench``, then ``fedsketch-client --bench``)."""
+
+    #: Its CPU, as the device names it (``Raspberry Pi 4 Model B Rev 1.1``).
+    cpu: str | None
+    #: Its figures: ``sketch_ms``, ``epoch_ms``, ``epoch_over_sketch``, ``cores``, ``mem_mb`` (those it measured).
+    figures: dict[str, float]
+
+    @classmethod
+    def from_hello(cls, hello: Mapping[str, Any]) -> DeviceSpeed | None:
+        """The speed a (schema-checked) hello carries, or None when it carries none."""
+        if "bench" not in hello and "cpu" not in hello:
+            return None
+        return cls(hello.get("cpu"), dict(hello.get("bench") or {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cpu": self.cpu, **self.figures}
+
+
 def some_ids(cids: list[str], shown: int = 20) -> str:
     """The first ``shown`` ids for a log line (a fleet's worth would flood the log)."""
     return ", ".join(cids[:shown]) + (f" ... ({len(cids)} in all)" if len(cids) > shown else "")
@@ -80,6 +100,8 @@ class Fleet:
         self.went_offline: dict[str, int] = {}
         #: Devices not tasked again in this run (their updates were refused round after round), with the reason.
         self.benched: dict[str, str] = {}
+        #: Each device's own benchmark, from its hello (devices that sent one).
+        self.speeds: dict[str, DeviceSpeed] = {}
 
     def online(self) -> list[str]:
         """Online admitted clients."""
@@ -139,6 +161,9 @@ class Fleet:
                         cid, n, known.info.n_samples, known.info.n_samples)
             n = known.info.n_samples
         trains = can_train(hello)
+        speed = DeviceSpeed.from_hello(hello)
+        if speed is not None:
+            self.speeds[cid] = speed
         info = ClientInfo(cid, n, hello["classes_present"], tuple(hello["capabilities"]))
         self.clients[cid] = ClientState(info, trains=trains)
         self.set_online(cid, True)
@@ -160,8 +185,12 @@ class Fleet:
     def _log_admission(self, cid: str, info: ClientInfo, trains: bool, why: str | None, registering: bool) -> None:
         # a fleet registering at once: the first few, then DEBUG (the count closes registration)
         loud = not registering or len(self.clients) <= ADMISSIONS_LOGGED or not trains
-        log.log(logging.INFO if loud else logging.DEBUG, "client %s admitted (%d samples, %d classes%s)", cid,
-                info.n_samples, info.classes_present, "" if trains else f"; sketches and evaluates, never trains: {why}")
+        speed = self.speeds.get(cid)
+        said = "" if speed is None else "; its bench: " + ", ".join(
+            [speed.cpu or "CPU not said"] + [f"{k} {v:g}" for k, v in speed.figures.items()])
+        log.log(logging.INFO if loud else logging.DEBUG, "client %s admitted (%d samples, %d classes%s)%s", cid,
+                info.n_samples, info.classes_present, "" if trains else f"; sketches and evaluates, never trains: {why}",
+                said)
         if registering and len(self.clients) == ADMISSIONS_LOGGED + 1:
             log.info("more clients are registering: each one logged at DEBUG (-v), the count when "
                      "registration closes")

@@ -486,4 +486,5 @@ class Orchestrator:
                      for c, st in sorted(self.clients.items()) if not st.online},
             benched=dict(self.fleet.benched),
             drift=drift_totals(self.history) if self.resketch.follows else None, run_id=self.run_id,
+            devices={c: speed.to_dict() for c, speed in sorted(self.fleet.speeds.items())},
         )

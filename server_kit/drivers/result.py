@@ -50,6 +50,8 @@ class RunResult:
     drift: dict[str, int] | None = None
     #: The run's id, as announced on the server's status topic.
     run_id: str | None = None
+    #: Each device's own benchmark, as its hello said it (``cpu`` and figures such as ``sketch_ms``, ``epoch_ms``).
+    devices: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name (``drift`` only when the run follows drift), for ``results.json``."""

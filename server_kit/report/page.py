@@ -78,7 +78,8 @@ def write_html(path: str | Path, results: Mapping[str, Any], files: Sequence[str
     present = {Path(f).name for f in files if (p.parent / Path(f).name).is_file()}
     defs = results.get("definitions") or {}
     parts = [_head(results), _summary(results, present), _plots(present), _per_round(results, defs),
-             _per_cluster(results, defs), _bytes(results, defs), _refusals(results), _truth(results),
+             _per_cluster(results, defs), _bytes(results, defs), _devices(results), _refusals(results),
+             _truth(results),
              "</body>\n</html>\n"]
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text("".join(parts), encoding="utf-8")
@@ -181,6 +182,21 @@ def _bytes(results: Mapping[str, Any], defs: Mapping[str, str]) -> str:
     return ("<h2>Bytes</h2>\n" + _note(defs, "bytes")
             + _table(["kind", "sent by server (bytes)", "messages", "received by server (bytes)", "messages",
                       "downloaded by devices (bytes)"], rows))
+
+
+def _devices(results: Mapping[str, Any]) -> str:
+    """The devices' own benchmarks (those whose hello carried one), slowest sketch first."""
+    devices = results.get("devices") or {}
+    if not devices:
+        return ""
+    cols = ["sketch_ms", "epoch_ms", "epoch_over_sketch", "cores", "mem_mb"]
+    order = sorted(devices, key=lambda c: (-float(devices[c].get("sketch_ms") or 0), c))
+    rows = [[c, devices[c].get("cpu"), *(f"{float(devices[c][k]):g}" if devices[c].get(k) is not None else None
+                                         for k in cols)] for c in order]
+    return ("<h2>Devices' own benchmarks</h2>\n<p class=\"note\">What each device measured on itself with "
+            "<code>fedsketch bench</code> and sent with its hello (<code>fedsketch-client --bench FILE</code>); "
+            "slowest sketch first.</p>\n"
+            + _table(["client", "CPU", "sketch ms", "epoch ms", "epoch / sketch", "cores", "memory MB"], rows, left=2))
 
 
 def _refusals(results: Mapping[str, Any]) -> str:

@@ -60,6 +60,11 @@ DEFINITIONS: dict[str, str] = {
     "dropped": "clients the server dropped during the run, client id -> reason",
     "benched": "clients not tasked again after their updates were refused in --bench-after rounds in a row, "
                "client id -> reason",
+    "devices": "each device's own benchmark (fedsketch bench, sent with its hello by fedsketch-client --bench), "
+               "client id -> cpu (as the device names it), sketch_ms (its whole sketch), epoch_ms (one local epoch "
+               "of its architecture), epoch_over_sketch (the paper's Figure 6 ratio), cores, mem_mb: those it measured",
+    "run_id": "the run's id, as the server announced it on its status topic (devices in service mode join each run "
+              "once)",
     "rounds_closing": "per round: the devices selected (spares included), reported (valid updates), stragglers "
                       "(dropped at the close, their late updates refused), refused (client id -> reason), why the "
                       "round closed (all-answered, goal, deadline, cap) and when (close_s), when every cluster had "
@@ -274,6 +279,9 @@ def build_results(result: Mapping[str, Any], *, target_accuracy: float = 0.8,
     for key in ("refused", "dropped", "benched"):
         if key in result:
             out[key] = dict(result[key] or {})
+            defined.append(key)
+    for key in ("devices", "run_id"):
+        if result.get(key):
             defined.append(key)
     if truth is not None:
         out["clustering"] = clustering_against_truth(result.get("assignment") or {}, truth)
