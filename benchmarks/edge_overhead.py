@@ -4,8 +4,10 @@ The sketch path (ONNX Runtime encoder -> per-class means -> quantise -> pack)
 runs in a fresh Python process that imports only ``edge_sdk``, so its peak
 memory and the absence of torch are those a Raspberry Pi would see. The
 baseline, one LeNet-5 training epoch on the same 600 samples (torch, batch 32,
-Adam 1e-3), runs in this process. The paper measured sketching at 4x less time
-than an epoch on a Raspberry Pi 4.
+Adam 1e-3: ``edge_sdk.trainer.train_local``), runs in this process. The
+paper measured sketching at 4x less time than an epoch on a Raspberry Pi 4.
+The timing loop, the peak RSS reader and the epoch are those of ``fedsketch
+bench`` (:mod:`edge_sdk.bench`), which times every stage on the device itself.
 
 Run: ``.venv/bin/python benchmarks/edge_overhead.py [--data ../shared/data/mnist]``.
 The last line is JSON with the figures.
@@ -20,7 +22,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,27 +29,27 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "mnist"
 
-# Runs in the child process: only edge_sdk and numpy.
+# Runs in the child process: only edge_sdk and numpy. The timing loop and the peak RSS are fedsketch
+# bench's (edge_sdk.bench.timing.measure, edge_sdk.bench.machine.peak_rss_kib).
 SKETCH_CHILD = r"""
-import json, resource, sys, time, tracemalloc
+import json, sys, time, tracemalloc
 
 
-def peak_kib():
-    # VmHWM is this process's own peak RSS; ru_maxrss would carry the parent's
-    # peak across fork+exec on Linux.
+def start_kib():
+    # the interpreter alone, read before edge_sdk (and numpy) can be imported; ru_maxrss would
+    # carry the parent's peak across fork+exec on Linux
     try:
         with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return 0
 
 
-rss0 = peak_kib()
+rss0 = start_kib()
 import numpy as np
 from edge_sdk import OnnxEncoder, Sketcher
+from edge_sdk.bench.machine import peak_rss_kib
+from edge_sdk.bench.timing import measure, median
 x = np.load(sys.argv[1], allow_pickle=False)
 y = np.load(sys.argv[2], allow_pickle=False)
 repeats = int(sys.argv[3]); threads = int(sys.argv[4]) or None
@@ -57,15 +58,14 @@ enc = OnnxEncoder("fmnist_fc_encoder", threads=threads)
 sk = Sketcher(enc, num_classes=10, flip_prob=0.1, seed=1)
 first = sk.sketch(x, y)
 t_cold = time.perf_counter() - t0
-times = []
 tracemalloc.start()
-for _ in range(repeats):
-    t = time.perf_counter(); s = sk.sketch(x, y); times.append(time.perf_counter() - t)
+times = measure(lambda: sk.sketch(x, y), repeats, warmup=False)
 _, py_peak = tracemalloc.get_traced_memory()
+s = sk.sketch(x, y)
 assert s.bits == first.bits
 print(json.dumps({
-    "sketch_s": min(times), "sketch_median_s": float(np.median(times)), "cold_s": t_cold,
-    "maxrss_kib": peak_kib(), "start_rss_kib": rss0,
+    "sketch_s": min(times), "sketch_median_s": median(times), "cold_s": t_cold,
+    "maxrss_kib": peak_rss_kib(), "start_rss_kib": rss0,
     "py_peak_bytes": py_peak, "torch_imported": "torch" in sys.modules,
     "onnxruntime_imported": "onnxruntime" in sys.modules, "bytes": s.nbytes, "n_bits": s.n_bits,
     "kernel": __import__("edge_sdk").BACKEND,
@@ -101,31 +101,11 @@ def time_sketch(x: np.ndarray, y: np.ndarray, repeats: int, threads: int) -> dic
 
 
 def time_epochs(x: np.ndarray, y: np.ndarray, epochs: int, seed: int) -> list[float]:
-    import torch
-    from torch import nn
+    """Seconds of ``epochs`` LeNet-5 epochs (fedsketch bench's: ``train_local``, batch 32, Adam 1e-3, fresh weights)."""
+    from edge_sdk.bench.training import time_epoch
 
-    from server_kit.nets import LeNet5
-
-    torch.manual_seed(seed)
-    model = LeNet5(in_channels=1, num_classes=10)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
-    xt = torch.from_numpy(x.reshape(-1, 1, 28, 28))
-    yt = torch.from_numpy(y)
-    gen = torch.Generator().manual_seed(seed)
-    times = []
-    for _ in range(epochs):
-        t0 = time.perf_counter()
-        model.train()
-        perm = torch.randperm(len(yt), generator=gen)
-        for start in range(0, len(yt), 32):
-            b = perm[start : start + 32]
-            opt.zero_grad()
-            loss = loss_fn(model(xt[b]), yt[b])
-            loss.backward()
-            opt.step()
-        times.append(time.perf_counter() - t0)
-    return times
+    xs = x.reshape(-1, 1, 28, 28)
+    return [time_epoch("lenet5_1x28x28_10", xs, y, threads=None, seed=seed, warmup=32 if i == 0 else 0) for i in range(epochs)]
 
 
 def main(argv: list[str] | None = None) -> int:

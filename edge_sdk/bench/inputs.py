@@ -71,6 +71,17 @@ def _open(path: str) -> np.lib.npyio.NpzFile:
     if not Path(path).is_file():
         raise BenchError(f"--data {path}: no such file")
     try:
+        with open(path, "rb") as raw:
+            head = raw.read(6)
+    except OSError as e:
+        raise BenchError(f"--data {path}: cannot read it ({e.strerror or e})") from None
+    if head[:1] == b"\x80":
+        raise BenchError(f"--data {path}: a pickle file, which bench does not load; save the arrays with "
+                         "numpy.savez(FILE, x=..., y=...)")
+    if not (head.startswith(b"PK") or head.startswith(b"\x93NUMPY")):
+        raise BenchError(f"--data {path}: not an .npz file (no zip header); save the arrays with "
+                         "numpy.savez(FILE, x=..., y=...)")
+    try:
         f = np.load(path, allow_pickle=False)
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
         raise BenchError(f"--data {path}: cannot read it as an .npz file ({_one_line(e)})") from None

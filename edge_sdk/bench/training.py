@@ -3,9 +3,12 @@
 The epoch is :func:`edge_sdk.trainer.train_local` (batch 32, Adam, lr 1e-3,
 the settings of a federation round) on fresh weights
 (:func:`edge_sdk.torch_support.initial_weights`) and generated samples of the
-architecture's shape. A two-sample step first pays torch's one-time costs
-(thread pool, kernels: seen 2.3 s against a 0.15 s DigitsCNN epoch). ResNet-18
-trains on fewer samples (``resnet_samples``), its time scaled to ``samples``.
+architecture's shape. An untimed first batch pays torch's one-time costs
+(thread pool, kernels for each batch shape: seen 2.3 s before a 0.15 s
+DigitsCNN epoch; a two-sample step left a LeNet-5 epoch at several times its
+later figure). ResNet-18 trains on fewer samples (``resnet_samples``), its
+time scaled to ``samples``; its warm-up is two samples, its per-sample cost
+dwarfing the one-time costs.
 torch is imported here only when a row is measured; without it every row
 says what to install.
 """
@@ -15,6 +18,8 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Sequence
 from typing import Callable, Optional
+
+import numpy as np
 
 from ..install import install_hint
 from .inputs import generated
@@ -46,16 +51,19 @@ def torch_missing() -> Optional[str]:
     return None
 
 
-def time_epoch(architecture: str, n: int, *, threads: Optional[int], seed: int, warmup: bool = True) -> float:
-    """Seconds of one ``train_local`` epoch of ``architecture`` on ``n`` generated samples (needs torch)."""
+def time_epoch(architecture: str, x: np.ndarray, y: np.ndarray, *, threads: Optional[int], seed: int,
+               warmup: int = BATCH_SIZE) -> float:
+    """Seconds of one ``train_local`` epoch of ``architecture`` on ``x``, ``y``, from fresh weights (needs torch).
+
+    An untimed step on the first ``warmup`` samples runs first (0: none).
+    """
     from ..torch_support import initial_weights
     from ..trainer import train_local
 
     weights = initial_weights(architecture, seed)
-    x, y = generated(INPUT_SHAPES[architecture], n, NUM_CLASSES, seed)
     kw = dict(epochs=1, lr=LR, batch_size=BATCH_SIZE, seed=seed, threads=threads)
     if warmup:
-        train_local(architecture, weights, x[:2], y[:2], **kw)
+        train_local(architecture, weights, x[:warmup], y[:warmup], **kw)
     return float(train_local(architecture, weights, x, y, **kw).seconds)
 
 
@@ -82,7 +90,8 @@ def train_rows(architectures: Sequence[str], *, samples: int, resnet_samples: in
             continue
         n = min(resnet_samples, samples) if arch in SLOW else samples
         progress(f"training: one epoch of {label} on {n} samples")
-        measured = time_epoch(arch, n, threads=threads, seed=seed)
+        x, y = generated(INPUT_SHAPES[arch], n, NUM_CLASSES, seed)
+        measured = time_epoch(arch, x, y, threads=threads, seed=seed, warmup=2 if arch in SLOW else BATCH_SIZE)
         rows.append(TrainTiming(
             architecture=arch, label=label, seconds=measured * samples / n, samples=samples,
             measured_seconds=measured, measured_samples=n, threads=_threads_used(threads),
