@@ -284,17 +284,6 @@ class BenchResult:
     broker: Optional[BrokerTiming] = None
     created: str = ""
 
-    def sketch_seconds(self, encoder: str) -> Optional[float]:
-        """The whole sketch's median seconds for ``encoder``, or None."""
-        for s in self.stages:
-            if s.encoder == encoder and s.stage == "sketch":
-                return s.seconds
-        return None
-
-    def epoch(self, architecture: str) -> Optional[TrainTiming]:
-        """The training row of ``architecture``, or None."""
-        return next((t for t in self.training if t.architecture == architecture), None)
-
     def to_dict(self) -> dict[str, Any]:
         """The whole result as JSON-ready values (what ``--json`` writes)."""
         out = {"format": FORMAT, "format_version": FORMAT_VERSION}
