@@ -118,10 +118,28 @@ def test_the_final_evaluation_that_fails_tells_the_devices(monkeypatch):
                                                     "boom"]
 
 
+def announcements(broker) -> list[dict]:
+    st = Topics("fedsketch", FED).server_status()
+    return [decode_message(p).meta for t, p in broker.log if t == st]
+
+
 def test_a_clean_run_ends_with_one_stop_that_did_not_fail():
     orch, broker = orchestrator(FedAvg(seed=0))
-    orch.run()
+    result = orch.run()
     assert stops(broker) == [{"op": "stop", "reason": "finished"}]
+    # the run announced on, then off, under its id; the broker keeps the last (retained)
+    run = result.run_id
+    assert announcements(broker) == [{"state": "online", "run": run}, {"state": "offline", "run": run}]
+    assert decode_message(broker.retained(Topics("fedsketch", FED).server_status())).meta == {
+        "state": "offline", "run": run}
+
+
+def test_a_failed_run_says_it_is_offline_after_its_stop():
+    orch, broker = orchestrator(FedAvg(seed=0), min_clients=8, register_timeout_s=0.3)
+    orch.link.inbox.queue.clear()
+    with pytest.raises(TimeoutError):
+        orch.run()
+    assert announcements(broker) == [{"state": "online", "run": orch.run_id}, {"state": "offline", "run": orch.run_id}]
 
 
 @pytest.mark.parametrize("stay", [False, True])
