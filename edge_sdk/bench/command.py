@@ -129,7 +129,7 @@ def _stages(plan: _Plan, progress: Callable[[str], None]) -> tuple[list[StageTim
         else:
             x, y = generated(specs[name].input_shape, s.samples, s.classes, s.seed)
         rows, sketches[name] = bench_encoder(name, x, y, repeats=s.repeats, classes=s.classes,
-                                             flip_prob=s.flip_prob, batch_size=s.batch_size, threads=s.threads,
+                                             flip_prob=s.flip_prob, batch_size=s.batch_size, threads=None,
                                              seed=s.seed, progress=progress)
         stages += rows
     return stages, sketches

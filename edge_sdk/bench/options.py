@@ -32,12 +32,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flip-prob", type=float, default=0.1, help="bit flip probability P (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=256,
                    help="samples per ONNX Runtime call, as the client (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="ONNX Runtime and torch threads (default: theirs; torch uses 1 on a CPU without LSE "
-                        "atomics, such as a Raspberry Pi 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated data and weights (default: 0)")
     t = p.add_argument_group("training (needs torch)")
     t.add_argument("--no-train", action="store_true", help="skip the training epochs")
+    t.add_argument("--threads", type=int, default=1,
+                   help="torch threads, as fedsketch-client --threads (default: %(default)s; 1 anyway on a CPU "
+                        "without LSE atomics, such as a Raspberry Pi 4); ONNX Runtime keeps its own default, as "
+                        "the client does")
     t.add_argument("--arch", action="append", default=[], choices=ARCHITECTURES, metavar="ARCH",
                    help=f"an architecture to train (repeatable; default: all of {', '.join(ARCHITECTURES)})")
     t.add_argument("--resnet-samples", type=int, default=16, metavar="N",

@@ -255,7 +255,7 @@ class BrokerTiming:
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """The options a run used (``--samples``, ``--repeats``...)."""
+    """The options a run used (``--samples``, ``--repeats``...; ``threads``: torch's, ``--threads``)."""
 
     encoders: tuple[str, ...]
     architectures: tuple[str, ...]
