@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from edge_sdk.client import EdgeClient, build_parser, main
+from edge_sdk.client import EdgeClient
+from edge_sdk.client_cli import build_parser, main
 from edge_sdk.protocol import Kind, Message
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import LocalWorker

@@ -9,7 +9,8 @@ import tempfile
 
 import numpy as np
 
-from edge_sdk.client import EdgeClient, private_tmp
+from edge_sdk.client import EdgeClient
+from edge_sdk.client_cli import private_tmp
 from edge_sdk.client_commands import SERVER_STATUS, VIA
 from edge_sdk.protocol import SERVER_ID, Kind, Message, Topics
 from edge_sdk.protocol.commands import Op, build

@@ -108,7 +108,7 @@ def test_fedcref_federation_from_the_command_line(device_files, tmp_path, capsys
 
 
 def test_fedcref_command_line_refuses_bad_settings(device_files, tmp_path, capsys):
-    from edge_sdk.client import main as client_main
+    from edge_sdk.client_cli import main as client_main
 
     assert server_main(["--strategy", "fedcref", "--set", "theta=2"]) == 2
     assert "theta must be an association threshold in (0, 1]" in capsys.readouterr().err
