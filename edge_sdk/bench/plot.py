@@ -61,10 +61,11 @@ def write_plot(result: BenchResult, path: str) -> None:
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("milliseconds (log scale)")
-    for i, text in notes.items():
-        ax.annotate(text, (values[i], ys[i]), va="center", fontsize=8)
+    for i, text in notes.items():  # inside the epoch's bar, at its end: the longest bars, never cut by the frame
+        ax.annotate(text, (values[i], ys[i]), xytext=(-4, 0), textcoords="offset points", ha="right", va="center",
+                    fontsize=8, color="white", fontweight="bold")
     if values:
-        ax.set_xlim(min(values) / 2, max(values) * 3000)  # room for the ratio after the longest bar
+        ax.set_xlim(min(values) / 2, max(values) * 3)
     m = result.machine
     ax.set_title(f"fedsketch bench: {m.cpu}, {m.cores} cores, kernel {m.kernel}", fontsize=10)
     fig.tight_layout()
