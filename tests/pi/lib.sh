@@ -12,8 +12,10 @@ in_nogcc() {
 }
 
 mount_nogcc() {  # the overlay, its /proc (with a Pi 4's cpuinfo, as pi_check.sh does), /dev and /sys
+  # "fresh": start from R again (wheel.sh); otherwise what wheel.sh changed in the overlay is kept
   mountpoint -q "$NOGCC/root" && return 0
-  rm -rf "$NOGCC"; mkdir -p "$NOGCC/upper" "$NOGCC/work" "$NOGCC/root"
+  [ "${1:-}" = fresh ] && rm -rf "$NOGCC"
+  mkdir -p "$NOGCC/upper" "$NOGCC/work" "$NOGCC/root"
   mount -t overlay overlay -o "lowerdir=$R,upperdir=$NOGCC/upper,workdir=$NOGCC/work" "$NOGCC/root" || return 1
   mount -t proc proc "$NOGCC/root/proc"
   mount --bind "$PI/cpuinfo.pi4" "$NOGCC/root/proc/cpuinfo"

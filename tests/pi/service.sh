@@ -3,7 +3,8 @@
 # two successive runs of an x86 server (Mosquitto, 3 x86 service-mode devices beside it), without a restart,
 # then leaves on the server's signed leave (exit 0). Runs after wheel.sh (it uses its overlay root and venv).
 source "$(dirname "$0")/lib.sh"
-trap 'kill $MQ 2>/dev/null; umount_nogcc' EXIT
+MQ=""
+trap '[ -n "$MQ" ] && kill $MQ 2>/dev/null; umount_nogcc' EXIT
 mount_nogcc || exit 1
 in_nogcc 'test -x /root/fedsketch-wheel/bin/fedsketch-client' || { log "no wheel venv in the overlay: run wheel.sh first"; exit 1; }
 OUT=$PI/service; rm -rf "$OUT"; mkdir -p "$OUT"; V=$HOSTVENV/bin

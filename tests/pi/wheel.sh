@@ -8,7 +8,7 @@ ARM_ROOT=$R bash "$SRC/deploy/pi/build_wheel_aarch64.sh" "$(ls -t "$PI"/dist/fed
   > "$PI/wheel_build.log" 2>&1 || { log "wheel build FAILED (see $PI/wheel_build.log)"; tail -20 "$PI/wheel_build.log"; exit 1; }
 WHEEL=$(ls -t "$PI"/dist/fedsketch-*manylinux*aarch64.whl | head -n 1)
 log "wheel: $(basename "$WHEEL") ($(du -k "$WHEEL" | cut -f1) KiB); $(grep -E '^\S+ is consistent|manylinux' "$PI/wheel_build.log" | head -n 2 | tr '\n' ' ')"
-mount_nogcc || { log "overlay mount failed"; exit 1; }
+mount_nogcc fresh || { log "overlay mount failed"; exit 1; }
 log "removing the compiler and the Python headers from the overlay"
 in_nogcc 'DEBIAN_FRONTEND=noninteractive apt-get purge -y -q gcc-12 cpp-12 libpython3.11-dev python3.11-dev >/dev/null 2>&1; \
   echo "gcc: $(command -v gcc cc || echo none); Python.h: $(ls /usr/include/python3.11/Python.h 2>/dev/null || echo none)"'
