@@ -143,7 +143,7 @@ class EdgeClient(ClientCommands):
         self._commands_run = 0
         #: What :func:`main` exits with: 0, 4 when the server refused this device, 5 when the server failed.
         self.exit_code = 0
-        #: The run the server last announced (its retained status), None before the first announcement.
+        #: The run the server last announced (its status), None before the first announcement.
         self.run_id: str | None = None
         #: Runs announced while this device served (the first one included).
         self.runs_seen = 0

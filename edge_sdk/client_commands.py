@@ -42,7 +42,7 @@ log = logging.getLogger("edge_sdk.client")
 VIA = "_via"
 #: The ``VIA`` of the application's own command (:meth:`ClientCommands.data_changed`), never of a message.
 LOCAL = "local"
-#: The ``VIA`` of the server's own status (its run announcement, retained on ``server/status``).
+#: The ``VIA`` of the server's own status (its run announcement on ``server/status``).
 SERVER_STATUS = "server-status"
 
 #: What a device outside ``--stay`` exits with when the server says it could not finish the run.
@@ -193,7 +193,7 @@ class ClientCommands:
 
     # -- the server's own status: its runs ----------------------------------------
     def _on_server_status(self, msg: Message) -> None:
-        """The server's announcement (retained on its status topic): a run began, or the server is away.
+        """The server's announcement on its status topic: a run began, or the server is away.
 
         A run this device has not seen yet (another run id) starts afresh: what the last run left
         (admission, assignment, models, encoders received and their folders) is dropped, and the device

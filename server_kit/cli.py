@@ -140,10 +140,11 @@ def _with_broker(args: argparse.Namespace, config: Any, bcfg: Any, run: Any) -> 
 
         signer = load_signer(args.signing_key)
         will = signer.sign(will)
-    # if this process dies, the broker tells the devices (retained) that the server is away
+    # if this process dies, the broker tells the devices that the server is away (not retained: the shipped
+    # broker allows no retained message)
     transport = MqttTransport(bcfg, args.username or SERVER_ID, federation=config.federation, root=config.root,
                               will_topic=Topics(config.root, config.federation).server_status(),
-                              will_payload=will, will_retain=True)
+                              will_payload=will)
     if signer is not None:
         transport.sign_with(signer)
     else:

@@ -45,7 +45,7 @@ def _spawn_clients(url: str, federation: str, paths: list[tuple[str, Path]], see
     procs = []
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     for i, (cid, path) in enumerate(paths):
-        cmd = [sys.executable, "-m", "edge_sdk.client", "--broker", url, "--federation", federation,
+        cmd = [sys.executable, "-m", "edge_sdk.client_cli", "--broker", url, "--federation", federation,
                "--client-id", cid, "--data", str(path), "--architecture", ARCH, "--seed", str(seed * 1000 + i),
                "--max-idle", "300", *(extra or [])]
         out = open(log_dir / f"{cid}.log", "w")

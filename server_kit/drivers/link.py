@@ -143,13 +143,15 @@ class ServerLink:
         return self.send(self.topics.broadcast(), Kind.CMD, meta=build(op, **meta))
 
     def announce(self, run_id: str, *, online: bool = True) -> int:
-        """Say on the server's status topic (retained) that run ``run_id`` is on, or that the server left it.
+        """Say on the server's status topic that run ``run_id`` is on, or that the server left it.
 
         A device in service mode joins each run announced online (see
-        :meth:`edge_sdk.client_commands.ClientCommands._on_server_status`); a device
-        connecting later gets the broker's retained copy.
+        :meth:`edge_sdk.client_commands.ClientCommands._on_server_status`). Not
+        retained: the shipped broker allows no retained message (a device could
+        otherwise retain its own), and a device connecting later says hello on
+        connecting anyway.
         """
-        return self.send(self.topics.server_status(), Kind.STATUS, retain=True,
+        return self.send(self.topics.server_status(), Kind.STATUS,
                          meta={"state": "online" if online else "offline", "run": run_id})
 
     # -- receiving ----------------------------------------------------------

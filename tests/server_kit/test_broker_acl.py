@@ -79,12 +79,12 @@ def test_client_cannot_publish_under_another_client(login):
 def test_client_reads_only_its_commands_cluster_models_and_broadcasts(login):
     c1_got, c2_got = Collector(timeout=5.0), Collector(timeout=5.0)
     c1 = login("c1", subscribe=[(T.cmd("c1"), c1_got), (T.cmd("c2"), c1_got), (T.model("+"), c1_got),
-                                (T.broadcast(), c1_got)])
+                                (T.broadcast(), c1_got), (T.server_status(), c1_got)])
     login("c2", subscribe=[(T.cmd("c2"), c2_got)])
     server = login("server")
     for topic, got in [(T.cmd("c1"), c1_got), (T.model("k0"), c1_got), (T.broadcast(), c1_got),
-                       (T.cmd("c2"), c2_got)]:
-        prove_subscribed(server, topic, got)
+                       (T.server_status(), c1_got), (T.cmd("c2"), c2_got)]:
+        prove_subscribed(server, topic, got)  # the server's status (its run announcements) included
     # the forbidden one first: one publisher's messages reach each subscriber in order (Mosquitto routes them
     # as it reads them into the subscriber's one FIFO queue), so c1 would have it before the three it may read
     server.publish(T.cmd("c2"), msg(Kind.CMD, "server", op="secret"), wait=True)

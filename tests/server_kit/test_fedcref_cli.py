@@ -38,7 +38,7 @@ def device_files(tmp_path_factory, digits_by_class_sets):
 
 
 def _client(url, i, path, out):
-    cmd = [sys.executable, "-m", "edge_sdk.client", "--broker", url, "--federation", "fc", "--client-id", f"c{i}",
+    cmd = [sys.executable, "-m", "edge_sdk.client_cli", "--broker", url, "--federation", "fc", "--client-id", f"c{i}",
            "--data", str(path), "--fedcref", "--set", "n_clusters=2", "--set", "encoder=none", "--set", "epochs=20",
            "--set", "batch_size=16", "--seed", str(i), "--labels-out", str(out), "--max-idle", "60"]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -161,7 +161,7 @@ def test_sampled_rounds_and_evaluation_over_mosquitto_with_acl(digits, shipped_a
 
 
 def spawn_client(url, path, cid, seed):
-    cmd = [sys.executable, "-m", "edge_sdk.client", "--broker", url, "--federation", FED, "--client-id", cid,
+    cmd = [sys.executable, "-m", "edge_sdk.client_cli", "--broker", url, "--federation", FED, "--client-id", cid,
            "--data", str(path), "--architecture", ARCH, "--seed", str(seed), "--max-idle", "90"]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -380,7 +380,7 @@ def test_device_follows_its_cluster_topic_and_ignores_broadcasts_not_for_it(capl
         assert ec.model_key == "c1" and ec.followed == {topics.model("c1")}
         assert seen == [{"state": "online", "follow": ["c1"]}]  # the confirmation
         assert {f for f, _ in ec.transport._inbox.filters()} == {topics.cmd("c1"), topics.broadcast(),
-                                                                  topics.model("c1")}
+                                                                  topics.server_status(), topics.model("c1")}
         server = server_transport(broker, federation=FED)
         server.connect()
         body = tensors_body({"w": np.zeros(4, np.float32)})
@@ -402,7 +402,7 @@ def test_device_follows_its_cluster_topic_and_ignores_broadcasts_not_for_it(capl
         n = len(seen)
         assert _deliver_cmd(ec, topics.broadcast(), {"op": "hello"})
         assert ec.followed == {topics.model("+")}
-        assert ("hello", {topics.cmd("c1"), topics.broadcast(), topics.model("+")}) in seen[n:]
+        assert ("hello", {topics.cmd("c1"), topics.broadcast(), topics.server_status(), topics.model("+")}) in seen[n:]
         assert not any(isinstance(m, dict) and "follow" in m for m in seen[n:])
     ec.transport.close()
 
