@@ -165,12 +165,16 @@ class EdgeClient(ClientCommands):
             self._rejections("sender", msg.sender, f"ignoring {msg.kind.name} on {topic}")
             return
         # which topic it came by (a broadcast may not concern this device); set here, never by the sender
-        msg = dataclasses.replace(msg, meta={**msg.meta, VIA: "broadcast" if topic == self.topics.broadcast()
-                                             else "cmd"})
+        self._enqueue(msg, "broadcast" if topic == self.topics.broadcast() else "cmd")
+
+    def _enqueue(self, msg: Message, via: str) -> None:
+        """Queue a message from the server for the client's loop, marked with the way it came (``VIA``)."""
+        msg = dataclasses.replace(msg, meta={**msg.meta, VIA: via})
         try:
             self._cmds.put_nowait(msg)
         except queue.Full:
-            self._rejections("queue-full", msg.sender, f"command queue full; dropping {msg.meta.get('op')!r}")
+            what = msg.meta.get("op") if via != SERVER_STATUS else "the server's status"
+            self._rejections("queue-full", msg.sender, f"command queue full; dropping {what!r}")
 
     def _on_model(self, topic: str, msg: Message) -> None:
         if msg.kind != Kind.MODEL or msg.sender != SERVER_ID:
@@ -306,11 +310,7 @@ class EdgeClient(ClientCommands):
         if msg.kind != Kind.STATUS or msg.sender != SERVER_ID:
             self._rejections("sender", msg.sender, f"ignoring {msg.kind.name} on {topic}")
             return
-        msg = dataclasses.replace(msg, meta={**msg.meta, VIA: SERVER_STATUS})
-        try:
-            self._cmds.put_nowait(msg)
-        except queue.Full:
-            self._rejections("queue-full", msg.sender, "command queue full; dropping the server's status")
+        self._enqueue(msg, SERVER_STATUS)
 
     def _forget_run(self) -> None:
         """A new run: drop what the last one left (admission, model, models and encoders received)."""

@@ -39,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fedsketch-client", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="A FedSketch edge client over MQTT. It learns the model, encoder, classes and training "
                     "settings from the server; exits 0 when the server finishes (with --serve: on SIGTERM or the "
-                    "server's leave), 4 when it refuses this device, 5 when the server could not finish the run (the reason is logged), 3 when the broker cannot "
-                    "be reached, 2 for bad arguments or data.")
+                    "server's leave), 4 when it refuses this device, 5 when the server could not finish the run "
+                    "(the reason is logged), 3 when the broker cannot be reached, 2 for bad arguments or data.")
     p.add_argument("--broker", default="mqtt://127.0.0.1:1883", help="mqtt://host:port or mqtts://host:port")
     p.add_argument("--federation", default="default", help="the federation's id (the server's --federation)")
     p.add_argument("--root", default="fedsketch", help="topic root")

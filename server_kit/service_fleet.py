@@ -144,12 +144,16 @@ def run_server(broker: str, report_dir: str | Path, *, federation: str, min_clie
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     killed = False
     try:
-        while proc.poll() is None and time.monotonic() - t0 < timeout:
-            if kill_when is not None and kill_when in log_path.read_text(errors="replace"):
-                proc.kill()
-                killed = True
-                break
-            time.sleep(0.1)
+        with open(log_path, "rb") as tail:
+            seen = b""
+            while proc.poll() is None and time.monotonic() - t0 < timeout:
+                if kill_when is not None:
+                    seen = seen[-len(kill_when):] + tail.read()  # only what the log gained since
+                    if kill_when.encode() in seen:
+                        proc.kill()
+                        killed = True
+                        break
+                time.sleep(0.1)
         if proc.poll() is None and not killed:
             proc.kill()
         rc = proc.wait()

@@ -172,15 +172,7 @@ class Inbox:
         try:
             msg = decode_message(payload, **check)
             if self.verifier is not None:
-                try:
-                    self.verifier.check(payload)
-                except ProtocolError as e:
-                    if retained and e.reason in ("replay", "stale"):
-                        # the broker's copy of the server's status, seen before or older than the verifier
-                        # allows: nobody's attempt (only the server may retain there), and nothing new
-                        log.debug("retained server status on %s not taken: %s", topic, e)
-                        return []
-                    raise
+                self.verifier.check(payload)
             if msg.kind == Kind.CHUNK:
                 label = _chunk_label(msg.meta.get("k"))
                 with self._lock:  # the reassembler is not thread-safe
