@@ -31,18 +31,17 @@ def _bin(name: str) -> str:
 
 
 def write_rotated_digits(folder: str | Path, n: int, groups: int = 2, seed: int = 0) -> list[Path]:
-    """``n`` devices' shards of scikit-learn's digits in ``groups`` rotation groups: ``c00.npz``, ``c01.npz``..."""
-    from .data.partition import load_digits_images, rotation_partition, save_client
+    """``n`` devices' shards of scikit-learn's digits in ``groups`` rotation groups: ``c00.npz``, ``c01.npz``...
 
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
+    Written as ``fedsketch-data split`` writes them (with ``truth.json``); returns the shards' paths.
+    """
+    from .data.partition import load_digits_images, rotation_partition
+    from .data.split_output import write_clients
+
     x, y = load_digits_images()
-    paths = []
-    for c in rotation_partition(x, y, n, groups=groups, seed=seed):
-        p = out / f"{c.cid}.npz"
-        save_client(p, c)
-        paths.append(p)
-    return paths
+    clients = rotation_partition(x, y, n, groups=groups, seed=seed)
+    write_clients(clients, folder)
+    return [Path(folder) / f"{c.cid}.npz" for c in clients]
 
 
 @dataclass
