@@ -1,0 +1,29 @@
+"""Compressed model deltas for federated learning, and chains of them for models sent downstream.
+
+- :mod:`.codec`: :class:`Compression` (the ``--compress`` setting: ``none``, ``int8``,
+  ``topk:0.01``, ``stc:0.01``), :func:`encode_delta` and :func:`decode_delta`, the body format.
+- :mod:`.feedback`: :class:`ErrorFeedback`, the unsent rest of each delta, added to the next.
+- :mod:`.steps`: :class:`Step`, :func:`chain_body`, :func:`parse_chain` and :func:`apply_steps`:
+  a model sent as the compressed changes since the version a device holds.
+
+Every name is importable from ``edge_sdk.compress`` itself.
+"""
+
+from __future__ import annotations
+
+from .codec import Compression, Method, decode_delta, encode_delta, keep_count
+from .feedback import ErrorFeedback
+from .steps import Step, apply_steps, chain_body, parse_chain
+
+__all__ = [
+    "Compression",
+    "ErrorFeedback",
+    "Method",
+    "Step",
+    "apply_steps",
+    "chain_body",
+    "decode_delta",
+    "encode_delta",
+    "keep_count",
+    "parse_chain",
+]

@@ -1,0 +1,494 @@
+"""Compressed model deltas: 8-bit quantisation, top-k and sparse ternary (STC) bodies.
+
+A device sends the change of its model, not the model. :func:`encode_delta` turns a delta (named
+float32 arrays) into a body and also returns ``sent``, exactly what :func:`decode_delta` gives
+back on the other side, bit for bit, so that error feedback (:mod:`.feedback`) can carry the rest.
+
+- ``int8``: every entry as ``q = rint(x / scale)`` in ``[-127, 127]``, ``scale = max|x| / 127``
+  per tensor; ``q * scale`` comes back.
+- ``topk``: per tensor the ``k = ceil(fraction * n)`` entries of largest magnitude (among equal
+  magnitudes the lowest indices), as gap-coded indices and float32 values.
+- ``stc``: Sattler et al.'s sparse ternary compression: the same positions, one sign bit each, and
+  one magnitude ``mu`` per tensor, the mean ``|x|`` of the kept entries; ``+-mu`` comes back.
+
+Every body is little-endian::
+
+    offset  size  field
+    0       2     magic b"FZ"
+    2       1     version (1)
+    3       1     method (1 = int8, 2 = topk, 3 = stc)
+    4       4     u32 number of tensors (the receiver's spec must have as many)
+
+then per tensor, in sorted name order (names and shapes are not on the wire: the receiver's spec
+gives them, and so ``n``, the number of entries)::
+
+    int8   4     f32 scale (finite, >= 0, not -0.0)
+           n     int8 q (-128 is refused)
+    topk   4     u32 k, 0 <= k <= n
+           4     u32 m, the bytes of the index block, k <= m <= 5 k
+           m     k LEB128 varints: the first index, then each gap to the previous index (>= 1);
+                 1 to 5 bytes each, values < 2**32, no needless final zero byte (so one list of
+                 indices has one encoding)
+           4 k   f32 values (finite)
+    stc    8+m   k, m and the index block, as topk
+           4     f32 mu (finite, >= 0, not -0.0)
+           ceil(k / 8)  sign bits, bit i least significant first, 1 = negative; padding bits 0
+
+and the body ends exactly there. ``k = 0`` is accepted for any ``n`` (nothing sent for that
+tensor: ``m = 0``, no values; STC still carries ``mu``); the encoder writes it only for empty
+tensors. One tensor of 1,000 entries takes 8 + 1,004 bytes as int8; as ``topk:0.01`` (k = 10)
+8 + 8 + m + 40 and as ``stc:0.01`` 8 + 8 + m + 4 + 2, with m from 10 to 20 index bytes.
+
+The decoder trusts nothing: each fixed field is read only after the bytes left are checked, counts
+are checked against the spec and the bytes left before anything of their size is built, and every
+refusal raises :class:`~edge_sdk.protocol.ProtocolError` with one of the reasons
+``compressed-header``, ``compressed-method``, ``compressed-length``, ``compressed-count``,
+``compressed-index`` and ``compressed-value``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._validation import check_choice, check_int, check_number
+from ..protocol import ProtocolError
+
+__all__ = ["Compression", "Method", "decode_delta", "encode_delta", "keep_count"]
+
+MAGIC = b"FZ"
+VERSION = 1
+_HEADER = struct.Struct("<2sBBI")
+_KM = struct.Struct("<II")
+_F32 = struct.Struct("<f")
+_MAX_U32 = 0xFFFFFFFF
+
+
+class Method(str, enum.Enum):
+    """How a delta is compressed (the ``--compress`` choices)."""
+
+    NONE = "none"  #: whole float32 weights as safetensors, as without compression (never encoded here)
+    INT8 = "int8"  #: every entry in 8 bits, one scale per tensor
+    TOPK = "topk"  #: the largest ``fraction`` of the entries per tensor, indices and float32 values
+    STC = "stc"  #: the same positions, one sign bit each, one magnitude per tensor
+
+
+_CODES = {Method.INT8: 1, Method.TOPK: 2, Method.STC: 3}
+_SPARSE = (Method.TOPK, Method.STC)
+_NAMES = tuple(m.value for m in Method)
+_DEFAULT_FRACTION = 0.01
+_CLI_FORMS = "'none', 'int8', 'topk[:fraction]' or 'stc[:fraction]'"
+
+
+@dataclass(frozen=True)
+class Compression:
+    """A compression setting: the method and, for top-k and STC, the share kept.
+
+    Parameters
+    ----------
+    method : Method or str
+        ``"none"``, ``"int8"``, ``"topk"`` or ``"stc"``.
+    fraction : float
+        Share of the entries kept per tensor, in ``(0, 1]``, for top-k and STC. It is checked for
+        every method, then set to the default 0.01 for ``none`` and ``int8``, which ignore it, so
+        that equal settings compare equal (``Compression("int8", 0.5) == Compression("int8")``).
+    """
+
+    method: Method = Method.NONE
+    fraction: float = _DEFAULT_FRACTION
+
+    def __post_init__(self) -> None:
+        method = check_choice(self.method, "compression method", _NAMES)
+        object.__setattr__(self, "method", Method(method))
+        fraction = check_number(self.fraction, "compression fraction", low=0.0, low_open=True, high=1.0)
+        object.__setattr__(self, "fraction", fraction if self.method in _SPARSE else _DEFAULT_FRACTION)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether deltas are compressed at all (the method is not ``none``)."""
+        return self.method is not Method.NONE
+
+    def to_meta(self) -> dict[str, Any]:
+        """As JSON meta: ``{"method": "topk", "fraction": 0.01}`` (fraction only for topk and stc)."""
+        if self.method in _SPARSE:
+            return {"method": self.method.value, "fraction": self.fraction}
+        return {"method": self.method.value}
+
+    @classmethod
+    def from_meta(cls, d: Any) -> Compression:
+        """Read :meth:`to_meta`'s form back: ``method``, and ``fraction`` with topk and stc only.
+
+        ValueError for anything else (not a mapping, other keys, a bad method or fraction).
+        """
+        if not isinstance(d, Mapping):
+            raise ValueError(f"compression meta must be a mapping, got {type(d).__name__}")
+        extra = sorted(set(d) - {"method", "fraction"}, key=str)
+        if extra or "method" not in d:
+            raise ValueError("compression meta must have 'method' and at most 'fraction', "
+                             f"got keys {sorted(d, key=str)}")
+        method = check_choice(d["method"], "compression method", _NAMES)
+        if (method in ("topk", "stc")) != ("fraction" in d):
+            raise ValueError(f"compression meta {dict(d)!r}: a fraction goes with topk and stc, "
+                             "and only with them")
+        return cls(Method(method), d.get("fraction", _DEFAULT_FRACTION))
+
+    @classmethod
+    def parse(cls, text: str) -> Compression:
+        """Read the command-line form: ``none``, ``int8``, ``topk``, ``topk:0.01``, ``stc:0.005``.
+
+        Spaces around the text are ignored; the method is lower case; topk and
+        stc without a fraction keep 0.01.
+
+        Raises
+        ------
+        ValueError
+            An unknown method, a fraction after none or int8, a fraction not a number in (0, 1].
+        """
+        if not isinstance(text, str):
+            raise ValueError(f"compression must be text ({_CLI_FORMS}), got {text!r}")
+        name, colon, value = text.strip().partition(":")
+        if name not in _NAMES or (colon and name not in ("topk", "stc")):
+            raise ValueError(f"compression must be {_CLI_FORMS}, got {text!r}")
+        if not colon:
+            return cls(Method(name))
+        try:
+            fraction = float(value)
+        except ValueError:
+            raise ValueError("compression fraction must be a number in (0, 1], "
+                             f"got {value!r} in {text!r}") from None
+        return cls(Method(name), fraction)
+
+    def __str__(self) -> str:
+        """The command-line form; topk and stc always with their fraction (``parse(str(c)) == c``)."""
+        return f"{self.method.value}:{self.fraction!r}" if self.method in _SPARSE else self.method.value
+
+
+def keep_count(n: int, fraction: float) -> int:
+    """How many of ``n`` entries top-k and STC keep: ``ceil(fraction * n)``, at least 1 when ``n > 0``."""
+    n = check_int(n, "n", 0)
+    fraction = check_number(fraction, "fraction", low=0.0, low_open=True, high=1.0)
+    return 0 if n == 0 else min(n, max(1, math.ceil(fraction * n)))
+
+
+# -- varints ------------------------------------------------------------------
+
+
+def _varints(values: np.ndarray) -> np.ndarray:
+    """LEB128 bytes of unsigned integers below 2**32 (uint8 array), without a loop per entry."""
+    v = values.astype(np.uint64, copy=False)
+    nb = np.ones(len(v), dtype=np.int64)
+    for bits in (7, 14, 21, 28):
+        nb += v >= (1 << bits)
+    ends = np.cumsum(nb)
+    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.uint8)
+    starts = ends - nb
+    for j in range(5):
+        sel = nb > j
+        if j and not sel.any():
+            break
+        chunk = (v[sel] >> np.uint64(7 * j)) & np.uint64(0x7F)
+        out[starts[sel] + j] = chunk.astype(np.uint8) | ((nb[sel] > j + 1).astype(np.uint8) << 7)
+    return out
+
+
+def _read_varints(block: np.ndarray, k: int, where: str) -> np.ndarray:
+    """Decode exactly ``k`` varints that fill ``block``; uint64 values below 2**32."""
+    ends = np.flatnonzero(block < 0x80)
+    if len(ends) != k:
+        raise ProtocolError("compressed-index", f"{where}: the index block holds {len(ends)} varints, "
+                                                f"k is {k}")
+    if len(block) and ends[-1] != len(block) - 1:
+        raise ProtocolError("compressed-index", f"{where}: the index block ends inside a varint")
+    if k == len(block):  # every gap in one byte
+        return block.astype(np.uint64)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    lengths = ends - starts + 1
+    if lengths.max() > 5:
+        raise ProtocolError("compressed-index", f"{where}: a varint of {int(lengths.max())} bytes (at most 5)")
+    if ((lengths > 1) & (block[ends] == 0)).any():
+        raise ProtocolError("compressed-index", f"{where}: a varint ends with a needless zero byte")
+    values = (block[starts] & 0x7F).astype(np.uint64)
+    for j in range(1, 5):
+        sel = lengths > j
+        if not sel.any():
+            break
+        values[sel] |= (block[starts[sel] + j] & 0x7F).astype(np.uint64) << np.uint64(7 * j)
+    if values.max() > _MAX_U32:
+        raise ProtocolError("compressed-index", f"{where}: a varint of {int(values.max())} (at most 2**32 - 1)")
+    return values
+
+
+# -- encoding -----------------------------------------------------------------
+
+
+def _as_float32(name: Any, value: Any) -> np.ndarray:
+    """A delta tensor as float32 (other float types cast, anything else refused)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"tensor names must be non-empty strings, got {name!r}")
+    arr = np.asarray(value)
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise ValueError(f"tensor {name!r} has dtype {arr.dtype}; a delta is floating point")
+    return arr.astype(np.float32, copy=False)
+
+
+def _finite_max(name: str, x: np.ndarray) -> np.float32:
+    """``max|x|`` (0 when empty, never -0.0), refusing NaN and Inf."""
+    top = max(x.max(), -x.min()) if x.size else np.float32(0)
+    if not np.isfinite(top):
+        raise ValueError(f"tensor {name!r} of the delta holds NaN or Inf")
+    return np.float32(abs(top))
+
+
+def _encode_int8(name: str, x: np.ndarray, comp: Compression) -> tuple[list[bytes], np.ndarray]:
+    amax = _finite_max(name, x)
+    scale = np.float32(amax / np.float32(127))
+    if np.isinf(scale * np.float32(127)):  # 127 * scale must stay finite on the way back
+        scale = np.nextafter(scale, np.float32(0))
+    if scale == 0 and amax > 0:  # magnitudes below 127 * the smallest subnormal: that is the scale
+        scale = np.nextafter(np.float32(0), np.float32(1))
+    if scale > 0:
+        f = np.rint(x / scale)
+        q = np.clip(f, -127, 127, out=f).astype(np.int8)
+        del f
+    else:
+        q = np.zeros(x.size, dtype=np.int8)
+    return [_F32.pack(scale), q.tobytes()], np.multiply(q, scale, dtype=np.float32)  # as decoded
+
+
+def _select(x: np.ndarray, k: int) -> np.ndarray:
+    """Ascending indices of the ``k`` largest ``|x|``; among equal magnitudes the lowest indices.
+
+    ``np.partition`` finds the k-th largest magnitude, then masks pick the entries (``np.argpartition``
+    would take 8 bytes per entry, twice the tensor, and leave ties to its algorithm).
+    """
+    n = x.size
+    if k == n:
+        return np.arange(n, dtype=np.int64)
+    absx = np.abs(x)
+    absx.partition(n - k)
+    t = absx[n - k]
+    np.abs(x, out=absx)  # the order again, in the same memory
+    keep = absx > t
+    ties = absx == t
+    del absx
+    need = k - int(np.count_nonzero(keep))
+    if np.count_nonzero(ties) > need:
+        ranks = np.cumsum(ties, dtype=np.int64 if n > 2**31 - 1 else np.int32)
+        ties &= ranks <= need
+        del ranks
+    keep |= ties
+    return np.flatnonzero(keep)
+
+
+def _scatter(n: int, idx: np.ndarray, values: np.ndarray) -> np.ndarray:
+    out = np.zeros(n, dtype=np.float32)
+    out[idx] = values
+    return out
+
+
+def _encode_sparse(name: str, x: np.ndarray, comp: Compression) -> tuple[list[bytes], np.ndarray]:
+    n = x.size
+    if n > _MAX_U32:
+        raise ValueError(f"tensor {name!r} has {n} entries; top-k and STC count at most 2**32 - 1")
+    _finite_max(name, x)
+    k = keep_count(n, comp.fraction)
+    idx = _select(x, k)
+    block = _varints(np.diff(idx, prepend=0) if k else idx)
+    values = x[idx]
+    parts = [_KM.pack(k, len(block)), block.tobytes()]
+    if comp.method is Method.TOPK:
+        parts.append(values.astype("<f4", copy=False).tobytes())
+        return parts, _scatter(n, idx, values)
+    mu = np.float32(np.mean(np.abs(values), dtype=np.float64)) if k else np.float32(0)
+    negative = values < 0
+    parts += [_F32.pack(mu), np.packbits(negative, bitorder="little").tobytes()]
+    return parts, _scatter(n, idx, np.where(negative, -mu, mu))  # as decoded
+
+
+_ENCODERS: dict[Method, Callable[[str, np.ndarray, Compression], tuple[list[bytes], np.ndarray]]] = {
+    Method.INT8: _encode_int8, Method.TOPK: _encode_sparse, Method.STC: _encode_sparse}
+
+
+def encode_delta(delta: Mapping[str, np.ndarray], comp: Compression) -> tuple[bytes, dict[str, np.ndarray]]:
+    """Compress a model delta into a body.
+
+    Parameters
+    ----------
+    delta : mapping of str to ndarray
+        The change per tensor; float32 (other float types are cast), finite.
+    comp : Compression
+        The method (not ``none``) and, for top-k and STC, the share kept.
+
+    Returns
+    -------
+    body : bytes
+        The body, in the format of this module's docstring.
+    sent : dict of str to ndarray
+        Exactly what :func:`decode_delta` gives back for ``body``: new float32 arrays of the same
+        names (in sorted order) and shapes.
+
+    Raises
+    ------
+    ValueError
+        Method ``none``, an empty mapping, a tensor that is not floating point or holds NaN or
+        Inf, a top-k or STC tensor of 2**32 entries or more.
+    """
+    if not isinstance(comp, Compression):
+        raise ValueError(f"comp must be a Compression, got {type(comp).__name__}")
+    if not comp.enabled:
+        raise ValueError("encode_delta needs a compression method, got 'none' "
+                         "(send the whole weights instead)")
+    if not delta:
+        raise ValueError("no tensors in the delta to encode")
+    parts = [_HEADER.pack(MAGIC, VERSION, _CODES[comp.method], len(delta))]
+    sent = {}
+    for name in sorted(delta, key=str):
+        x = _as_float32(name, delta[name])
+        tensor_parts, values = _ENCODERS[comp.method](name, x.reshape(-1), comp)
+        parts += tensor_parts
+        sent[name] = values.reshape(x.shape)
+    return b"".join(parts), sent
+
+
+# -- decoding -----------------------------------------------------------------
+
+
+class _Reader:
+    """A position in a body; every read checks the bytes left first."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body, self.pos = body, 0
+
+    def need(self, size: int, what: str) -> int:
+        """The position, after checking that ``size`` bytes are left for ``what``."""
+        left = len(self.body) - self.pos
+        if size > left:
+            raise ProtocolError("compressed-length", f"{what} needs {size} bytes, {left} left")
+        return self.pos
+
+    def unpack(self, fmt: struct.Struct, what: str) -> tuple[Any, ...]:
+        self.pos = self.need(fmt.size, what) + fmt.size
+        return fmt.unpack_from(self.body, self.pos - fmt.size)
+
+    def array(self, dtype: str, count: int, what: str) -> np.ndarray:
+        start = self.need(np.dtype(dtype).itemsize * count, what)
+        out = np.frombuffer(self.body, dtype=dtype, count=count, offset=start)
+        self.pos = start + out.nbytes
+        return out
+
+
+def _read_scalar(r: _Reader, what: str) -> np.float32:
+    (value,) = r.unpack(_F32, what)
+    if not math.isfinite(value) or math.copysign(1.0, value) < 0:
+        raise ProtocolError("compressed-value", f"{what} is {value!r}; it must be finite and >= 0")
+    return np.float32(value)
+
+
+def _decode_int8(r: _Reader, where: str, n: int, method: Method) -> np.ndarray:
+    r.need(4 + n, f"{where}: scale and {n} int8 entries")
+    scale = _read_scalar(r, f"{where}: scale")
+    q = r.array("i1", n, f"{where}: {n} int8 entries")
+    if n and q.min() == -128:
+        raise ProtocolError("compressed-value", f"{where}: int8 entry -128 (the range is [-127, 127])")
+    return np.multiply(q, scale, dtype=np.float32)
+
+
+def _decode_sparse(r: _Reader, where: str, n: int, method: Method) -> np.ndarray:
+    k, m = r.unpack(_KM, f"{where}: k and m")
+    if k > n:
+        raise ProtocolError("compressed-count", f"{where}: k {k} > {n} entries")
+    if not k <= m <= 5 * k:
+        raise ProtocolError("compressed-count",
+                            f"{where}: index block of {m} bytes for k {k} (must be {k} to {5 * k})")
+    tail = 4 * k if method is Method.TOPK else 4 + (k + 7) // 8
+    r.need(m + tail, f"{where}: {m} index bytes and {tail} bytes of values")
+    gaps = _read_varints(r.array("u1", m, where), k, where)
+    if k > 1 and not gaps[1:].all():
+        raise ProtocolError("compressed-index", f"{where}: a gap of 0 (a duplicate index)")
+    idx = np.cumsum(gaps)
+    if k and idx[-1] >= n:
+        raise ProtocolError("compressed-index", f"{where}: index {int(idx[-1])} out of range for {n} entries")
+    if method is Method.TOPK:
+        values = r.array("<f4", k, f"{where}: {k} values")
+        if not np.isfinite(values).all():
+            raise ProtocolError("compressed-value", f"{where}: a value is NaN or Inf")
+        return _scatter(n, idx, values)
+    mu = _read_scalar(r, f"{where}: mu")
+    signs = r.array("u1", (k + 7) // 8, f"{where}: sign bits")
+    if k % 8 and signs[-1] >> (k % 8):
+        raise ProtocolError("compressed-value", f"{where}: padding bits set in the last sign byte")
+    return _scatter(n, idx, np.where(np.unpackbits(signs, count=k, bitorder="little").view(bool), -mu, mu))
+
+
+_DECODERS: dict[Method, Callable[[_Reader, str, int, Method], np.ndarray]] = {
+    Method.INT8: _decode_int8, Method.TOPK: _decode_sparse, Method.STC: _decode_sparse}
+
+
+def _check_spec(spec: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    if not isinstance(spec, Mapping) or not spec:
+        raise ValueError(f"spec must be a non-empty mapping of name to (shape, dtype), got {spec!r}")
+    shapes = {}
+    for name in sorted(spec, key=str):
+        try:
+            shape, dtype = spec[name]
+            shapes[name] = tuple(check_int(d, "dimension", 0) for d in shape)
+            floating = np.issubdtype(np.dtype(dtype), np.floating)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"spec entry {name!r} must be (shape, dtype), got {spec[name]!r}: {e}") from None
+        if not floating:
+            raise ValueError(f"spec entry {name!r} has dtype {dtype}; a delta is floating point")
+    return shapes
+
+
+def decode_delta(body: bytes, spec: Mapping[str, tuple[tuple[int, ...], str]],
+                 method: Method) -> dict[str, np.ndarray]:
+    """Read a body back against the receiver's spec.
+
+    Parameters
+    ----------
+    body : bytes
+        A body of :func:`encode_delta`, from a peer: nothing in it is trusted.
+    spec : mapping of name to (shape, dtype)
+        The names and shapes the receiver expects; the dtype must be a float type (the delta
+        always comes back as float32).
+    method : Method
+        The method the receiver expects (not ``none``).
+
+    Returns
+    -------
+    dict of str to ndarray
+        New writable float32 arrays, in sorted name order.
+
+    Raises
+    ------
+    ProtocolError
+        A body that breaks the format; reasons in this module's docstring.
+    ValueError
+        A bad spec or method (the caller's error, not the peer's).
+    """
+    method = Method(check_choice(method, "method", _NAMES[1:]))
+    shapes = _check_spec(spec)
+    body = bytes(body)
+    if len(body) < _HEADER.size:
+        raise ProtocolError("compressed-header",
+                            f"body of {len(body)} bytes is shorter than the {_HEADER.size}-byte header")
+    r = _Reader(body)
+    magic, version, code, count = r.unpack(_HEADER, "header")
+    if magic != MAGIC or version != VERSION:
+        raise ProtocolError("compressed-header", f"not a compressed delta (magic {magic!r}, version {version})")
+    if code != _CODES[method]:
+        raise ProtocolError("compressed-method", f"method byte {code}, expected {_CODES[method]} ({method.value})")
+    if count != len(shapes):
+        raise ProtocolError("compressed-header", f"body holds {count} tensors, the spec {len(shapes)}")
+    out = {}
+    for name, shape in shapes.items():
+        out[name] = _DECODERS[method](r, f"tensor {name!r}", math.prod(shape), method).reshape(shape)
+    if r.pos != len(body):
+        raise ProtocolError("compressed-length", f"{len(body) - r.pos} trailing bytes after the last tensor")
+    return out
