@@ -35,7 +35,7 @@ orchestrator drives) only until it has clustered:
 OCFL's four algorithms share one warm-up: same seeds, same updates, same
 temperature rule, so the same deciding round. The first OCFL variant trains;
 the others are fed its recorded updates round by round (their
-``aggregate_round``, FedAvg included, so their state is exactly what a run of
+``_combine``, FedAvg included, so their state is exactly what a run of
 their own would reach) and only cluster (``--no-share-warmup`` trains each).
 
 For each (dataset, clients, split, method) it records ARI (the paper's
@@ -290,13 +290,13 @@ def run_one(label: str, spec: dict[str, Any], clients, aux, args, architecture: 
 
         strategy.on_sketches = on_sketches
     if record is not None:
-        aggregate = strategy.aggregate_round
+        aggregate = strategy._combine
 
         def recording(rnd, updates):
             record.append((rnd, list(updates)))
             return aggregate(rnd, updates)
 
-        strategy.aggregate_round = recording
+        strategy._combine = recording
     rounds, stop = rounds_for(strategy, args)
     sim = Simulator(strategy, clients, architecture=architecture, encoder=encoder if strategy.needs_sketches else None,
                     flip_prob=args.flip_prob, seed=args.seed, progress=False)
@@ -330,7 +330,7 @@ def replay_one(label: str, spec: dict[str, Any], clients, aux, args, architectur
     OCFL's warm-up does not depend on its clustering algorithm: the same seeds
     give the same global model and the same updates each round, and the
     temperature rule picks the same round. Feeding the recorded rounds to
-    ``aggregate_round`` reproduces the strategy's state exactly (its FedAvg
+    ``_combine`` reproduces the strategy's state exactly (its FedAvg
     of the same updates gives the next round's reference), so only the
     clustering is new; the bytes are those of the recorded run up to that
     round. Returns None (run it for real) if it has not clustered by the
@@ -346,7 +346,7 @@ def replay_one(label: str, spec: dict[str, Any], clients, aux, args, architectur
                            architecture=architecture, aux=aux)
     strategy.setup([ClientInfo(c.cid, len(c.y_train)) for c in clients], initial_weights(architecture, args.seed))
     for rnd, updates in record:
-        strategy.aggregate_round(rnd, updates)
+        strategy._combine(rnd, updates)
         if strategy.cluster_round_ is not None:
             break
     rnd = strategy.cluster_round_

@@ -30,10 +30,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .client_commands import SERVER_STATUS, VIA, ClientCommands, DeviceDrift
-from .protocol import SERVER_ID, Kind, Message, ProtocolError, Topics, parse_tensors
+from .compress import Compression, ErrorFeedback
+from .held_models import HeldModel, ModelStore
+from .protocol import SERVER_ID, Kind, Message, ProtocolError, Topics
 from .rejections import RejectionLog
 from .schema import check_meta
 from .worker import LocalWorker
@@ -85,6 +85,10 @@ class EdgeClient(ClientCommands):
         The hello fields of the device's own benchmark
         (:func:`edge_sdk.bench.summary.hello_fields`): the server lists each
         device's speed in its report.
+    state_dir : path, optional
+        A folder the device keeps across restarts: the error feedback of its
+        compressed updates (what it has not sent yet) is saved there after
+        every update and read back at start.
     """
 
     def __init__(
@@ -102,6 +106,7 @@ class EdgeClient(ClientCommands):
         hello_jitter_s: float = 0.0,
         encoders: dict[str, Any] | None = None,
         bench: Mapping[str, Any] | None = None,
+        state_dir: str | Path | None = None,
     ) -> None:
         self.transport = transport
         self.worker = worker
@@ -114,15 +119,20 @@ class EdgeClient(ClientCommands):
         #: The sketch key and the last sketch sent, for :meth:`data_changed`.
         self.drift = DeviceDrift(seed)
         self.model_timeout_s = model_timeout_s
-        if int(max_models) < 1:
-            raise ValueError(f"max_models must be a positive integer, got {max_models!r}")
-        self.max_models = int(max_models)
+        #: The models held (whole or kept up to date by compressed changes), bounded by ``max_models``.
+        self.store = ModelStore(max_models)
+        self.max_models = self.store.max_models
+        #: The part of each delta not sent yet (compression on), per model key; kept in ``state_dir`` if given.
+        self.feedback = ErrorFeedback(Compression())
+        self.state_dir = None if state_dir is None else Path(state_dir)
+        if self.state_dir is not None and self.feedback.load(self.state_dir):
+            log.info("error feedback of %s restored from %s", ", ".join(self.feedback.keys) or "no model",
+                     self.state_dir)
         self.model_key: str | None = None
         #: The model topic filters this device subscribes to (every model until an assign narrows it).
         self.followed: frozenset[str] = frozenset({self.topics.model("+")})
         self._welcomed = False
-        self._models: dict[str, tuple[int, dict[str, np.ndarray]]] = {}
-        self._models_cv = threading.Condition()
+        self._models_cv = self.store.cv
         self._cmds: queue.Queue[Message] = queue.Queue(maxsize=1000)
         self._encoders: dict[str, Any] = {} if encoders is None else encoders
         #: Encoders received from the server: name -> the folder holding it and its manifest.
@@ -185,20 +195,11 @@ class EdgeClient(ClientCommands):
             if key == "encoder":  # raw ONNX bytes, not tensors
                 self._on_encoder(msg)
                 return
-            weights = parse_tensors(msg.body)
+            self.store.receive(key, msg, meta)
         except ProtocolError as e:
             self._rejections(e.reason, msg.sender, f"model for round {msg.round}: {e}")
-            return
         except Exception as e:  # never let a message end the device
             self._rejections("handler-error", msg.sender, f"model: {type(e).__name__}: {e}")
-            return
-        with self._models_cv:
-            self._models.pop(key, None)
-            self._models[key] = (msg.round, weights)
-            while len(self._models) > self.max_models:  # forget the oldest round first
-                oldest = min(self._models, key=lambda k: self._models[k][0])
-                del self._models[oldest]
-            self._models_cv.notify_all()
 
     def _reject_encoder(self, reason: str) -> None:
         self.rejected_encoders.append(reason)
@@ -237,17 +238,8 @@ class EdgeClient(ClientCommands):
             self._models_cv.notify_all()
         log.info("received encoder %s (%d bytes)", name, len(msg.body))
 
-    def _wait_model(self, key: str, rnd: int) -> dict[str, np.ndarray]:
-        deadline = time.monotonic() + self.model_timeout_s
-        with self._models_cv:
-            while True:
-                got = self._models.get(key)
-                if got is not None and got[0] >= rnd:
-                    return got[1]
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"model {key!r} for round {rnd} did not arrive within {self.model_timeout_s:g} s")
-                self._models_cv.wait(timeout=min(left, 0.5))
+    def _wait_model(self, key: str, rnd: int) -> HeldModel:
+        return self.store.wait(key, rnd, self.model_timeout_s)
 
     # -- outgoing -----------------------------------------------------------
     def _send(self, topic: str, kind: Kind, rnd: int = 0, meta: Mapping[str, Any] | None = None,
@@ -318,8 +310,9 @@ class EdgeClient(ClientCommands):
         self.model_key = None
         self.refused_reason = None
         self._follow(["+"], confirm=False)
+        self.feedback.reset()  # what was not sent belongs to the last run's models
         with self._models_cv:
-            self._models.clear()
+            self.store.clear()
             for name in self.encoder_dirs:
                 self._encoders.pop(name, None)
             self.encoder_dirs.clear()

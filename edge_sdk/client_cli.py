@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bench", default=None, metavar="FILE",
                    help="send the figures of this device's own benchmark (fedsketch bench --json FILE) with its "
                         "hello: the server's report lists each device's speed")
+    p.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="a folder kept across restarts: what the device has not sent yet of its compressed "
+                        "updates (its error feedback) is saved there")
     p.add_argument("--max-idle", type=float, default=None, help="leave after this many idle seconds")
     p.add_argument("--hello-jitter", type=float, default=3.0, metavar="S",
                    help="say hello after a random wait of up to S seconds after every (re)connection, so that a "
@@ -145,7 +148,7 @@ def _main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     client = EdgeClient(transport, worker, federation=args.federation, root=args.root, seed=args.seed,
-                        stay=args.stay, hello_jitter_s=args.hello_jitter, bench=bench)
+                        stay=args.stay, hello_jitter_s=args.hello_jitter, bench=bench, state_dir=args.state_dir)
     _stop_on_sigterm(client.stop)
     rc = _serve(args, lambda: client.run(max_idle_s=args.max_idle))
     return client.exit_code if rc == 0 else rc

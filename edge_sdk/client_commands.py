@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .bits import fresh_seed
+from .compress import Compression
 from .drift import DriftWatch
 from .install import install_hint
 from .protocol import Kind, Message, ProtocolError, sketch_body, tensors_body
@@ -31,6 +32,7 @@ from .protocol.commands import Op, parse
 from .sampling import in_sample
 from .schema import check_meta
 from .sketch import Sketch, Sketcher
+from .uplink import update_body
 from .worker import Task, TrainSettings
 
 __all__ = ["ENDINGS", "HANDLERS", "LOCAL", "SERVER_STATUS", "VIA", "ClientCommands", "DeviceDrift"]
@@ -234,6 +236,11 @@ class ClientCommands:
                  "" if m["train"] else f"; not training ({m.get('reason', 'the server says so')})")
 
     def _on_assign(self, m: Mapping[str, Any], rnd: int) -> None:
+        if self.model_key is not None and m["model_key"] != self.model_key and self.feedback.keys:
+            log.info("moved from model %s to %s: the unsent part of its updates is dropped", self.model_key,
+                     m["model_key"])
+            self.feedback.reset()
+            self._save_feedback()
         self.model_key = m["model_key"]
         log.info("assigned to model %s", self.model_key)
         if "follow" in m:
@@ -360,22 +367,41 @@ class ClientCommands:
                                 name=f"{self.cid}-progress")
         beat.start()
         try:
-            models = {k: self._wait_model(k, r) for k in keys}
-            task = Task(self.cid, r, models, TrainSettings.from_dict(m), m["evaluate_first"])
+            held = {k: self._wait_model(k, r) for k in keys}
+            task = Task(self.cid, r, {k: h.weights for k, h in held.items()}, TrainSettings.from_dict(m),
+                        m["evaluate_first"])
             upd = self.worker.fit(task)
         finally:
             done.set()
         meta = {"round": r, "model_key": upd.model_key, "n_samples": upd.n_samples, "loss": upd.loss,
                 "metrics": dict(upd.metrics)}
-        self._send(self.topics.update(self.cid), Kind.UPDATE, r, meta, tensors_body(upd.weights))
-        log.info("round %d: trained %s on %d samples, loss %.4f; update sent", r, upd.model_key, upd.n_samples,
-                 upd.loss)
+        comp = Compression.from_meta(m["compress"]) if "compress" in m else None
+        start = held[upd.model_key]
+        if comp is not None and comp.enabled and start.version is None:
+            raise ValueError(f"round {r}: compressed updates asked, but model {upd.model_key!r} came without a "
+                             "version")
+        body, _ = update_body(upd, start.weights, self.feedback, comp)
+        if comp is not None and comp.enabled:
+            meta["version"] = start.version
+            self._save_feedback()
+        self._send(self.topics.update(self.cid), Kind.UPDATE, r, meta, body)
+        log.info("round %d: trained %s on %d samples, loss %.4f; update sent (%d bytes%s)", r, upd.model_key,
+                 upd.n_samples, upd.loss, len(body), f", {comp}" if comp is not None and comp.enabled else "")
+
+    def _save_feedback(self) -> None:
+        """Keep the error feedback in the state folder, if the device has one (a failure is logged, not fatal)."""
+        if self.state_dir is None:
+            return
+        try:
+            self.feedback.save(self.state_dir)
+        except OSError as e:
+            log.error("error feedback not saved in %s: %s", self.state_dir, e)
 
     def _do_train_ae(self, m: Mapping[str, Any], rnd: int) -> None:
         from .trainer import train_autoencoder_local
 
         r = m["round"]
-        weights = self._wait_model("ae", r)
+        weights = self._wait_model("ae", r).weights
         seed = None if self.seed is None else int(self.seed) * 1000 + r
         res = train_autoencoder_local(m["architecture"], weights, self.worker.x, epochs=m["epochs"],
                                       lr=m["lr"], batch_size=m["batch_size"], seed=seed)
@@ -394,7 +420,7 @@ class ClientCommands:
                 return
             key = self.model_key
         self._use_architecture(m)
-        res = self.worker.evaluate(self._wait_model(key, r))
+        res = self.worker.evaluate(self._wait_model(key, r).weights)
         log.info("evaluated %s: accuracy %.4f on %d samples", key, res["accuracy"], res["n_test"])
         self._send(self.topics.metrics(self.cid), Kind.METRICS, r, {"round": r, "model_key": key, **res})
 

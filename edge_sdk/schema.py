@@ -202,6 +202,8 @@ COMMANDS: dict[str, dict[str, Field]] = {
         "lr": _LR,
         "batch_size": _BATCH,
         "optimizer": Field("str", choices=("adam", "sgd"), default="adam"),
+        # the run's compression of the deltas (edge_sdk.compress.Compression.to_meta); absent: whole weights
+        "compress": Field("object", max_len=4),
     },
     "train_ae": {
         "round": _ROUND,
@@ -246,6 +248,8 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "n_samples": _COUNT,
         "loss": Field("float"),
         "metrics": Field("numbers", max_len=32, default={}),
+        # compressed: the version of the model it was trained from (its body is the delta from it)
+        "version": Field("int", 0, MAX_ROUND),
     },
     Kind.METRICS: {
         "round": _ROUND,
@@ -259,6 +263,10 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "name": Field("str", max_len=128),
         "sha256": Field("str", max_len=64),
         "entry": Field("object", max_len=64),
+        # compression on: the model's version; with "base", the body is the chain of its changes since that one
+        "version": Field("int", 0, MAX_ROUND),
+        "base": Field("int", 0, MAX_ROUND),
+        "codec": Field("str", choices=("int8", "topk", "stc")),
     },
 }
 

@@ -84,7 +84,12 @@ class Task:
 
 @dataclass(frozen=True)
 class Update:
-    """A client's answer to a :class:`Task`."""
+    """A client's answer to a :class:`Task`.
+
+    A compressed update arrives as ``delta`` (decoded: the change from the
+    model it was trained from, version ``version``), with ``weights`` empty
+    until the server's aggregation adds it to that model.
+    """
 
     cid: str
     round: int
@@ -93,6 +98,8 @@ class Update:
     n_samples: int
     loss: float
     metrics: Mapping[str, float] = field(default_factory=dict)
+    delta: Mapping[str, np.ndarray] | None = None
+    version: int | None = None
 
 
 class LocalWorker:

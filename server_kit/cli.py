@@ -37,7 +37,13 @@ from edge_sdk.cli import parse_params
 from edge_sdk.protocol import SERVER_ID
 from edge_sdk.transport import BrokerConfig
 
-from .cli_options import build_parser, known_architectures, known_encoders, known_strategies
+from .cli_options import (
+    DEFAULT_COMPRESS,
+    build_parser,
+    known_architectures,
+    known_encoders,
+    known_strategies,
+)
 
 if TYPE_CHECKING:
     from .drivers.result import RunResult
@@ -344,6 +350,29 @@ def _build_strategy(args: argparse.Namespace, name: str, config: Any, strat: dic
     return strategy
 
 
+def _apply_compression(args: argparse.Namespace, name: str, strat: dict[str, Any]) -> None:
+    """``--compress`` (or the ``[strategy]`` table's ``compress``; default :data:`DEFAULT_COMPRESS`) into ``strat``.
+
+    Asked for a method that cannot take it, the strategy refuses at its
+    start; by default, such a method sends whole updates (said in the log).
+    """
+    from edge_sdk.compress import Compression
+
+    from .strategies import strategy_class
+
+    asked = args.compress if args.compress is not None else strat.pop("compress", None)
+    if name == "fedcref":
+        if asked is not None:
+            raise ValueError("--compress applies to the model-averaging strategies, not fedcref")
+        return
+    comp = Compression.parse(asked if asked is not None else DEFAULT_COMPRESS)
+    refuses = strategy_class(name).refuses_compression
+    if asked is None and comp.enabled and refuses:
+        log.info("strategy %s sends whole updates: %s", name, refuses)
+        comp = Compression()
+    strat["compression"] = comp
+
+
 def _apply_strategy_options(args: argparse.Namespace, name: str, strat: dict[str, Any],
                             robust: dict[str, Any]) -> None:
     """Put the strategy's command-line options (and every ``--set``) into ``strat``."""
@@ -354,6 +383,7 @@ def _apply_strategy_options(args: argparse.Namespace, name: str, strat: dict[str
     if args.k is not None:
         strat["k"] = args.k
     strat.update({key: v for key, v in robust.items() if v is not None})
+    _apply_compression(args, name, strat)
     if args.follow_drift or args.resketch_every is not None:
         if name not in ("fedsketch", "fedsketch-fedae"):
             raise ValueError("--follow-drift and --resketch-every apply to --strategy fedsketch and fedsketch-fedae")

@@ -12,8 +12,10 @@ from typing import Any
 
 from edge_sdk.transport import BrokerConfig
 
-__all__ = ["DESCRIPTION", "build_parser", "known_architectures", "known_encoders", "known_strategies"]
+__all__ = ["DEFAULT_COMPRESS", "DESCRIPTION", "build_parser", "known_architectures", "known_encoders", "known_strategies"]
 
+#: ``--compress`` when not given: the method that met the goals of ``benchmarks/compression.py`` (see the README).
+DEFAULT_COMPRESS = "topk:0.01"
 #: The first line of ``fedsketch-server --help``.
 DESCRIPTION = "``fedsketch-server``: run a federation's server over MQTT."
 
@@ -144,6 +146,11 @@ def _add_strategy_options(p: argparse.ArgumentParser, dflt: Callable[..., str]) 
     p.add_argument("--trim-fraction", type=float, default=None, metavar="B",
                    help="fraction cut at each end of every coordinate by --aggregator trimmed-mean, in (0, 0.5) "
                         f"{dflt('trim_fraction')}")
+    p.add_argument("--compress", default=None, metavar="METHOD",
+                   help="how updates come up and models go down: none (whole float32 models), int8, "
+                        "topk[:FRACTION] or stc[:FRACTION] (the share of each tensor sent, e.g. topk:0.01); "
+                        "the devices follow. A method that clusters from whole updates (cfl, ocfl, briggs, "
+                        f"kmeans-weights, flis) sends them whole (default: {DEFAULT_COMPRESS})")
     p.add_argument("--set", dest="params", action="append", default=[], metavar="KEY=VALUE",
                    help="a strategy parameter, the value in TOML syntax (repeatable): --set algorithm=hdbscan "
                         "--set eps1=0.4 (default: the strategy's own)")

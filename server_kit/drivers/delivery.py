@@ -33,6 +33,17 @@ so the QoS 1 models and commands published while it was away, on its command
 topic and on the cluster topic it follows, are delivered when it comes back;
 a device away longer than the session expiry says hello again and is sent
 its assignment anew.
+
+With compression on (``--compress``), what a device is sent of a model
+depends on the version it holds (:class:`server_kit.downstream.ModelVersions`:
+the chain of compressed changes since then, or the whole model). The server
+counts on a version only when the device said it holds it: each update names
+the version it was trained from (:meth:`Delivery.note_held`); a hello forgets
+it. A model goes once on its cluster topic only when every device that gets it
+there is sent the same bytes (they hold the same version); otherwise per
+device. With ``"cluster"`` delivery, the topic carries the chain from the
+oldest version its needers hold (a device applies the changes it lacks and
+skips those it has), or the whole model when one of them holds none.
 """
 
 from __future__ import annotations
@@ -44,8 +55,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edge_sdk.protocol import Kind, tensors_body
+from edge_sdk.protocol import Kind
 
+from ..downstream import ModelVersions
 from .link import ServerLink
 
 __all__ = ["Delivery"]
@@ -66,6 +78,10 @@ class _Follow:
 
 
 _EVERY_MODEL = _Follow()
+#: What a device is sent of a model: (client id, key) -> (meta, body).
+Payloads = Callable[[str, str], tuple[dict[str, Any], bytes]]
+#: What goes on a model's cluster topic for its needers (``"cluster"`` delivery): (key, needers) -> (meta, body).
+TopicPayload = Callable[[str, list[str]], tuple[dict[str, Any], bytes]]
 
 
 class Delivery:
@@ -91,6 +107,12 @@ class Delivery:
         self.pending: set[str] = set()
         #: Bytes of models (and encoders) the clients downloaded, per kind (see the module docstring).
         self.delivered: dict[str, int] = {}
+        #: The model versions each device said it holds (its updates name the version they started from).
+        self.held: dict[str, dict[str, int]] = {}
+
+    def note_held(self, cid: str, key: str, version: int) -> None:
+        """Device ``cid`` holds version ``version`` of model ``key`` (it trained from it)."""
+        self.held.setdefault(cid, {})[key] = version
 
     # -- the model topics each device follows ---------------------------------
     def narrow(self, cid: str, key: str, online: bool) -> list[str] | None:
@@ -124,6 +146,7 @@ class Delivery:
         st = self.follow.get(cid)
         if st is not None and st.told is not None:
             st.maybe, st.confirmed = frozenset({"+"}), False
+        self.held.pop(cid, None)  # a restarted device holds no model
 
     def set_online(self, cid: str, online: bool) -> None:
         """Only online devices are waited for to confirm a follow (O(1))."""
@@ -144,32 +167,42 @@ class Delivery:
                         len(self.pending), limit)
 
     # -- sending models -------------------------------------------------------
-    def deliver(self, needs: Mapping[str, Any], messages: Mapping[str, tuple[dict[str, Any], bytes]],
-                counter: str) -> tuple[int, dict[str, int]]:
-        """Get each client of ``needs`` (client id -> model keys) the ``messages`` (key -> meta, body) it needs.
+    def deliver(self, needs: Mapping[str, Any], messages: Mapping[str, tuple[dict[str, Any], bytes]] | Payloads,
+                counter: str, topic_payload: TopicPayload | None = None) -> tuple[int, dict[str, int]]:
+        """Get each client of ``needs`` (client id -> model keys) the message it needs of each key.
 
-        On the cluster topics or per client, by ``mode`` (``ServerConfig.model_delivery``, see
-        the module docstring); adds the bytes the clients download to
+        ``messages``: key -> (meta, body), the same for every client, or a
+        function (client id, key) -> (meta, body) (a compressed model: it
+        depends on the version the client holds). On the cluster topics or per
+        client, by ``mode`` (``ServerConfig.model_delivery``, see the module
+        docstring); ``topic_payload`` (key, its needers) gives what goes on a
+        topic in ``"cluster"`` mode. Adds the bytes the clients download to
         ``delivered[counter]``. Returns those bytes and the publications:
         ``{"cluster_topic": n, "per_device": m}``.
         """
+        payload_of: Payloads = messages if callable(messages) else (lambda cid, key: messages[key])
         needs = {cid: sorted(set(keys)) for cid, keys in needs.items()}
         keys = sorted({k for ks in needs.values() for k in ks})
         total = 0
-        on_topic: dict[str, set[str]] = {}
+        on_topic: dict[str, tuple[set[str], tuple[dict[str, Any], bytes]]] = {}
         if self.mode == "cluster":
             receivers = set(self.online()) | set(needs)  # every online client subscribes to clusters/+/model
-            on_topic = {key: receivers for key in keys}
+            for key in keys:
+                needers = sorted(c for c, ks in needs.items() if key in ks)
+                on_topic[key] = (receivers, topic_payload(key, needers) if topic_payload else
+                                 payload_of(needers[0], key))
         elif self.mode == "auto":
-            on_topic = self.topic_receivers(needs, keys)
-        for key, receivers in sorted(on_topic.items()):
-            meta, body = messages[key]
+            for key, got in self.topic_receivers(needs, keys).items():
+                payloads = {id(p): p for p in (payload_of(c, key) for c in sorted(got))}
+                if len(payloads) == 1:  # the same bytes for all of them (the same version held)
+                    on_topic[key] = (got, next(iter(payloads.values())))
+        for key, (receivers, (meta, body)) in sorted(on_topic.items()):
             total += self.link.send(self.link.topics.model(key), Kind.MODEL, meta=meta, body=body) * len(receivers)
         per_device = 0
         for cid, ks in needs.items():
             for key in ks:
-                if cid not in on_topic.get(key, ()):
-                    meta, body = messages[key]
+                if cid not in on_topic.get(key, ((),))[0]:
+                    meta, body = payload_of(cid, key)
                     total += self.link.send(self.link.topics.cmd(cid), Kind.MODEL, meta=meta, body=body)
                     per_device += 1
         self.delivered[counter] = self.delivered.get(counter, 0) + total
@@ -197,12 +230,24 @@ class Delivery:
                     blocked.add(key)
         return {k: r for k, r in receivers.items() if r and k not in blocked}
 
-    def deliver_models(self, needs: Mapping[str, Any],
-                       models: Mapping[str, Mapping[str, np.ndarray]]) -> tuple[int, dict[str, int]]:
-        """Deliver strategy models (key -> its current weights) to the clients that need them."""
-        keys = {k for ks in needs.values() for k in ks}
-        messages = {k: ({"key": k}, tensors_body(models[k])) for k in keys}
-        return self.deliver(needs, messages, "MODEL")
+    def deliver_models(self, needs: Mapping[str, Any], models: Mapping[str, Mapping[str, np.ndarray]],
+                       versions: ModelVersions) -> tuple[int, dict[str, int]]:
+        """Deliver strategy models (key -> its current weights) to the clients that need them.
+
+        Each device gets, of each model, what :meth:`ModelVersions.payload`
+        gives for the version it holds (with compression off: the whole model).
+        """
+        versions.sync(models)  # a model changed outside aggregation goes whole
+
+        def payload_of(cid: str, key: str) -> tuple[dict[str, Any], bytes]:
+            return versions.payload(key, self.held.get(cid, {}).get(key), models[key])
+
+        def topic_payload(key: str, needers: list[str]) -> tuple[dict[str, Any], bytes]:
+            held = [self.held.get(c, {}).get(key) for c in needers]
+            oldest = None if None in held else min(held)
+            return versions.payload(key, oldest, models[key])
+
+        return self.deliver(needs, payload_of, "MODEL", topic_payload)
 
     def send_encoder(self, cids: Iterable[str], message: tuple[dict[str, Any], bytes] | None) -> None:
         """Deliver the federated encoder to ``cids`` (all online ones at once: broadcast, a late one: to it)."""

@@ -45,7 +45,8 @@ def final_evaluation(config: ServerConfig, strategy: Strategy, *, architecture: 
     delivery.await_confirmations(config.round_timeout_s)
     intake.eval_keys = {c: keys[c] for c in asked}
     awaited = intake.expect("metrics", asked, fleet.online_ids)
-    delivered, deliveries = delivery.deliver_models({c: [keys[c]] for c in asked}, strategy.models)
+    delivered, deliveries = delivery.deliver_models({c: [keys[c]] for c in asked}, strategy.models,
+                                                     strategy.versions)
     arch = {"architecture": architecture} if architecture else {}
     if sampled:  # one command for the sample; each device knows its model and whether it is in it
         link.broadcast(Op.EVALUATE, round=intake.round, fraction=config.eval_fraction, seed=config.seed, **arch)

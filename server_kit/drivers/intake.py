@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from edge_sdk.compress import decode_delta
 from edge_sdk.protocol import (
     Kind,
     Message,
@@ -162,8 +163,13 @@ class Intake:
         self.feature_shape = feats.shape
         return feats
 
-    def on_update(self, cid: str, msg: Message) -> None:
-        """A round's update: refused if late, stray or for a model the client was not sent; else recorded."""
+    def on_update(self, cid: str, msg: Message) -> Update | None:
+        """A round's update: refused if late, stray or for a model the client was not sent; else recorded, returned.
+
+        With compression on, the body is the compressed delta from the model
+        version the device names (it must be the version of the round's model),
+        checked whole before anything is decoded (:func:`edge_sdk.compress.decode_delta`).
+        """
         m = msg.meta
         rnd = m["round"]
         closed = rnd < self.round or (rnd == self.round and self.wait is None)
@@ -172,7 +178,7 @@ class Intake:
             self.link.reject("late-update", f"update for round {rnd} arrived after the round closed (now round "
                                              f"{self.round}); refused, the device trains again from the new model",
                              cid)
-            return
+            return None
         wait = self.wait
         if wait is None or rnd != self.round or cid not in self.tasked:
             # a tasked device that names another round than the open one is refused for this round too
@@ -184,10 +190,21 @@ class Intake:
                                                f"{sorted(self.allowed.get(cid, ()))}")
         n = m["n_samples"]  # Strategy.aggregate weighs it by the count the device registered, never more
         # bad tensors raise: the link counts the refusal and tells the round (refuse_update)
-        weights = parse_tensors(msg.body, spec=self.models.spec)
-        self.updates[cid] = Update(cid, rnd, key, weights, n, m.get("loss", float("nan")), m["metrics"])
+        comp = self.strategy.compression
+        if comp.enabled:
+            have = self.strategy.versions.version.get(key)
+            if m.get("version") != have:
+                raise ProtocolError("wrong-version", f"update from model {key!r} version {m.get('version')}; "
+                                                     f"the round's is version {have}")
+            upd = Update(cid, rnd, key, {}, n, m.get("loss", float("nan")), m["metrics"],
+                         delta=decode_delta(msg.body, self.models.spec, comp.method), version=have)
+        else:
+            upd = Update(cid, rnd, key, parse_tensors(msg.body, spec=self.models.spec), n,
+                         m.get("loss", float("nan")), m["metrics"])
+        self.updates[cid] = upd
         wait.answer("update", cid)
         self.pace.note_update(wait, cid)
+        return upd
 
     def on_ae_update(self, cid: str, msg: Message, registered: int) -> None:
         """An autoencoder update (its sample count capped at the ``registered`` one), checked and recorded."""

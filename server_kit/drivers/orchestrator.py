@@ -220,7 +220,9 @@ class Orchestrator:
         elif msg.kind == Kind.UPDATE and intake.phase is Phase.PRETRAIN:
             intake.on_ae_update(cid, msg, state.info.n_samples)
         elif msg.kind == Kind.UPDATE:
-            intake.on_update(cid, msg)
+            upd = intake.on_update(cid, msg)
+            if upd is not None and upd.version is not None:
+                self.delivery.note_held(cid, upd.model_key, upd.version)
         elif msg.kind == Kind.METRICS:
             intake.on_metrics(cid, msg.meta)
         else:
@@ -312,10 +314,13 @@ class Orchestrator:
         wait = intake.open_round(rnd, tasks, self.fleet.online_ids, report_goal=self.config.report_goal)
         # what each client is offered (IFCA: all K), as the devices download it
         delivered, deliveries = self.delivery.deliver_models({t.cid: list(t.models) for t in tasks},
-                                                             self.strategy.models)
+                                                             self.strategy.models, self.strategy.versions)
         log.info("round %d: models once on %d cluster topic(s), %d copies per device", rnd,
                  deliveries["cluster_topic"], deliveries["per_device"])
         arch = {"architecture": self.architecture} if self.architecture else {}
+        comp = self.strategy.compression
+        if comp.enabled:  # the devices send their deltas compressed so, with their error feedback
+            arch["compress"] = comp.to_meta()
         for t in tasks:
             self.link.command(t.cid, Op.TRAIN, round=rnd, models=sorted(t.models), evaluate_first=t.evaluate_first,
                               **arch, **t.settings.to_dict())

@@ -8,6 +8,7 @@ simulator leaves out is the transport: messages, chunking, deadlines.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import tempfile
@@ -18,10 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from edge_sdk.compress import ErrorFeedback
 from edge_sdk.protocol import Kind, sketch_body
 from edge_sdk.protocol.commands import Op, build
 from edge_sdk.sketch import Sketch, Sketcher
-from edge_sdk.worker import LocalWorker
+from edge_sdk.uplink import update_body
+from edge_sdk.worker import LocalWorker, Task, Update
 
 from ..data.partition import ClientData
 from ..metrics import (
@@ -178,6 +181,9 @@ class Simulator:
         self.exported_encoder: Any = None
         self._encoder_tmp: tempfile.TemporaryDirectory[str] | None = None
         self._size_cache: dict[Any, int] = {}
+        #: Compression on: each device's error feedback, and the model versions it holds.
+        self._feedback: dict[str, ErrorFeedback] = {}
+        self._held: dict[str, dict[str, int]] = {}
         self.workers = {
             c.cid: LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test,
                                architecture=architecture, num_classes=num_classes, seed=seed * 1000 + i)
@@ -286,9 +292,7 @@ class Simulator:
             drift = self._drift_step(rnd, s, ledger, result)
             tasks = s.configure_round(rnd, cids)
             self._count_tasks(ledger, tasks)
-            updates = [self.workers[t.cid].fit(t) for t in tasks]
-            for u in updates:
-                ledger.add("UPDATE", "up", self._update_bytes(u))
+            updates = [self._uplink(t, self.workers[t.cid].fit(t), ledger) for t in tasks]
             summary = s.aggregate(rnd, updates)
             if drift:
                 summary["drift"] = drift
@@ -345,12 +349,43 @@ class Simulator:
                  res.history[-1]["loss"], exp.nbytes)
 
     def _count_tasks(self, ledger: CommLedger, tasks) -> None:
-        """A train command and every model offered, per client (IFCA offers K)."""
+        """A train command and every model offered, per client (IFCA offers K).
+
+        With compression on, each model as the device would get it: the chain of
+        changes since the version it holds, or the whole model
+        (:meth:`server_kit.downstream.ModelVersions.payload`); it then holds the current version.
+        """
+        versions = self.strategy.versions
+        comp = {"compress": versions.compression.to_meta()} if versions.enabled else {}
+        versions.sync(self.strategy.models)
         for t in tasks:
             ledger.add("CMD", "down", message_bytes(Kind.CMD, meta=build(
-                Op.TRAIN, round=t.round, models=sorted(t.models), **t.settings.to_dict())))
+                Op.TRAIN, round=t.round, models=sorted(t.models), **comp, **t.settings.to_dict())))
             for key, w in t.models.items():
-                ledger.add("MODEL", "down", self._model_bytes(key, w))
+                if not versions.enabled:
+                    ledger.add("MODEL", "down", self._model_bytes(key, w))
+                    continue
+                held = self._held.setdefault(t.cid, {})
+                meta, body = versions.payload(key, held.get(key), w)
+                ledger.add("MODEL", "down", message_bytes(Kind.MODEL, body, meta))
+                held[key] = versions.version[key]
+
+    def _uplink(self, task: Task, u: Update, ledger: CommLedger) -> Update:
+        """A trained update as the server gets it: whole, or its delta compressed with the device's feedback.
+
+        The bytes counted are those of the real encoded body
+        (:func:`edge_sdk.uplink.update_body`, what a device sends).
+        """
+        versions = self.strategy.versions
+        if not versions.enabled:
+            ledger.add("UPDATE", "up", self._update_bytes(u))
+            return u
+        feedback = self._feedback.setdefault(u.cid, ErrorFeedback(versions.compression))
+        body, sent = update_body(u, task.models[u.model_key], feedback, versions.compression)
+        meta = {"round": u.round, "model_key": u.model_key, "n_samples": u.n_samples, "loss": u.loss,
+                "metrics": dict(u.metrics), "version": versions.version[u.model_key]}
+        ledger.add("UPDATE", "up", message_bytes(Kind.UPDATE, body, meta))
+        return dataclasses.replace(u, weights={}, delta=sent, version=versions.version[u.model_key])
 
     def _model_bytes(self, key: str, weights) -> int:
         # the size depends only on names, shapes and dtypes: computed once per model key

@@ -59,6 +59,10 @@ def check_carry(strategy: Any, *, flip_prob: float, num_rounds: int | None = Non
         raise ValueError(f"strategy {strategy.name!r} pre-trains its autoencoder with the devices "
                          "(pretrain=...), which the Flower adapter does not carry; give the nodes a "
                          "ready ONNX encoder (strategy 'fedsketch') or run it over MQTT")
+    if strategy.compression.enabled:
+        raise ValueError(f"compression {strategy.compression} is carried over MQTT only: Flower's ArrayRecords move "
+                         "whole float32 arrays both ways, and its nodes keep no model version between rounds; "
+                         "build the strategy with compression='none' for Flower")
     if strategy.follows_drift:
         raise ValueError("follow_drift needs devices that send a sketch unasked when their data changes; "
                          "Flower nodes only answer the server, so the Flower adapter does not carry it")

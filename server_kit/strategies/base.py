@@ -11,7 +11,7 @@ The hooks cover the three families of the literature:
 * clustering **before** training from client sketches (ours, LADD):
   ``needs_sketches = True`` and :meth:`Strategy.on_sketches`;
 * clustering **during** training from model updates (CFL, OCFL, Briggs):
-  :meth:`Strategy.aggregate_round` sees every update and may split clusters;
+  its private hook ``_combine`` sees every update and may split clusters;
 * clustering **every round** from client-side choices (IFCA):
   :meth:`Strategy.configure_round` offers several models per task and the
   client reports which one it trained (``Update.model_key``).
@@ -23,6 +23,7 @@ tensors) so a driver can checkpoint it after every round
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from abc import ABC, abstractmethod
@@ -32,10 +33,12 @@ from typing import Any
 
 import numpy as np
 
+from edge_sdk.compress import Compression
 from edge_sdk.sketch import Sketch
 from edge_sdk.worker import Task, TrainSettings, Update
 
 from ..aggregate import StreamingFedAvg
+from ..downstream import ModelVersions
 from ..robust import (
     DEFAULT_NORM_BOUND,
     DEFAULT_REFUSE_ABOVE,
@@ -96,8 +99,10 @@ class Strategy(ABC):
     """Base of every method. Subclasses fill the hooks; drivers call them in order:
 
     ``setup`` once; ``on_sketches`` once if ``needs_sketches``; then per round
-    ``configure_round`` -> (clients train) -> ``aggregate`` (which screens the
-    updates, then calls the subclass's ``aggregate_round``);
+    ``configure_round`` -> (clients train) -> ``aggregate``, the one entry
+    point of aggregation: it decompresses and screens the updates, calls the
+    subclass's private hook ``_combine`` on the rest, then compresses the
+    models' changes for the way down (:class:`server_kit.downstream.ModelVersions`);
     ``model_for`` to evaluate a client; ``assign_late`` for a client that
     joins after clustering.
 
@@ -120,6 +125,9 @@ class Strategy(ABC):
         With ``norm_bound`` on, refuse updates above this multiple of the
         round's median update norm (0 or None: only non-finite ones).
         Default :data:`server_kit.robust.DEFAULT_REFUSE_ABOVE`.
+    compression : Compression or str, optional
+        How updates come up and models go down (:class:`edge_sdk.compress.Compression`,
+        or its text: ``"topk:0.01"``); default ``none``: whole float32 models both ways.
     """
 
     name: str = "base"
@@ -131,13 +139,29 @@ class Strategy(ABC):
     summary_kind: str = "sketch"
     #: Keyword arguments of the client-side summary function.
     summary_params: Mapping[str, Any] = {}
+    #: Why the method cannot take compressed updates (None: it can): refused at start with this reason.
+    refuses_compression: str | None = None
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        for name in ("aggregate", "aggregate_round"):
+            if name in cls.__dict__:
+                raise TypeError(f"{cls.__name__} defines {name}: a strategy implements the private hook _combine; "
+                                "Strategy.aggregate (decompression, screening, the models' versions) is the one "
+                                "entry point and is not overridden")
 
     def __init__(self, *, settings: TrainSettings | None = None, fraction: float = 1.0, seed: int = 0,
                  aggregator: str = "fedavg", norm_bound: float | None = DEFAULT_NORM_BOUND,
                  trim_fraction: float = DEFAULT_TRIM_FRACTION,
-                 refuse_above: float | None = DEFAULT_REFUSE_ABOVE) -> None:
+                 refuse_above: float | None = DEFAULT_REFUSE_ABOVE,
+                 compression: Compression | str | None = None) -> None:
         if not 0.0 < float(fraction) <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+        comp = compression if isinstance(compression, Compression) else Compression.parse(compression or "none")
+        if comp.enabled and self.refuses_compression:
+            raise ValueError(f"strategy {self.name!r} cannot use --compress {comp}: {self.refuses_compression}")
+        #: The models' versions and their compressed changes (nothing tracked with compression off).
+        self.versions = ModelVersions(comp)
         self.robust = RobustConfig(aggregator=aggregator, norm_bound=norm_bound, trim_fraction=trim_fraction,
                                    refuse_above=refuse_above)
         self.settings = settings or TrainSettings()
@@ -221,18 +245,36 @@ class Strategy(ABC):
         except KeyError:  # a device without a cluster yet
             return False
 
+    @property
+    def compression(self) -> Compression:
+        """How the run's updates come up and its models go down."""
+        return self.versions.compression
+
     @abstractmethod
-    def aggregate_round(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
-        """Combine the round's updates; returns a summary for the logs.
+    def _combine(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+        """The private hook: combine the round's decompressed, screened updates; a summary for the logs.
 
         Subclasses combine each model's updates with :meth:`new_aggregator`
-        (the run's FedAvg, trimmed mean or median). Drivers call
-        :meth:`aggregate`, which screens the updates first.
+        (the run's FedAvg, trimmed mean or median). Only :meth:`aggregate`
+        calls it.
         """
 
-    def aggregate(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
-        """Screen the round's updates, then :meth:`aggregate_round` the rest; what drivers call.
+    def _decompressed(self, updates: Sequence[Update]) -> list[Update]:
+        """Compressed updates (a decoded ``delta``) as whole weights: the model they started from plus the delta."""
+        out = []
+        for u in updates:
+            if u.delta is not None:
+                base = self.models[u.model_key]
+                u = dataclasses.replace(u, delta=None, weights={
+                    n: np.asarray(np.add(base[n], u.delta[n], dtype=np.float32)) for n in base})
+            out.append(u)
+        return out
 
+    def aggregate(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+        """The one entry point of aggregation, what drivers call: decompress, screen, combine, version.
+
+        Compressed updates are decompressed against the models they started
+        from (the drivers checked that each names the version of the round).
         Screening, against the models the updates started from
         (``self.models[u.model_key]``, before aggregation): sample counts
         above the client's registered count are capped at it; with norm
@@ -244,20 +286,23 @@ class Strategy(ABC):
         Returns
         -------
         dict
-            The summary of :meth:`aggregate_round` plus ``clipped``,
+            The summary of :meth:`_combine` plus ``clipped``,
             ``refused_norm``, ``capped_samples``, ``norm_median``,
             ``norm_max_ratio`` (largest finite norm over the median),
             ``norm_bound`` and ``refuse_bound`` (absolute, None when off) and
             ``aggregator``.
         """
         registered = {cid: c.n_samples for cid, c in self.clients.items()}
-        capped_updates, capped = cap_samples(updates, registered)
+        capped_updates, capped = cap_samples(self._decompressed(updates), registered)
         screened, report = screen_updates(capped_updates, self.models, self.robust.norm_bound,
                                           refuse_above=self.robust.refuse_above, rnd=rnd)
-        summary = dict(self.aggregate_round(rnd, screened))
+        summary = dict(self._combine(rnd, screened))
         summary.update(report.as_dict())
         summary["capped_samples"] = capped
         summary["aggregator"] = self.robust.aggregator
+        moved = self.versions.commit(self.models)
+        if moved:
+            summary["versions"] = moved
         return summary
 
     def new_aggregator(self, template: Weights, *, include: Sequence[str] | None = None
@@ -309,7 +354,10 @@ class Strategy(ABC):
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """JSON-able state and named tensors, for checkpoints."""
         tensors = {f"{key}/{name}": v for key, w in self.models.items() for name, v in w.items()}
-        return {"name": self.name, "models": sorted(self.models)}, tensors
+        meta: dict[str, Any] = {"name": self.name, "models": sorted(self.models)}
+        if self.versions.enabled:
+            meta["versions"] = self.versions.state()
+        return meta, tensors
 
     def load_state(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
         if meta.get("name") != self.name:
@@ -319,4 +367,5 @@ class Strategy(ABC):
             key, _, name = full.partition("/")
             models[key][name] = np.array(v)
         self.models = models
+        self.versions.load_state(meta.get("versions", {}), models)
 

@@ -251,6 +251,8 @@ class CFL(ClusteredFedAvg):
     """
 
     name = "cfl"
+    refuses_compression = ("it splits clusters by the cosine similarities of the devices' whole model "
+                           "updates; compressed updates would change its splits")
 
     def __init__(self, *, eps1: float = 0.4, eps2: float = 1.6, warmup_rounds: int = 20, min_cluster_size: int = 2,
                  max_clusters: int | None = None, gamma_max: float | None = None, linkage: str = "complete",
@@ -301,7 +303,7 @@ class CFL(ClusteredFedAvg):
         return self.key(k)
 
     # -- one round -----------------------------------------------------------------
-    def aggregate_round(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+    def _combine(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
         """Test every cluster for a split on its updates, then FedAvg over the (new) clusters."""
         self.last_norms_ = {}
         by_key: dict[str, list[Update]] = {}
@@ -326,7 +328,7 @@ class CFL(ClusteredFedAvg):
                     remap[u.cid] = child
         if remap:
             updates = [dataclasses.replace(u, model_key=remap[u.cid]) if u.cid in remap else u for u in updates]
-        summary = super().aggregate_round(rnd, updates)
+        summary = super()._combine(rnd, updates)
         summary["clusters"] = len(set(self.assignment.values()))
         summary["norms"] = {k: {"mean": v["mean_norm"], "max": v["max_norm"], "decision": v["decision"]}
                             for k, v in self.last_norms_.items()}

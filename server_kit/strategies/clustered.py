@@ -79,7 +79,7 @@ class ClusteredFedAvg(Strategy):
     def _is_shared(self, name: str) -> bool:
         return bool(self.shared_prefixes) and name.startswith(self.shared_prefixes)
 
-    def aggregate_round(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+    def _combine(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
         summary: dict[str, Any] = {}
         accepted = 0
         for key in sorted(self.models):

@@ -22,7 +22,7 @@ class FedAvg(Strategy):
         model = self.models[self.default_key]
         return [Task(cid, rnd, {self.default_key: model}, self.settings) for cid in chosen]
 
-    def aggregate_round(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+    def _combine(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
         agg = self.new_aggregator(self.models[self.default_key])
         accepted = add_updates(agg, updates, self.default_key)
         if accepted:

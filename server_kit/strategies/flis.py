@@ -210,9 +210,9 @@ class FLISHC(AuxInference, UpdateClustered):
                 log.warning("%s: client %s has no predictions; it joins the largest cluster", self.name, u.cid)
         return [by_cid.get(u.cid, largest) for u in updates]
 
-    def aggregate_round(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+    def _combine(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
         was = self.clustered
-        summary = super().aggregate_round(rnd, updates)
+        summary = super()._combine(rnd, updates)
         if self.clustered and not was and self.cluster_init == "initial":
             for key in self.models:  # Algorithm 3, line 7: every cluster starts from the initial model
                 self.models[key] = copy_weights(self._template)
@@ -291,6 +291,8 @@ class FLISDC(AuxInference, Strategy):
     """
 
     name = "flis-dc"
+    refuses_compression = ("it clusters the devices every round by running their whole trained models on its "
+                           "auxiliary set; a compressed update would give it another model")
 
     def __init__(self, *, threshold: float = 0.4, **kw: Any) -> None:
         super().__init__(**kw)
@@ -345,7 +347,7 @@ class FLISDC(AuxInference, Strategy):
         keys = self.cluster_keys()
         return [Task(c, rnd, {key: self.models[key] for key in keys}, self.settings) for c in chosen]
 
-    def aggregate_round(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+    def _combine(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
         """Threshold the round's inference similarity; one FedAvg model per distinct cluster."""
         usable = []
         for u in sorted(updates, key=lambda u: u.cid):

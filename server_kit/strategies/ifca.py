@@ -114,7 +114,7 @@ class IFCA(Strategy):
             offers = {c: self.keys for c in chosen}
         return [Task(c, rnd, {key: self.models[key] for key in offers[c]}, self.settings) for c in chosen]
 
-    def aggregate_round(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+    def _combine(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
         """FedAvg per chosen model; remember each client's choice."""
         summary: dict[str, Any] = {}
         accepted = 0

@@ -67,6 +67,8 @@ class UpdateClustered(ClusteredFedAvg):
     """
 
     name = "update-clustered"
+    refuses_compression = ("it clusters the devices by their whole model updates; a compressed update is "
+                           "another vector, and the clusters would change")
 
     def __init__(self, *, max_warmup_rounds: int = 10, warmup_fraction: float = 1.0, **kw: Any) -> None:
         super().__init__(**kw)
@@ -104,9 +106,9 @@ class UpdateClustered(ClusteredFedAvg):
         model = self.models[self.default_key]
         return [Task(c, rnd, {self.default_key: model}, self.settings) for c in pool]
 
-    def aggregate_round(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+    def _combine(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
         if self.clustered:
-            return super().aggregate_round(rnd, updates)
+            return super()._combine(rnd, updates)
         reference = self.models[self.default_key]
         usable = [u for u in updates if u.model_key == self.default_key and finite_update(u)]
         kept = {id(u) for u in usable}
@@ -114,7 +116,7 @@ class UpdateClustered(ClusteredFedAvg):
             if id(u) not in kept:
                 log.warning("round %d: update of %s not used for clustering (model %r or non-finite weights)",
                             rnd, u.cid, u.model_key)
-        summary = super().aggregate_round(rnd, updates)  # FedAvg of the global model
+        summary = super()._combine(rnd, updates)  # FedAvg of the global model
         usable = sorted(usable, key=lambda u: u.cid)
         force = rnd >= self.max_warmup_rounds
         if not usable:

@@ -144,7 +144,7 @@ def test_opposite_updates_split_exactly_and_children_average_their_own_members(c
     tasks = s.configure_round(1, list("abcd"))
     assert [(t.cid, *t.models) for t in tasks] == [(c, "c0") for c in "abcd"]
     with caplog.at_level(logging.INFO, logger="server_kit.strategies.cfl"):
-        summary = s.aggregate_round(1, [upd("a", V), upd("b", 2 * V), upd("c", -V), upd("d", -2 * V)])
+        summary = s._combine(1, [upd("a", V), upd("b", 2 * V), upd("c", -V), upd("d", -2 * V)])
     assert s.clusters() == {"a": 1, "b": 1, "c": 2, "d": 2}
     assert sorted(s.models) == ["c1", "c2"]
     np.testing.assert_allclose(flat(s.models["c1"]), 1.5 * V)  # parent (0) + mean of a's and b's updates
@@ -169,7 +169,7 @@ def test_opposite_updates_split_exactly_and_children_average_their_own_members(c
 ])
 def test_no_split_and_why(vectors, kw, decision):
     s = cfl("abcd", **kw)
-    s.aggregate_round(1, [upd(c, v) for c, v in zip("abcd", vectors)])
+    s._combine(1, [upd(c, v) for c, v in zip("abcd", vectors)])
     assert s.clusters() == dict.fromkeys("abcd", 0) and sorted(s.models) == ["c0"] and s.split_history_ == []
     assert s.last_norms_["c0"]["decision"] == decision
     np.testing.assert_allclose(flat(s.models["c0"]), np.mean(vectors, axis=0), atol=1e-6)  # FedAvg went on
@@ -177,10 +177,10 @@ def test_no_split_and_why(vectors, kw, decision):
 
 def test_too_few_updates_and_min_cluster_size_one():
     s = cfl("abcd")
-    s.aggregate_round(1, [upd("a", V), upd("b", -V), upd("c", -V)])  # 3 updates < 2 * min_cluster_size
+    s._combine(1, [upd("a", V), upd("b", -V), upd("c", -V)])  # 3 updates < 2 * min_cluster_size
     assert s.last_norms_["c0"]["decision"] == "too-few-updates" and s.split_history_ == []
     s = cfl("abcd", min_cluster_size=1)
-    s.aggregate_round(1, [upd(c, v) for c, v in zip("abcd", [V, V, V, -3 * V])])
+    s._combine(1, [upd(c, v) for c, v in zip("abcd", [V, V, V, -3 * V])])
     assert s.clusters() == {"a": 1, "b": 1, "c": 1, "d": 2}
 
 
@@ -189,13 +189,13 @@ def test_gamma_max_accepts_a_split_only_below_the_cross_similarity_bound():
     u2 = np.array([1.8, 2.4, 0.0, 0.0, 0.0])  # cos(u1, u2) = 0.6; mean norm 2.68, max norm 3
     ups = [upd("a", u1), upd("b", u1), upd("c", u2), upd("d", u2)]
     refused = cfl("abcd", eps1=2.8, eps2=2.8, gamma_max=0.5)  # needs alpha_cross < 1 - 2 * 0.25 = 0.5
-    refused.aggregate_round(1, ups)
+    refused._combine(1, ups)
     assert refused.last_norms_["c0"]["decision"] == "gamma" and refused.split_history_ == []
     assert refused.last_norms_["c0"]["cross_similarity"] == pytest.approx(0.6)
     accepted = cfl("abcd", eps1=2.8, eps2=2.8, gamma_max=0.3)  # alpha_cross < 1 - 2 * 0.09 = 0.82
-    accepted.aggregate_round(1, ups)
+    accepted._combine(1, ups)
     assert accepted.clusters() == {"a": 1, "b": 1, "c": 2, "d": 2}
-    assert cfl("abcd", eps1=2.8, eps2=2.8).aggregate_round(1, ups)["clusters"] == 2  # no gamma test
+    assert cfl("abcd", eps1=2.8, eps2=2.8)._combine(1, ups)["clusters"] == 2  # no gamma test
 
 
 def four_directions(model_keys, rnd):
@@ -218,7 +218,7 @@ CIDS8 = ["a1", "a2", "b1", "b2", "c1", "c2", "d1", "d2"]
 
 def test_splits_are_recursive_and_state_round_trips():
     s = cfl(CIDS8)
-    s.aggregate_round(1, with_reference(s, four_directions(dict.fromkeys(CIDS8, "c0"), 1)))
+    s._combine(1, with_reference(s, four_directions(dict.fromkeys(CIDS8, "c0"), 1)))
     assert s.clusters() == {c: 1 if c[0] in "ab" else 2 for c in CIDS8}
     np.testing.assert_allclose(flat(s.models["c1"]), [2, 0, 0, 0, 0])
 
@@ -233,7 +233,7 @@ def test_splits_are_recursive_and_state_round_trips():
 
     for strategy in (s, restored):
         keys = {c: strategy.model_key_for(c) for c in CIDS8}
-        strategy.aggregate_round(2, with_reference(strategy, four_directions(keys, 2)))
+        strategy._combine(2, with_reference(strategy, four_directions(keys, 2)))
         assert strategy.clusters() == {"a1": 3, "a2": 3, "b1": 4, "b2": 4, "c1": 5, "c2": 5, "d1": 6, "d2": 6}
         assert [(h["round"], h["parent"], h["children"]) for h in strategy.split_history_] == \
             [(1, 0, [1, 2]), (2, 1, [3, 4]), (2, 2, [5, 6])]
@@ -244,9 +244,9 @@ def test_splits_are_recursive_and_state_round_trips():
 
 def test_max_clusters_stops_the_recursion():
     s = cfl(CIDS8, max_clusters=3)
-    s.aggregate_round(1, with_reference(s, four_directions(dict.fromkeys(CIDS8, "c0"), 1)))
+    s._combine(1, with_reference(s, four_directions(dict.fromkeys(CIDS8, "c0"), 1)))
     keys = {c: s.model_key_for(c) for c in CIDS8}
-    s.aggregate_round(2, with_reference(s, four_directions(keys, 2)))
+    s._combine(2, with_reference(s, four_directions(keys, 2)))
     assert len(set(s.clusters().values())) == 3
     assert s.last_norms_["c1"]["decision"] == "split" and s.last_norms_["c2"]["decision"] == "max-clusters"
 
@@ -256,7 +256,7 @@ def test_a_nan_update_is_ignored_and_its_client_joins_the_larger_child(caplog):
     bad = V.copy()
     bad[3] = np.nan
     with caplog.at_level(logging.INFO, logger="server_kit.strategies.cfl"):
-        summary = s.aggregate_round(1, [upd("a", V), upd("b", V), upd("c", -V), upd("d", -V), upd("e", bad)])
+        summary = s._combine(1, [upd("a", V), upd("b", V), upd("c", -V), upd("d", -V), upd("e", bad)])
     assert "update of e for c0 not used (tensor 'fc.w' holds NaN or Inf)" in caplog.text
     assert "client e of cluster 0 sent no usable update; it joins the larger child 1" in caplog.text
     assert s.clusters() == {"a": 1, "b": 1, "c": 2, "d": 2, "e": 1}
@@ -268,7 +268,7 @@ def test_a_nan_update_is_ignored_and_its_client_joins_the_larger_child(caplog):
 
 def test_shared_layers_stay_averaged_over_all_clients_after_a_split():
     s = cfl("abcd", shared_prefixes=("conv.",))
-    s.aggregate_round(1, [upd("a", V), upd("b", 2 * V), upd("c", -V), upd("d", -2 * V)])
+    s._combine(1, [upd("a", V), upd("b", 2 * V), upd("c", -V), upd("d", -2 * V)])
     np.testing.assert_allclose(s.models["c1"]["conv.w"], 0.0)  # mean over all four
     np.testing.assert_allclose(s.models["c2"]["conv.w"], 0.0)
     np.testing.assert_allclose(s.models["c1"]["fc.w"], 1.5 * V[2:])  # per child
@@ -276,7 +276,7 @@ def test_shared_layers_stay_averaged_over_all_clients_after_a_split():
 
 def test_late_client_joins_the_largest_cluster():
     s = cfl("abcde", min_cluster_size=1)
-    s.aggregate_round(1, [upd("a", V), upd("b", V), upd("c", V), upd("d", -V), upd("e", -2 * V)])
+    s._combine(1, [upd("a", V), upd("b", V), upd("c", V), upd("d", -V), upd("e", -2 * V)])
     assert s.clusters() == {"a": 1, "b": 1, "c": 1, "d": 2, "e": 2}
     assert s.assign_late("new", None, ClientInfo("new", 5)) == "c1"
     assert s.clusters()["new"] == 1 and "new" in s.clients

@@ -208,7 +208,7 @@ def test_hc_ignores_a_nan_update_restarts_clusters_from_the_initial_model_and_ro
     bad["fc2.weight"][0, 0] = np.nan
     # a and b send the same model, c and d another: two clusters; the NaN update is not used
     ups = [upd("a", weights(1)), upd("b", weights(1)), upd("c", weights(2)), upd("d", weights(2)), upd("e", bad)]
-    summary = s.aggregate_round(1, ups)
+    summary = s._combine(1, ups)
     assert "update of e not used for clustering" in caplog.text
     assert summary["clusters"] == 2 and summary["updates"] == 4 and summary["rejected"] == 1
     assert s.clusters() == {"a": 0, "b": 0, "c": 1, "d": 1}
@@ -230,7 +230,7 @@ def test_hc_ignores_a_nan_update_restarts_clusters_from_the_initial_model_and_ro
 
     g = make(FLISHC, digits, distance_threshold=0.3, cluster_init="global")
     g.setup([ClientInfo(c, 10) for c in cids], template)
-    g.aggregate_round(1, ups[:4])
+    g._combine(1, ups[:4])
     avg = (weights(1)["fc1.weight"] + weights(2)["fc1.weight"]) / 2  # the round's FedAvg, equal weights
     np.testing.assert_allclose(g.models["c0"]["fc1.weight"], avg, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(g.models["c1"]["fc1.weight"], avg, rtol=1e-5, atol=1e-6)
@@ -239,7 +239,7 @@ def test_hc_ignores_a_nan_update_restarts_clusters_from_the_initial_model_and_ro
 def test_hc_waits_for_its_cluster_round(digits):
     s = make(FLISHC, digits, cluster_round=2)
     s.setup([ClientInfo(c, 10) for c in "ab"], weights(0))
-    assert s.aggregate_round(1, [upd("a", weights(1)), upd("b", weights(2))]) == {"global": 2, "updates": 2,
+    assert s._combine(1, [upd("a", weights(1)), upd("b", weights(2))]) == {"global": 2, "updates": 2,
                                                                                     "rejected": 0}
     assert not s.clustered and s.similarity_ is None
 
@@ -253,7 +253,7 @@ def test_dc_reclusters_every_round_offers_all_models_and_round_trips(digits, cap
     bad["conv1.bias"][2] = np.inf
     ups = [upd("a", weights(1), n=10), upd("b", weights(1), n=30), upd("c", weights(2)), upd("d", weights(2)),
            upd("e", bad)]
-    summary = s.aggregate_round(1, ups)
+    summary = s._combine(1, ups)
     assert "update of e has non-finite weights; ignored" in caplog.text
     assert summary == {"updates": 4, "rejected": 1, "clusters": 2}
     assert s.members_ == [["a", "b"], ["c", "d"]] and sorted(s.models) == ["c0", "c1"]
@@ -263,7 +263,7 @@ def test_dc_reclusters_every_round_offers_all_models_and_round_trips(digits, cap
     assert [sorted(t.models) for t in tasks] == [["c0", "c1"]] * 5
 
     # round 2: only a and c train (c now like a): one cluster; b and d are placed by their old predictions
-    summary = s.aggregate_round(2, [upd("a", weights(1), 2, "c0"), upd("c", weights(1), 2, "c1"),
+    summary = s._combine(2, [upd("a", weights(1), 2, "c0"), upd("c", weights(1), 2, "c1"),
                                     upd("x", weights(1), 2, "global")])
     assert "update of x names unknown model 'global'" in caplog.text
     assert summary == {"updates": 2, "rejected": 1, "clusters": 1}
@@ -301,10 +301,10 @@ class WithHC(FLISDC):
         super().setup(clients, template)
         self.hc.setup(clients, template)
 
-    def aggregate_round(self, rnd, updates):
+    def _combine(self, rnd, updates):
         if rnd == 1:
-            self.hc.aggregate_round(rnd, updates)
-        return super().aggregate_round(rnd, updates)
+            self.hc._combine(rnd, updates)
+        return super()._combine(rnd, updates)
 
 
 def run_both(digits, clients, rounds=1, rotations=1, hc=None, dc=None):

@@ -37,7 +37,7 @@ def test_ifca_averages_per_chosen_model_and_remembers_choices():
         Update("b", 2, "c0", w(3, 3), 30, 0.0),
         Update("c", 2, "c1", w(5, 5), 20, 0.0),
     ]
-    summary = s.aggregate_round(2, updates)
+    summary = s._combine(2, updates)
     assert summary == {"c0": 2, "c1": 1, "updates": 3, "rejected": 0}
     np.testing.assert_allclose(s.models["c0"]["fc.w"], 2.5)  # (1*10 + 3*30) / 40
     np.testing.assert_allclose(s.models["c1"]["conv.w"], 5.0)
@@ -51,7 +51,7 @@ def test_ifca_rejects_a_nan_update_with_a_warning(caplog):
     bad = w(1, 1)
     bad["fc.w"][0] = np.nan
     before = {k: v.copy() for k, v in s.models["c1"].items()}
-    summary = s.aggregate_round(2, [Update("a", 2, "c1", bad, 5, 0.0), Update("b", 2, "c0", w(2, 2), 5, 0.0)])
+    summary = s._combine(2, [Update("a", 2, "c1", bad, 5, 0.0), Update("b", 2, "c0", w(2, 2), 5, 0.0)])
     assert summary["updates"] == 1 and summary["rejected"] == 1
     np.testing.assert_array_equal(s.models["c1"]["fc.w"], before["fc.w"])
     assert "update of a for c1 rejected" in caplog.text
@@ -79,7 +79,7 @@ def test_ifca_initial_models_differ_and_first_round_offers_one():
 def test_ifca_state_round_trips():
     s = IFCA(k=2, seed=3)
     s.setup([ClientInfo(c, 1) for c in "abcd"], w(0, 0))
-    s.aggregate_round(2, [Update("a", 2, "c1", w(4, 4), 5, 0.0), Update("b", 2, "c0", w(2, 2), 5, 0.0)])
+    s._combine(2, [Update("a", 2, "c1", w(4, 4), 5, 0.0), Update("b", 2, "c0", w(2, 2), 5, 0.0)])
     meta, tensors = s.state()
     t = IFCA(k=2, seed=3)
     t.setup([ClientInfo(c, 1) for c in "abcd"], w(9, 9))

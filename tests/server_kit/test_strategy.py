@@ -38,7 +38,7 @@ def test_clustered_fedavg_shares_base_layers_and_keeps_heads_per_cluster():
         Update("c", 1, "c1", w(5, 5), 20, 0.0),
         Update("d", 1, "c1", w(7, 7), 40, 0.0),
     ]
-    s.aggregate_round(1, updates)
+    s._combine(1, updates)
     # heads per cluster: (1*10 + 3*30) / 40 = 2.5 and (5*20 + 7*40) / 60 = 6.333...
     np.testing.assert_allclose(s.models["c0"]["fc.w"], 2.5)
     np.testing.assert_allclose(s.models["c1"]["fc.w"], 380 / 60, rtol=1e-6)
@@ -52,7 +52,7 @@ def test_nan_update_is_dropped_and_the_rest_aggregated(caplog):
     s.setup([ClientInfo("a", 1), ClientInfo("b", 1)], w(0, 0))
     bad = w(1, 1)
     bad["fc.w"][0] = np.nan
-    summary = s.aggregate_round(1, [Update("a", 1, "global", bad, 5, 0.0), Update("b", 1, "global", w(2, 4), 5, 0.0)])
+    summary = s._combine(1, [Update("a", 1, "global", bad, 5, 0.0), Update("b", 1, "global", w(2, 4), 5, 0.0)])
     assert summary == {"updates": 1, "rejected": 1}
     np.testing.assert_allclose(s.models["global"]["fc.w"], 4.0)
     assert "update of a for global rejected" in caplog.text

@@ -95,10 +95,10 @@ def test_update_clustered_warms_up_then_children_inherit_the_global_model(caplog
     s.setup([ClientInfo(c, 10) for c in "abcde"], _w(0.0))
     tasks = s.configure_round(1, list("abcde"))
     assert [t.cid for t in tasks] == list("abcde") and all(set(t.models) == {"global"} for t in tasks)
-    s.aggregate_round(1, [Update(c, 1, "global", _w(v), 10, 0.0) for c, v in zip("abcd", (1, 1, -1, -1))])
+    s._combine(1, [Update(c, 1, "global", _w(v), 10, 0.0) for c, v in zip("abcd", (1, 1, -1, -1))])
     assert not s.clustered and s.models["global"]["x"][0] == 0.0
     with caplog.at_level(logging.WARNING):
-        summary = s.aggregate_round(2, [Update(c, 2, "global", _w(v), 10, 0.0) for c, v in
+        summary = s._combine(2, [Update(c, 2, "global", _w(v), 10, 0.0) for c, v in
                                         zip("abcd", (1, 3, -1, -1))])
     assert summary["clusters"] == 2 and s.cluster_round_ == 2
     assert s.clusters() == {"a": 0, "b": 0, "c": 1, "d": 1, "e": 0}  # e sent nothing: largest, ties to the first
@@ -118,7 +118,7 @@ def test_update_clustered_ignores_a_nan_update_for_clustering(caplog):
     bad = _w(1.0)
     bad["x"][1] = np.nan
     with caplog.at_level(logging.WARNING):
-        s.aggregate_round(1, [Update("a", 1, "global", bad, 10, 0.0), Update("b", 1, "global", _w(1), 10, 0.0)])
+        s._combine(1, [Update("a", 1, "global", bad, 10, 0.0), Update("b", 1, "global", _w(1), 10, 0.0)])
     assert "update of a not used for clustering" in caplog.text
     assert s.clusters() == {"a": 0, "b": 0}
 

@@ -95,11 +95,11 @@ def e(i, n=4):
 
 
 def feed(s, rnd, deltas, cids="abcd"):
-    """One round of ``aggregate_round`` with updates ``reference + delta`` for the clients ``cids``."""
+    """One round of ``_combine`` with updates ``reference + delta`` for the clients ``cids``."""
     ref = s.models[s.default_key]["w"]
     updates = [Update(c, rnd, s.default_key, {"w": (ref + d).astype(np.float32)}, 1, 0.0)
                for c, d in zip(cids, deltas)]
-    return s.aggregate_round(rnd, updates)
+    return s._combine(rnd, updates)
 
 
 def started(s, cids="abcd", n=4):
@@ -295,7 +295,7 @@ def test_a_nan_update_is_ignored_and_state_round_trips(name, caplog):
     bad = ref + e(4, 5)
     bad[4] = np.nan
     updates = [Update(c, 1, "global", {"w": (ref + d).astype(np.float32)}, 1, 0.0) for c, d in zip("abcd", PAIRS5)]
-    summary = s.aggregate_round(1, [*updates, Update("e", 1, "global", {"w": bad}, 1, 0.0)])
+    summary = s._combine(1, [*updates, Update("e", 1, "global", {"w": bad}, 1, 0.0)])
     assert summary["clusters"] == 2 and summary["updates"] == 4 and summary["rejected"] == 1
     assert "update of e not used for clustering" in caplog.text
     assert "client e sent no update in round 1; it joins the largest cluster" in caplog.text
