@@ -113,6 +113,11 @@ class ModelStore:
                     raise TimeoutError(f"model {key!r} for round {rnd} did not arrive within {timeout_s:g} s")
                 self.cv.wait(timeout=min(left, 0.5))
 
+    def keys(self) -> list[str]:
+        """The keys of the models held."""
+        with self.cv:
+            return list(self._models)
+
     def clear(self) -> None:
         with self.cv:
             self._models.clear()

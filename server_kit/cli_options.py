@@ -15,7 +15,7 @@ from edge_sdk.transport import BrokerConfig
 __all__ = ["DEFAULT_COMPRESS", "DESCRIPTION", "build_parser", "known_architectures", "known_encoders", "known_strategies"]
 
 #: ``--compress`` when not given: the method that met the goals of ``benchmarks/compression.py`` (see the README).
-DEFAULT_COMPRESS = "topk:0.01"
+DEFAULT_COMPRESS = "int8"
 #: The first line of ``fedsketch-server --help``.
 DESCRIPTION = "``fedsketch-server``: run a federation's server over MQTT."
 

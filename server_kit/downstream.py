@@ -66,6 +66,7 @@ class ModelVersions:
         self._steps: dict[str, deque[Step]] = {}
         self._feedback = ErrorFeedback(compression)
         self._payloads: dict[tuple[str, int | None, int], Payload] = {}
+        self._whole: dict[str, tuple[Mapping[str, np.ndarray], Payload]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -136,24 +137,29 @@ class ModelVersions:
         (key, held, version): the devices holding the same version get the
         same bytes (the same object: one publication on a cluster topic).
         """
-        if not self.enabled:
-            return {"key": key}, tensors_body(weights)
+        if not self.enabled:  # the same bytes (the same object) for every device while the weights stay
+            got = self._whole.get(key)
+            if got is None or got[0] is not weights:
+                got = self._whole[key] = (weights, ({"key": key}, tensors_body(weights)))
+            return got[1]
         v = self.version[key]
+        whole = self._payloads.get((key, None, v))
+        if whole is None:
+            whole = self._payloads[(key, None, v)] = ({"key": key, "version": v}, tensors_body(weights))
         start = held if held is not None and held < v else None
+        if start is None:
+            return whole
         memo = (key, start, v)
         got = self._payloads.get(memo)
-        if got is not None:
-            return got
-        whole = ({"key": key, "version": v}, tensors_body(weights))
-        out = whole
-        steps = [s for s in self._steps.get(key, ()) if start is not None and s.base >= start]
-        if steps and steps[0].base == start:
-            chain = chain_body(steps)
-            if len(chain) < len(whole[1]):
-                out = ({"key": key, "version": v, "base": start,
-                        "codec": self.compression.method.value}, chain)
-        self._payloads[memo] = out
-        return out
+        if got is None:
+            got = whole
+            steps = [s for s in self._steps.get(key, ()) if s.base >= start]
+            if steps and steps[0].base == start:
+                chain = chain_body(steps)
+                if len(chain) < len(whole[1]):
+                    got = ({"key": key, "version": v, "base": start, "codec": self.compression.method.value}, chain)
+            self._payloads[memo] = got
+        return got
 
     # -- checkpoints ---------------------------------------------------------------
     def state(self) -> dict[str, int]:

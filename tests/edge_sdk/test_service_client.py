@@ -12,6 +12,7 @@ import numpy as np
 from edge_sdk.client import EdgeClient
 from edge_sdk.client_cli import private_tmp
 from edge_sdk.client_commands import SERVER_STATUS, VIA
+from edge_sdk.held_models import HeldModel
 from edge_sdk.protocol import SERVER_ID, Kind, Message, Topics
 from edge_sdk.protocol.commands import Op, build
 from edge_sdk.transport import MemoryBroker, MemoryTransport
@@ -52,7 +53,7 @@ def test_a_new_run_drops_what_the_last_one_left_and_says_hello(caplog):
     assert ec.run_id == "run-1" and ec.hello_due is not None
     ec.hello()
     ec._welcomed, ec.model_key = True, "c0"
-    ec._models["c0"] = (3, {"w": np.zeros(2, np.float32)})
+    ec.store.put("c0", HeldModel(3, {"w": np.zeros(2, np.float32)}))
     _give_encoder(ec)
     folder = ec.encoder_dirs["fedae"]
     assert (folder / "fedae.onnx").is_file()
@@ -67,7 +68,7 @@ def test_a_new_run_drops_what_the_last_one_left_and_says_hello(caplog):
     assert "the server is away (run run-1); waiting for its next run" in caplog.text
     assert "the server announces run run-2: joining it" in caplog.text
     assert (ec.run_id, ec.runs_seen, ec.server_online) == ("run-2", 2, True)
-    assert ec.model_key is None and not ec._welcomed and not ec._models and not ec.encoder_dirs
+    assert ec.model_key is None and not ec._welcomed and not ec.store.keys() and not ec.encoder_dirs
     assert not folder.exists() and not folder.parent.exists()
     assert ec.hello_due is not None
 

@@ -386,7 +386,7 @@ def test_device_follows_its_cluster_topic_and_ignores_broadcasts_not_for_it(capl
         body = tensors_body({"w": np.zeros(4, np.float32)})
         for key in ("c0", "c1", "c2"):
             server.publish(topics.model(key), Message(Kind.MODEL, FED, "server", 3, {"key": key}, body))
-        assert ec.transport.stats()["received"]["MODEL"]["messages"] == 1 and set(ec._models) == {"c1"}
+        assert ec.transport.stats()["received"]["MODEL"]["messages"] == 1 and set(ec.store.keys()) == {"c1"}
         # in no sample of fraction 0: ignored, nothing evaluated, nothing sent
         assert _deliver_cmd(ec, topics.broadcast(), {"op": "evaluate", "round": 3, "fraction": 0.0, "seed": 1}, 3)
         assert "not in the sample of 0, ignored" in caplog.text
