@@ -109,13 +109,18 @@ def codec_speed(arch: str, comp_text: str, repeats: int) -> dict:
         dec.append(time.perf_counter() - t)
     model_bytes = sum(v.nbytes for v in delta.values())
     fresh = ErrorFeedback(comp)
-    tracemalloc.start()
-    body, _ = fresh.compress("c0", delta)
-    decode_delta(body, spec, comp.method)
+    tracemalloc.start()  # the device's side: its delta in hand, what compressing it adds (residual kept included)
+    body, sent = fresh.compress("c0", delta)
     _, peak = tracemalloc.get_traced_memory()
+    del sent
+    tracemalloc.reset_peak()
+    base, _ = tracemalloc.get_traced_memory()
+    decode_delta(body, spec, comp.method)  # the server's side
+    _, dec_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return {"encode_ms": 1e3 * float(np.median(enc)), "decode_ms": 1e3 * float(np.median(dec)),
-            "model_bytes": model_bytes, "body_bytes": len(body), "peak_extra_over_model": peak / model_bytes}
+            "model_bytes": model_bytes, "body_bytes": len(body), "peak_extra_over_model": peak / model_bytes,
+            "decode_peak_over_model": (dec_peak - base) / model_bytes}
 
 
 def pick_best(rows: dict, tolerance: float) -> tuple[str, bool]:
@@ -138,6 +143,9 @@ def plot(path: Path, rows: dict, target: float) -> None:
         ax.plot(np.asarray(r["bytes"]) / 1e6, r["accuracy"], marker=".", label=label)
     ax.axhline(target, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log")
+    from matplotlib.ticker import NullFormatter
+
+    ax.xaxis.set_minor_formatter(NullFormatter())  # the decades only: the minor labels overlap
     ax.set_xlabel("cumulative bytes, up and down (MB, log scale)")
     ax.set_ylabel("mean local test accuracy")
     ax.set_title("Accuracy against the bytes moved, per method")

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .cli_options import DEFAULT_COMPRESS
+
 if TYPE_CHECKING:
     from edge_sdk.worker import TrainSettings
 
@@ -87,6 +89,9 @@ def run_demo(args: argparse.Namespace) -> dict:
         "fedavg_acc": round(float(fedavg[-1]), 4),
         "seconds": round(seconds, 1),
         "sketch_bytes": int(sketch_bytes),
+        "compress": args.compress,
+        "update_bytes": int(result.transport["received"].get("UPDATE", {}).get("bytes", 0)),
+        "model_bytes": int(result.delivered.get("MODEL", 0)),
     }
     _write_report(report, args, result, strategy, truth, clustered, fedavg, summary)
     return summary
@@ -129,7 +134,7 @@ def _run_over_mqtt(args: argparse.Namespace, clients: list, settings: TrainSetti
         print(f"started {len(procs)} client processes (logs in {log_dir})")
 
         strategy = SketchClustered(settings=settings, fraction=1.0, seed=args.seed,
-                                   min_cluster_size=args.min_cluster_size)
+                                   min_cluster_size=args.min_cluster_size, compression=args.compress)
         transport = MqttTransport(BrokerConfig.from_url(url), SERVER_ID, federation=federation)
         transport.sign_with(load_signer(tmpdir / "server.key"))
         transport.connect()
@@ -181,6 +186,28 @@ def _print_results(args: argparse.Namespace, result: RunResult, truth: dict, ari
         print(f"  {kind:8s} {s.get('bytes', 0):>10,} / {r.get('bytes', 0):>10,}  "
               f"({s.get('messages', 0)} / {r.get('messages', 0)} messages)")
     print(f"  models the devices downloaded: {delivered:,} bytes (each only its own cluster's)")
+    _print_saved(args, result)
+
+
+def _print_saved(args: argparse.Namespace, result: RunResult) -> None:
+    """What the compression saved: the bytes of updates and models against whole float32 models."""
+    from edge_sdk.protocol import Kind
+    from edge_sdk.trainer import initial_weights
+
+    from .metrics import weights_message_bytes
+
+    template = initial_weights(ARCH, args.seed)
+    ups = result.transport["received"].get("UPDATE", {})
+    downloads = sum(h["tasked"] for h in result.history) + int(result.final.get("asked", 0))
+    whole_up = weights_message_bytes(Kind.UPDATE, template, {"round": 1, "model_key": "c0", "n_samples": 100,
+                                                             "loss": 0.0, "metrics": {}}) * ups.get("messages", 0)
+    whole_down = weights_message_bytes(Kind.MODEL, template, {"key": "c0"}) * downloads
+    got_up, got_down = ups.get("bytes", 0), result.delivered.get("MODEL", 0)
+    print(f"\ncompression {args.compress}: updates {got_up:,} bytes and models {got_down:,} bytes, against "
+          f"{whole_up:,} and {whole_down:,} as whole float32 models")
+    if got_up and got_down:
+        print(f"  {whole_up / got_up:.1f}x fewer bytes up, {whole_down / got_down:.1f}x fewer down; "
+              f"{whole_up + whole_down - got_up - got_down:,} bytes saved")
 
 
 def _write_report(report: Path, args: argparse.Namespace, result: RunResult, strategy: SketchClustered,
@@ -245,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flip-prob", type=float, default=0.1)
     ap.add_argument("--min-cluster-size", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compress", default=DEFAULT_COMPRESS,
+                    help=f"how updates and models travel: none, int8, topk[:F], stc[:F] (default: {DEFAULT_COMPRESS})")
     ap.add_argument("--broker", default="auto", choices=["auto", "mosquitto", "amqtt"])
     ap.add_argument("--report-dir", default="reports/demo")
     ap.add_argument("-v", "--verbose", action="store_true")

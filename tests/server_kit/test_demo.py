@@ -24,11 +24,15 @@ def test_small_demo_runs_end_to_end(tmp_path, capsys, caplog, broker):
                      "--report-dir", str(report)]) == 0
     # a clean run logs no error: neither the embedded broker (no probe connection) nor paho at the end
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    summary = json.loads(last)
-    assert set(summary) == {"ari", "clustered_acc", "fedavg_acc", "seconds", "sketch_bytes"}
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert set(summary) == {"ari", "clustered_acc", "fedavg_acc", "seconds", "sketch_bytes", "compress",
+                            "update_bytes", "model_bytes"}
     assert summary["ari"] == 1.0
     assert summary["sketch_bytes"] <= 64
+    # int8 by default: an update of the digits CNN is a quarter of its float32 size, plus the envelope
+    assert summary["compress"] == "int8"
+    assert "compression int8: updates" in out and "x fewer bytes up" in out
     assert (report / "results.json").stat().st_size > 0
     from PIL import Image  # matplotlib's own dependency: it drew these
 
