@@ -125,9 +125,8 @@ class EdgeClient(ClientCommands):
         #: The part of each delta not sent yet (compression on), per model key; kept in ``state_dir`` if given.
         self.feedback = ErrorFeedback(Compression())
         self.state_dir = None if state_dir is None else Path(state_dir)
-        if self.state_dir is not None and self.feedback.load(self.state_dir):
-            log.info("error feedback of %s restored from %s", ", ".join(self.feedback.keys) or "no model",
-                     self.state_dir)
+        #: Whether the state folder's feedback was read (at the first compressed update: its method is known then).
+        self._feedback_read = False
         self.model_key: str | None = None
         #: The model topic filters this device subscribes to (every model until an assign narrows it).
         self.followed: frozenset[str] = frozenset({self.topics.model("+")})
@@ -311,6 +310,7 @@ class EdgeClient(ClientCommands):
         self.refused_reason = None
         self._follow(["+"], confirm=False)
         self.feedback.reset()  # what was not sent belongs to the last run's models
+        self._save_feedback()
         with self._models_cv:
             self.store.clear()
             for name in self.encoder_dirs:

@@ -120,8 +120,9 @@ class ClientCommands:
 
     They use what the client holds: ``cid``, ``worker``, ``topics``,
     ``transport``, ``seed``, ``stay``, ``model_key``, ``followed``, the
-    model store (``_wait_model``, ``_on_model``, ``encoder_dirs``,
-    ``_encoders``, ``_models_cv``, ``model_timeout_s``), ``_send``,
+    models held (``store``, ``_wait_model``, ``_on_model``, ``encoder_dirs``,
+    ``_encoders``, ``_models_cv``, ``model_timeout_s``), the error feedback of
+    compressed updates (``feedback``, ``state_dir``), ``_send``,
     ``hello``, the command queue (``_cmds``, ``federation``), ``drift``
     (a :class:`DeviceDrift`), and the bookkeeping (``handled``,
     ``_rejections``, ``exit_code``, ``refused_reason``, ``progress_interval_s``).
@@ -380,6 +381,8 @@ class ClientCommands:
         if comp is not None and comp.enabled and start.version is None:
             raise ValueError(f"round {r}: compressed updates asked, but model {upd.model_key!r} came without a "
                              "version")
+        if comp is not None and comp.enabled:
+            self._read_feedback(comp)
         body, _ = update_body(upd, start.weights, self.feedback, comp)
         if comp is not None and comp.enabled:
             meta["version"] = start.version
@@ -387,6 +390,16 @@ class ClientCommands:
         self._send(self.topics.update(self.cid), Kind.UPDATE, r, meta, body)
         log.info("round %d: trained %s on %d samples, loss %.4f; update sent (%d bytes%s)", r, upd.model_key,
                  upd.n_samples, upd.loss, len(body), f", {comp}" if comp is not None and comp.enabled else "")
+
+    def _read_feedback(self, comp: Compression) -> None:
+        """Once, at the first compressed update: the error feedback the state folder kept, if of this method."""
+        if self._feedback_read or self.state_dir is None:
+            return
+        self._feedback_read = True
+        self.feedback.set_compression(comp)
+        if self.feedback.load(self.state_dir):
+            log.info("error feedback of %s restored from %s", ", ".join(self.feedback.keys) or "no model",
+                     self.state_dir)
 
     def _save_feedback(self) -> None:
         """Keep the error feedback in the state folder, if the device has one (a failure is logged, not fatal)."""

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from edge_sdk.protocol import Message
 
-__all__ = ["ARCH", "PROBE", "Collector", "ari_against", "count_publishes", "prove_subscribed"]
+__all__ = ["ARCH", "PROBE", "Collector", "ari_against", "count_publishes", "leb", "model_digest",
+           "prove_subscribed"]
 
 #: The small CNN for scikit-learn's 8x8 digits that most federations train.
 ARCH = "digits_cnn_1x8x8_10"
@@ -117,3 +118,25 @@ def count_publishes(transport: Any) -> list[tuple[str, str]]:
 
     transport.publish = counted
     return published
+
+
+def leb(value: int) -> bytes:
+    """One LEB128 varint (the index coding of compressed bodies), written the slow and obvious way."""
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def model_digest(weights: Any) -> str:
+    """sha256 of a model's float32 tensors in name order: two copies of a model hash alike only bit for bit."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256()
+    for n in sorted(weights):
+        h.update(n.encode() + np.ascontiguousarray(weights[n], dtype=np.float32).tobytes())
+    return h.hexdigest()

@@ -25,22 +25,14 @@ from edge_sdk.compress import (
 )
 from edge_sdk.protocol import ProtocolError
 
+from helpers import leb
+
 F32 = np.float32
 METHODS = ["int8", "topk:0.01", "topk:0.3", "topk:1.0", "stc:0.01", "stc:0.3", "stc:1.0"]
 
 
 def spec_of(delta):
     return {name: (np.shape(a), "float32") for name, a in delta.items()}
-
-
-def leb(value: int) -> bytes:
-    """One LEB128 varint, written the slow and obvious way."""
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 def head(code: int, count: int = 1, magic: bytes = b"FZ", version: int = 1) -> bytes:

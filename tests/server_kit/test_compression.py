@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import pytest
 
@@ -15,16 +13,9 @@ from server_kit.drivers.simulate import Simulator
 from server_kit.strategies import make_strategy
 from server_kit.strategies.fedavg import FedAvg
 
-from helpers import ARCH
+from helpers import ARCH, model_digest
 
 SETTINGS = TrainSettings(epochs=3, lr=1e-2, batch_size=16)
-
-
-def digest(weights) -> str:
-    h = hashlib.sha256()
-    for n in sorted(weights):
-        h.update(n.encode() + np.ascontiguousarray(weights[n], dtype=np.float32).tobytes())
-    return h.hexdigest()
 
 
 # -- one entry point ------------------------------------------------------------------------
@@ -87,7 +78,7 @@ def test_devices_that_skip_rounds_apply_the_chain_and_hold_the_servers_bits():
     steps = parse_chain(body, Method.TOPK)
     assert [(s.base, s.version) for s in steps] == [(0, 1), (1, 2), (2, 3)]
     version, held = apply_steps(device["version"], device["weights"], steps, Method.TOPK)
-    assert version == 3 and digest(held) == digest(models["c0"])
+    assert version == 3 and model_digest(held) == model_digest(models["c0"])
     # a device one round behind gets only the last change; the same bytes for everyone at that version
     one = v.payload("c0", 2, models["c0"])
     assert one is v.payload("c0", 2, models["c0"]) and len(parse_chain(one[1], Method.TOPK)) == 1

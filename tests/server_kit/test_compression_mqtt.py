@@ -6,7 +6,6 @@ the server's :class:`Orchestrator` in the test's thread.
 
 from __future__ import annotations
 
-import hashlib
 import struct
 import threading
 
@@ -25,7 +24,7 @@ from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.metrics import weights_message_bytes
 from server_kit.strategies.fedsketch import SketchClustered
 
-from helpers import ARCH, count_publishes
+from helpers import ARCH, count_publishes, leb, model_digest
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.broker,
@@ -33,13 +32,6 @@ pytestmark = [pytest.mark.broker,
 
 FED = "squeeze"
 SETTINGS = TrainSettings(epochs=3, lr=1e-2, batch_size=16)
-
-
-def digest(weights) -> str:
-    h = hashlib.sha256()
-    for n in sorted(weights):
-        h.update(n.encode() + np.ascontiguousarray(weights[n], dtype=np.float32).tobytes())
-    return h.hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +91,7 @@ def test_devices_that_skip_rounds_or_join_late_hold_the_servers_bits(digits, shi
         key = strategy.model_key_for(ec.cid)
         held = ec.store.get(key)
         assert held.version == strategy.versions.version[key], ec.cid
-        assert digest(held.weights) == digest(strategy.models[key]), ec.cid
+        assert model_digest(held.weights) == model_digest(strategy.models[key]), ec.cid
         assert not ec.rejected, (ec.cid, ec.rejected)
     # what went down: changes, far fewer bytes than whole models for every download
     whole = weights_message_bytes(Kind.MODEL, strategy.models["c0"], {"key": "c0", "version": 9})
@@ -125,23 +117,14 @@ def test_every_device_at_the_previous_version_gets_the_change_once_on_its_cluste
     assert result.final["deliveries"] == {"cluster_topic": k, "per_device": 0}
     for ec, _ in devices:
         key = strategy.model_key_for(ec.cid)
-        assert digest(ec.store.get(key).weights) == digest(strategy.models[key])
+        assert model_digest(ec.store.get(key).weights) == model_digest(strategy.models[key])
 
 
 # -- hostile compressed bodies ---------------------------------------------------------------
 
 
-def varint(v: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, v = v & 0x7F, v >> 7
-        out.append(b | (0x80 if v else 0))
-        if not v:
-            return bytes(out)
-
-
 def stc_tensor(k: int, gaps: list[int], mu: float, n_signs: int | None = None) -> bytes:
-    idx = b"".join(varint(g) for g in gaps)
+    idx = b"".join(leb(g) for g in gaps)
     signs = bytes((k + 7) // 8 if n_signs is None else n_signs)
     return struct.pack("<II", k, len(idx)) + idx + struct.pack("<f", mu) + signs
 
