@@ -377,7 +377,8 @@ class ClientCommands:
         meta = {"round": r, "model_key": upd.model_key, "n_samples": upd.n_samples, "loss": upd.loss,
                 "metrics": dict(upd.metrics)}
         comp = Compression.from_meta(m["compress"]) if "compress" in m else None
-        start = held[upd.model_key]
+        # the model it started from (a worker that names a model it was not sent is refused by the server)
+        start = held.get(upd.model_key) or held[keys[0]]
         if comp is not None and comp.enabled and start.version is None:
             raise ValueError(f"round {r}: compressed updates asked, but model {upd.model_key!r} came without a "
                              "version")

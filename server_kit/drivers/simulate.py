@@ -381,7 +381,8 @@ class Simulator:
             ledger.add("UPDATE", "up", self._update_bytes(u))
             return u
         feedback = self._feedback.setdefault(u.cid, ErrorFeedback(versions.compression))
-        body, sent = update_body(u, task.models[u.model_key], feedback, versions.compression)
+        start = task.models.get(u.model_key) or next(iter(task.models.values()))  # a hostile worker's other key
+        body, sent = update_body(u, start, feedback, versions.compression)
         meta = {"round": u.round, "model_key": u.model_key, "n_samples": u.n_samples, "loss": u.loss,
                 "metrics": dict(u.metrics), "version": versions.version[u.model_key]}
         ledger.add("UPDATE", "up", message_bytes(Kind.UPDATE, body, meta))

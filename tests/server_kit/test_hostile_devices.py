@@ -248,7 +248,7 @@ class CrossClusterAttacker(EdgeClient):
         r, own = m["round"], m["models"][0]
         victim = "c1" if own != "c1" else "c0"
         upd = self.worker.fit(__import__("edge_sdk.worker", fromlist=["Task"]).Task(
-            self.cid, r, {own: self._wait_model(own, r)}, TrainSettings.from_dict(m)))
+            self.cid, r, {own: self._wait_model(own, r).weights}, TrainSettings.from_dict(m)))
         weights = {k: v * 1000 for k, v in upd.weights.items()}
         self._send(self.topics.update(self.cid), Kind.UPDATE, r,
                    {"round": r, "model_key": victim, "n_samples": 10**9, "loss": 0.0}, tensors_body(weights))
