@@ -121,7 +121,6 @@ class EdgeClient(ClientCommands):
         self.model_timeout_s = model_timeout_s
         #: The models held (whole or kept up to date by compressed changes), bounded by ``max_models``.
         self.store = ModelStore(max_models)
-        self.max_models = self.store.max_models
         #: The part of each delta not sent yet (compression on), per model key; kept in ``state_dir`` if given.
         self.feedback = ErrorFeedback(Compression())
         self.state_dir = None if state_dir is None else Path(state_dir)
@@ -164,6 +163,11 @@ class EdgeClient(ClientCommands):
         self._rejections = RejectionLog(log)
         #: Refused commands and models per reason (logged once per reason per interval).
         self.rejected: dict[str, int] = self._rejections.counts
+
+    @property
+    def max_models(self) -> int:
+        """Most models held at once (the store's bound)."""
+        return self.store.max_models
 
     # -- transport callbacks (network thread: enqueue only) ---------------
     def _on_cmd(self, topic: str, msg: Message) -> None:

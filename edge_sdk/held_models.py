@@ -63,7 +63,8 @@ class ModelStore:
         if "base" not in meta:
             held = HeldModel(msg.round, parse_tensors(msg.body), version)
         else:
-            steps = parse_chain(msg.body, Method(meta["codec"]))
+            method = Method(meta["codec"])
+            steps = parse_chain(msg.body, method)
             with self.cv:
                 have = self._models.get(key)
             if have is None or have.version is None:
@@ -73,7 +74,7 @@ class ModelStore:
                 raise ProtocolError("compressed-index", f"changes of model {key!r} end at version "
                                                         f"{steps[-1].version}, the meta says {version}")
             try:
-                v, weights = apply_steps(have.version, have.weights, steps, Method(meta["codec"]))
+                v, weights = apply_steps(have.version, have.weights, steps, method)
             except ValueError as e:
                 raise ProtocolError("model-base", f"model {key!r}: {e}") from None
             held = HeldModel(msg.round, weights, v)

@@ -150,7 +150,7 @@ class MessageSize:
     wire_bytes : int or None
         What the transport sends: the envelope, or its chunks above ``--max-payload``.
     compressed_bytes : int or None
-        Reserved for compressed updates (not implemented: always None).
+        The update's compressed body, when the bench was given a compressor (None otherwise).
     note : str
         Where the weights came from, or why not measured.
     """

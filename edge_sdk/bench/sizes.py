@@ -7,8 +7,10 @@ classifiers (``models/*.safetensors``, read without torch), fresh weights
 for ResNet-18 (which ships none: torch builds them). ``wire_bytes`` counts
 the chunks the envelope is cut into above ``max_payload``.
 
-Update compression does not exist yet: ``compressed_bytes`` is None unless
-a ``compress`` function is given to :func:`message_sizes` (the hook for it).
+``compressed_bytes`` is None unless a ``compress`` function is given to
+:func:`message_sizes`; ``fedsketch bench`` gives none yet (the compressed
+updates of ``fedsketch-server --compress`` are measured by
+``benchmarks/compression.py``).
 """
 
 from __future__ import annotations
@@ -120,8 +122,7 @@ def message_sizes(sketches: Mapping[str, Sketch], architectures: Sequence[str], 
     max_payload : int
         Largest MQTT packet (``--max-payload``): bigger envelopes go in chunks.
     compress : callable, optional
-        ``body -> compressed body``: the hook for update compression, which
-        FedSketch does not have yet; with None ``compressed_bytes`` stays None.
+        ``body -> compressed body``, to fill ``compressed_bytes``; with None it stays None.
     """
     rows = [sketch_size(e, s, federation=federation, client_id=client_id, max_payload=max_payload)
             for e, s in sketches.items()]

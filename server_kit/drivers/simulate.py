@@ -361,14 +361,12 @@ class Simulator:
         for t in tasks:
             ledger.add("CMD", "down", message_bytes(Kind.CMD, meta=build(
                 Op.TRAIN, round=t.round, models=sorted(t.models), **comp, **t.settings.to_dict())))
+            held = self._held.setdefault(t.cid, {})
             for key, w in t.models.items():
-                if not versions.enabled:
-                    ledger.add("MODEL", "down", self._model_bytes(key, w))
-                    continue
-                held = self._held.setdefault(t.cid, {})
-                meta, body = versions.payload(key, held.get(key), w)
+                meta, body = versions.payload(key, held.get(key), w)  # whole, the same bytes, with compression off
                 ledger.add("MODEL", "down", message_bytes(Kind.MODEL, body, meta))
-                held[key] = versions.version[key]
+                if versions.enabled:
+                    held[key] = versions.version[key]
 
     def _uplink(self, task: Task, u: Update, ledger: CommLedger) -> Update:
         """A trained update as the server gets it: whole, or its delta compressed with the device's feedback.
@@ -387,12 +385,6 @@ class Simulator:
                 "metrics": dict(u.metrics), "version": versions.version[u.model_key]}
         ledger.add("UPDATE", "up", message_bytes(Kind.UPDATE, body, meta))
         return dataclasses.replace(u, weights={}, delta=sent, version=versions.version[u.model_key])
-
-    def _model_bytes(self, key: str, weights) -> int:
-        # the size depends only on names, shapes and dtypes: computed once per model key
-        if key not in self._size_cache:
-            self._size_cache[key] = weights_message_bytes(Kind.MODEL, weights, {"key": key})
-        return self._size_cache[key]
 
     def _update_bytes(self, u) -> int:
         k = ("update", u.model_key)
