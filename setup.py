@@ -140,6 +140,7 @@ setup(
             "fedsketch-client=edge_sdk.client_cli:main",
             "fedsketch-data=server_kit.data.split:main",
             "fedsketch-server=server_kit.cli:main",
+            "fedsketch-aggregator=server_kit.partials.cli:main",
         ],
         # subcommands of `fedsketch` that live on the server side (edge_sdk.cli.COMMANDS_GROUP)
         "fedsketch.commands": ["export=server_kit.export:main"],

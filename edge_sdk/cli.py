@@ -4,6 +4,7 @@
 ``fedsketch sketch DATA.npz`` sketch a local dataset (arrays ``x`` and ``y``) and print it
 ``fedsketch export TARGET``   rebuild a shipped model artifact (needs ``fedsketch[server]``)
 ``fedsketch keygen DIR``      the server's signing key pair: ``server.key`` (private) and ``server.pub``
+                             (``--name ID``: a site aggregator's, ``ID.key`` and ``ID.pub``)
 ``fedsketch bench``           time the sketch path, a training epoch, message sizes and the broker on this device
 """
 
@@ -138,17 +139,24 @@ def _cmd_sketch(args: argparse.Namespace) -> int:
 def _cmd_keygen(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from .protocol import check_id
     from .signing import write_keypair
 
+    name = check_id(args.name, "--name")
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
-    private, public = out / "server.key", out / "server.pub"
+    private, public = out / f"{name}.key", out / f"{name}.pub"
     if private.exists() or public.exists():
         raise ValueError(f"{private} or {public} exists already; remove them to make a new pair "
-                         "(every device then needs the new server.pub)")
+                         f"(whoever checks its signatures then needs the new {public.name})")
     write_keypair(private, public)
-    print(f"wrote {private} (keep it on the server: fedsketch-server --signing-key {private})")
-    print(f"wrote {public} (give it to every device: fedsketch-client --server-key {public.name})")
+    if name == "server":
+        print(f"wrote {private} (keep it on the server: fedsketch-server --signing-key {private})")
+        print(f"wrote {public} (give it to every device: fedsketch-client --server-key {public.name})")
+    else:
+        print(f"wrote {private} (keep it at the site: fedsketch-aggregator --id {name} --key {private})")
+        print(f"wrote {public} (give it to the server: fedsketch-server --aggregator-keys DIR, with "
+              f"{public.name} in DIR)")
     return 0
 
 
@@ -219,8 +227,10 @@ def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentPars
     s.add_argument("--y-key", default="y")
     s.add_argument("--scale", type=float, default=255.0, help="divide integer images by this")
 
-    k = sub.add_parser("keygen", help="make the server's Ed25519 signing key pair (server.key, server.pub)")
-    k.add_argument("dir", help="folder to write server.key (mode 600) and server.pub into")
+    k = sub.add_parser("keygen", help="make an Ed25519 signing key pair: the server's (server.key, server.pub) "
+                                      "or, with --name, a site aggregator's")
+    k.add_argument("dir", help="folder to write NAME.key (mode 600) and NAME.pub into")
+    k.add_argument("--name", default="server", help="the key's owner: server, or a site aggregator's id")
 
     from .bench.options import DESCRIPTION, add_arguments
 

@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "settings from the server; exits 0 when the server finishes (with --serve: on SIGTERM or the "
                     "server's leave), 4 when it refuses this device, 5 when the server could not finish the run "
                     "(the reason is logged), 3 when the broker cannot be reached, 2 for bad arguments or data.")
-    p.add_argument("--broker", default="mqtt://127.0.0.1:1883", help="mqtt://host:port or mqtts://host:port")
+    p.add_argument("--broker", default="mqtt://127.0.0.1:1883", metavar="URL[,URL...]",
+                   help="mqtt://host:port or mqtts://host:port; a comma-separated list (a cluster's nodes, this "
+                        "device's own first) is failed over in turn: each lost connection moves to the next")
     p.add_argument("--federation", default="default", help="the federation's id (the server's --federation)")
     p.add_argument("--root", default="fedsketch", help="topic root")
     p.add_argument("--client-id", required=True, help="this device's id (its broker user name)")

@@ -258,6 +258,32 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "loss": Field("float"),
         "n_test": Field("int", 0, MAX_COUNT),
     },
+    # the partial aggregation (server_kit.partials): an aggregator's receipt of one device's update
+    Kind.RECEIPT: {
+        "round": _ROUND,
+        "client": Field("id", required=True),
+        "model_key": Field("id"),
+        "n_samples": Field("int", 1, MAX_COUNT),
+        "version": Field("int", 0, MAX_ROUND),
+        "norm": Field("float", 0.0),  # the delta's norm; absent: not finite (or not computed: refused)
+        "loss": Field("float"),
+        "metrics": Field("numbers", max_len=32, default={}),
+        "refused": Field("str", max_len=64),  # the reason, when the aggregator refused the update
+        "detail": Field("str", max_len=300),
+    },
+    # its weighted mean of the members' updates of one model (the body), weighing n_samples in all
+    Kind.PARTIAL: {
+        "round": _ROUND,
+        "model_key": _MODEL_KEY,
+        "n_samples": Field("int", 1, 2**53, required=True),
+        "members": Field("ids", max_len=4096, required=True),
+    },
+    # server -> aggregators: the model (the body) that round's updates of model_key start from
+    Kind.COLLECT: {"round": _ROUND, "model_key": _MODEL_KEY, "version": Field("int", 0, MAX_ROUND),
+                   "compress": Field("object", max_len=4)},
+    # server -> one aggregator: sum these members' updates, {cid: [n_samples, scale]} (scale < 1: clipped)
+    Kind.FLUSH: {"round": _ROUND, "aggregator": Field("id", required=True),
+                 "members": Field("object", max_len=4096, required=True)},
     Kind.MODEL: {
         "key": _MODEL_KEY,
         "name": Field("str", max_len=128),

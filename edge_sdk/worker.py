@@ -88,7 +88,9 @@ class Update:
 
     A compressed update arrives as ``delta`` (decoded: the change from the
     model it was trained from, version ``version``), with ``weights`` empty
-    until the server's aggregation adds it to that model.
+    until the server's aggregation adds it to that model. A partial sum from
+    an aggregator is one too: its ``weights`` the weighted mean of its
+    ``members``' updates, ``n_samples`` their total.
     """
 
     cid: str
@@ -100,6 +102,8 @@ class Update:
     metrics: Mapping[str, float] = field(default_factory=dict)
     delta: Mapping[str, np.ndarray] | None = None
     version: int | None = None
+    #: A partial sum (an aggregator's weighted mean of several devices' updates): the devices it speaks for.
+    members: tuple[str, ...] = ()
 
 
 class LocalWorker:

@@ -119,12 +119,15 @@ def _broker_config(args: argparse.Namespace, broker: str) -> Any:
 
 
 def _unreachable(bcfg: Any) -> str | None:
-    """Why the broker's address accepts no TCP connection (None when it does)."""
-    try:
-        with socket.create_connection((bcfg.host, bcfg.port), timeout=PROBE_TIMEOUT_S):
-            return None
-    except OSError as e:
-        return str(e) or type(e).__name__
+    """Why no broker of the list accepts a TCP connection (None when one does: the transport fails over)."""
+    why = []
+    for host, port in bcfg.endpoints:
+        try:
+            with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
+                return None
+        except OSError as e:
+            why.append(str(e) or type(e).__name__)
+    return why[0] if len(why) == 1 else "; ".join(f"{u}: {w}" for u, w in zip(bcfg.urls, why))
 
 
 def _with_broker(args: argparse.Namespace, config: Any, bcfg: Any, run: Any) -> Any:
@@ -213,7 +216,7 @@ def _run_fedcref(args: argparse.Namespace, config: Any, broker: str, params: dic
 SERVER_KEYS = ("federation", "rounds", "min_clients", "flip_prob", "num_classes", "encoder", "architecture",
                "round_timeout_s", "sketch_timeout_s", "register_timeout_s", "register_quorum", "report_goal",
                "over_select", "straggler_grace", "bench_after", "first_round_timeout_s", "progress_grace_s", "seed", "checkpoint_dir", "model_delivery",
-               "eval_fraction")
+               "eval_fraction", "partial_timeout_s")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -221,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _configure_logging(args.verbose)
     from .drivers.orchestrator import Orchestrator
+    from .partials.scale_out import ScaleOut
 
     if args.leave:
         return _send_leave(args)
@@ -238,8 +242,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, OSError) as e:
         print(f"fedsketch-server: error: {e}", file=sys.stderr)
         return 2
+    try:
+        scale_out = ScaleOut.from_args(args, bcfg, config, strategy)
+    except (ValueError, OSError) as e:
+        print(f"fedsketch-server: error: {e}", file=sys.stderr)
+        return 2
     # RuntimeError: the run cannot go on (every device refused, say); said in one line, traced with -v
-    result = _with_broker(args, config, bcfg, lambda t: Orchestrator(strategy, t, config).run(resume=args.resume))
+    with scale_out:
+        result = _with_broker(args, config, bcfg, lambda t: Orchestrator(
+            strategy, t, config, **scale_out.orchestrator_args()).run(resume=args.resume))
     if result is None:
         return 3
     _print_summary(args, result, strategy, report_dir, truth)

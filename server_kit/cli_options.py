@@ -103,8 +103,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sign everything sent to devices with this Ed25519 private key (fedsketch keygen, "
                         "deploy/make_passwords.sh); devices given its public half (--server-key) obey nothing "
                         "else (default: none)")
+    _add_scale_out_options(p)
     p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging (default: info)")
     return p
+
+
+def _add_scale_out_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("scale-out: ingest workers and site aggregators")
+    g.add_argument("--ingest-workers", type=int, default=0, metavar="W",
+                   help="start W worker processes that take the devices' updates from an MQTT 5 shared "
+                        "subscription (Mosquitto, EMQX), decode, check and sum them, and hand this server partial "
+                        "sums (default: 0, the server takes the updates itself)")
+    g.add_argument("--aggregator-keys", default=None, metavar="DIR",
+                   help="accept partial sums from the site aggregators whose public keys are in DIR (ID.pub, "
+                        "from fedsketch keygen --name ID); the devices of other sites send their updates "
+                        "through the bridge as usual (default: none)")
+    g.add_argument("--partial-timeout", type=float, default=None, metavar="S", dest="partial_timeout_s",
+                   help="how long a round's close waits for the aggregators' partial sums (default: 60)")
 
 
 def _default_text(defaults: dict[str, Any], key: str, none: str = "none") -> str:
@@ -122,8 +137,9 @@ def _add_strategy_options(p: argparse.ArgumentParser, dflt: Callable[..., str]) 
     p.add_argument("--config", metavar="TOML",
                    help="TOML run config: ServerConfig keys plus a [strategy] table; options given here override "
                         "it (default: none)")
-    p.add_argument("--broker", default=None, metavar="URL",
-                   help="mqtt://host:port or mqtts://host:port (default: mqtt://127.0.0.1:1883)")
+    p.add_argument("--broker", default=None, metavar="URL[,URL...]",
+                   help="mqtt://host:port or mqtts://host:port; a comma-separated list (a cluster's nodes) is failed "
+                        "over in turn: each lost connection moves to the next (default: mqtt://127.0.0.1:1883)")
     p.add_argument("--federation", default=None, metavar="NAME",
                    help=f"the federation's name, in every topic {dflt('federation')}")
     p.add_argument("--strategy", default=None, metavar="NAME",

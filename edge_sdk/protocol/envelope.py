@@ -99,6 +99,10 @@ class Kind(enum.IntEnum):
     METRICS = 7
     CHUNK = 8
     FEATURES = 9  #: a client summary other than bits (e.g. LADD's spectra), as tensors
+    RECEIPT = 10  #: aggregator -> server: one device's update taken (its norm, its count) or refused
+    PARTIAL = 11  #: aggregator -> server: the weighted mean of its devices' updates for one model
+    COLLECT = 12  #: server -> aggregators: a round opens; the model its updates start from
+    FLUSH = 13  #: server -> one aggregator: the round closed; what to sum of whose update
 
 
 class ProtocolError(ValueError):

@@ -32,6 +32,8 @@ class Topics:
     ``clusters/<k>/model``                    server -> a cluster
     ``broadcast/cmd``                         server -> all clients
     ``server/status``                         server's own status
+    ``aggregators/<id>/receipt|partial``      aggregator -> server
+    ``aggregation/cmd``                       server -> every aggregator
     ========================================  ===========================
 
     Id arguments are validated with :func:`check_id`; ``"+"`` is accepted in
@@ -105,6 +107,14 @@ class Topics:
         """The server's own status (retained)."""
         return f"{self.base}/server/status"
 
+    def aggregator(self, aid: str, leaf: str) -> str:
+        """Aggregator -> server: its receipts (``receipt``) and partial sums (``partial``)."""
+        return f"{self.base}/aggregators/{self._id(aid, 'aggregator id')}/{self._id(leaf, 'leaf')}"
+
+    def aggregation(self) -> str:
+        """Server -> every aggregator: the round's models and its close (each addressed in its meta)."""
+        return f"{self.base}/aggregation/cmd"
+
     def all_clients(self, leaf: str) -> str:
         """Filter over every client's ``leaf`` (``"#"`` for all of them)."""
         if leaf != "#":
@@ -115,31 +125,33 @@ class Topics:
         """The id a message on ``topic`` must come from, or None when the topic does not say.
 
         Under ``clients/<id>/`` every leaf is written by client ``<id>``,
-        except ``cmd``, which the server writes.
+        except ``cmd``, which the server writes; under ``aggregators/<id>/``,
+        by aggregator ``<id>``.
         """
         parsed = self.parse(topic)
-        if parsed is None or parsed[0] != "clients" or parsed[2] == "cmd":
+        if parsed is None or parsed[0] not in ("clients", "aggregators") or parsed[2] == "cmd":
             return None
         return parsed[1]
 
     def parse(self, topic: str) -> tuple[str, str, str] | None:
         """Split a topic of this federation into (scope, id, leaf).
 
-        Scope is ``"clients"``, ``"clusters"``, ``"server"`` or
-        ``"broadcast"``; the id is empty for the last two. Returns ``None`` for
+        Scope is ``"clients"``, ``"clusters"``, ``"aggregators"``,
+        ``"server"``, ``"broadcast"`` or ``"aggregation"``; the id is empty
+        for the last three. Returns ``None`` for
         a topic outside this federation or of another shape.
         """
         prefix = self.base + "/"
         if not topic.startswith(prefix):
             return None
         parts = topic[len(prefix) :].split("/")
-        if len(parts) == 3 and parts[0] in ("clients", "clusters"):
+        if len(parts) == 3 and parts[0] in ("clients", "clusters", "aggregators"):
             scope, ident, leaf = parts
-        elif len(parts) == 2 and parts[0] in ("server", "broadcast"):
+        elif len(parts) == 2 and parts[0] in ("server", "broadcast", "aggregation"):
             scope, ident, leaf = parts[0], "", parts[1]
         else:
             return None
-        for value in ([ident] if scope in ("clients", "clusters") else []) + [leaf]:
+        for value in ([ident] if len(parts) == 3 else []) + [leaf]:
             try:
                 check_id(value)
             except ProtocolError:

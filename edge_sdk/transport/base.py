@@ -118,10 +118,37 @@ class TransportBase:
         """Sign every envelope this transport sends (the server's, :class:`edge_sdk.signing.Signer`)."""
         self._signer = signer
 
-    def verify_with(self, verifier: Any) -> None:
+    def verify_with(self, verifier: Any, *, scopes: Any = None) -> None:
         """Refuse every incoming envelope not signed by the server (a device's,
-        :class:`edge_sdk.signing.Verifier`): reasons ``unsigned``, ``signature``, ``stale``, ``replay``."""
+        :class:`edge_sdk.signing.Verifier`): reasons ``unsigned``, ``signature``, ``stale``, ``replay``.
+
+        ``scopes``: only on topics of these scopes (an aggregator checks the
+        server's ``aggregation`` messages, not the devices' updates)."""
         self._inbox.verifier = verifier
+        self._inbox.verifier_scopes = None if scopes is None else frozenset(scopes)
+
+    def accept_aggregators(self, verifiers: Any) -> None:
+        """Accept messages on ``aggregators/<id>/`` only signed by ``<id>``'s key (``{id: Verifier}``).
+
+        Without this call no aggregator is accepted on those topics (their
+        messages are never delivered to a handler that reads them). An
+        unknown id is refused with reason ``unknown-aggregator``; a bad
+        signature, a stale or replayed one as :meth:`verify_with` refuses them.
+        """
+        self._inbox.aggregator_verifiers = dict(verifiers)
+
+    def route_chunks(self, router: Callable[[str, str, bytes], bool] | None) -> None:
+        """Give each incoming chunk to ``router(topic, sender, payload)`` first: True means it took it.
+
+        Ingest workers on one shared subscription each get some of a chunked
+        transfer's chunks; the router hands a chunk to the worker that owns its
+        sender, which feeds it to :meth:`inject`.
+        """
+        self._inbox.chunk_router = router
+
+    def inject(self, topic: str, payload: bytes) -> None:
+        """Process a frame another process received for this one, as if it came from the broker."""
+        self._deliver(self._inbox.process(topic, payload))
 
     def _frames(self, topic: str, msg: Message, retain: bool) -> list[bytes]:
         check_topic(topic)

@@ -28,7 +28,12 @@ class BrokerConfig:
     ----------
     url : str
         ``mqtt://host:port`` (default port 1883) or ``mqtts://host:port``
-        (TLS, default port 8883). Credentials do not belong in the URL.
+        (TLS, default port 8883), or a comma-separated list of them (the
+        nodes of a broker cluster, all with the same scheme): the transport
+        connects to the first and, each time the connection is lost or an
+        attempt fails, tries the next one, round the list. Credentials do not
+        belong in the URL. :attr:`host`, :attr:`port` and :attr:`tls` are the
+        first broker's; :attr:`urls` and :attr:`endpoints` list them all.
     username, password : str, optional
         Broker credentials (the ACL grants a client the topics of its user name).
     ca_certs, certfile, keyfile : str, optional
@@ -88,7 +93,7 @@ class BrokerConfig:
     chunk_sender_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        self._split()  # validates the URL
+        self._split_all()  # validates every URL of the list
         check_choice(self.protocol, "protocol", _PROTOCOLS, _PROTOCOLS)
         if not self.tls and (self.ca_certs or self.certfile or self.keyfile or self.tls_insecure):
             raise ValueError(
@@ -123,29 +128,27 @@ class BrokerConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
+    def _split_all(self) -> list[tuple[str, str, int]]:
+        """``(scheme, host, port)`` of each URL of the list, validated."""
+        if not isinstance(self.url, str):
+            return [_split_url(self.url)]  # says it is not a URL
+        items = [u.strip() for u in self.url.split(",")]
+        if len(items) > 1 and not all(items):
+            raise ValueError(f"url {self.url!r} has an empty entry in its comma-separated list")
+        parts = [_split_url(u) for u in items]
+        schemes = {scheme for scheme, _, _ in parts}
+        if len(schemes) > 1:
+            raise ValueError(f"url {self.url!r} mixes mqtt:// and mqtts://: every broker of a list must use the "
+                             "same scheme (one set of TLS options serves them all)")
+        seen: set[tuple[str, int]] = set()
+        for _, host, port in parts:
+            if (host.lower(), port) in seen:
+                raise ValueError(f"url {self.url!r} lists {host}:{port} twice")
+            seen.add((host.lower(), port))
+        return parts
+
     def _split(self) -> tuple[str, str, int]:
-        try:
-            parts = urlsplit(self.url)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"url {self.url!r} is not a URL: {e}") from None
-        scheme = parts.scheme.lower()
-        if scheme not in _SCHEMES:
-            raise ValueError(f"url scheme must be 'mqtt' or 'mqtts', got {parts.scheme!r} in {self.url!r}")
-        if parts.username is not None or parts.password is not None:
-            raise ValueError(f"url {self.url!r} holds credentials: pass username and password separately")
-        if not parts.hostname:
-            raise ValueError(f"url {self.url!r} has no host")
-        if parts.path not in ("", "/") or parts.query or parts.fragment:
-            raise ValueError(f"url {self.url!r} must be scheme://host:port with nothing after the port")
-        try:
-            port = parts.port
-        except ValueError:
-            raise ValueError(f"port in url {self.url!r} must be an integer in [1, 65535]") from None
-        if port is None:
-            port = _SCHEMES[scheme][0]
-        if not 1 <= port <= 65535:
-            raise ValueError(f"port in url {self.url!r} must be an integer in [1, 65535]")
-        return scheme, parts.hostname, port
+        return self._split_all()[0]
 
     @staticmethod
     def add_arguments(parser: Any, *, defaults_in_help: bool = False) -> None:
@@ -183,7 +186,9 @@ class BrokerConfig:
         """Build a config from a broker URL and keyword overrides.
 
         ``mqtt://user:secret@host`` is accepted here: the credentials move to
-        ``username``/``password`` (keywords win) and leave the URL.
+        ``username``/``password`` (keywords win) and leave the URL (in a
+        comma-separated list, every URL that holds credentials must hold the
+        same).
 
         Raises
         ------
@@ -196,14 +201,24 @@ class BrokerConfig:
         if unknown:
             raise TypeError(f"unknown BrokerConfig fields {unknown}")
         kw = {k: v for k, v in kw.items() if v is not None}
-        try:
-            parts = urlsplit(url)
-            user, secret = parts.username, parts.password
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"url {url!r} is not a URL: {e}") from None
-        if user is not None or secret is not None:
-            netloc = parts.netloc.rpartition("@")[2]
-            url = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+        items = url.split(",") if isinstance(url, str) else [url]
+        clean, found = [], set()
+        for item in items:
+            try:
+                parts = urlsplit(item.strip() if isinstance(item, str) else item)
+                user, secret = parts.username, parts.password
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"url {url!r} is not a URL: {e}") from None
+            if user is not None or secret is not None:
+                netloc = parts.netloc.rpartition("@")[2]
+                item = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+                found.add((user, secret))
+            clean.append(item)
+        if len(found) > 1:
+            raise ValueError("the urls of the list hold different credentials: give one username and password")
+        if found:
+            user, secret = found.pop()
+            url = ",".join(clean)
             kw.setdefault("username", user)
             if secret is not None:
                 kw.setdefault("password", secret)
@@ -225,3 +240,39 @@ class BrokerConfig:
     def tls(self) -> bool:
         """Whether the URL asks for TLS (``mqtts``)."""
         return _SCHEMES[self._split()[0]][1]
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Each broker's URL, in the order the transport tries them (one for a single broker)."""
+        return tuple(u.strip() for u in self.url.split(","))
+
+    @property
+    def endpoints(self) -> tuple[tuple[str, int], ...]:
+        """Each broker's ``(host, port)``, in the order of :attr:`urls`."""
+        return tuple((host, port) for _, host, port in self._split_all())
+
+
+def _split_url(url: str) -> tuple[str, str, int]:
+    """``(scheme, host, port)`` of one broker URL; ``ValueError`` naming what is wrong with it."""
+    try:
+        parts = urlsplit(url)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"url {url!r} is not a URL: {e}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in _SCHEMES:
+        raise ValueError(f"url scheme must be 'mqtt' or 'mqtts', got {parts.scheme!r} in {url!r}")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"url {url!r} holds credentials: pass username and password separately")
+    if not parts.hostname:
+        raise ValueError(f"url {url!r} has no host")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"url {url!r} must be scheme://host:port with nothing after the port")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"port in url {url!r} must be an integer in [1, 65535]") from None
+    if port is None:
+        port = _SCHEMES[scheme][0]
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port in url {url!r} must be an integer in [1, 65535]")
+    return scheme, parts.hostname, port

@@ -76,6 +76,16 @@ def _chunk_label(k: Any) -> str:
     return "CHUNK"
 
 
+def shared_filter(topic_filter: str) -> str:
+    """The filter a shared subscription (``$share/<group>/<filter>``, MQTT 5 and Mosquitto) matches topics by."""
+    if topic_filter.startswith("$share/"):
+        parts = topic_filter.split("/", 2)
+        if len(parts) < 3 or not parts[1] or not parts[2]:
+            raise ValueError(f"shared subscription {topic_filter!r} must be $share/<group>/<filter>")
+        return parts[2]
+    return topic_filter
+
+
 class Inbox:
     """The receive path shared by both transports: validate, reassemble, route."""
 
@@ -109,8 +119,15 @@ class Inbox:
         self._log = RejectionLog(log)
         #: Checks that every incoming envelope is signed by the server (a device's inbox), or None.
         self.verifier: Any = None
+        #: The topic scopes the server's signature is checked on (None: every topic).
+        self.verifier_scopes: frozenset[str] | None = None
         #: Called as ``listener(topic, reason, detail)`` after each refusal (:meth:`TransportBase.on_rejected`).
         self.reject_listeners: tuple[Callable[[str, str, str], None], ...] = ()
+        #: The aggregators this side accepts, by id (a :class:`edge_sdk.signing.Verifier` each), or None
+        #: when it accepts none: every message on ``aggregators/<id>/`` must be signed by ``<id>``'s key.
+        self.aggregator_verifiers: dict[str, Any] | None = None
+        #: ``router(topic, sender, payload) -> bool``: takes a chunk reassembled elsewhere (True), or None.
+        self.chunk_router: Callable[[str, str, bytes], bool] | None = None
 
     def expire(self) -> int:
         """Drop stalled or overdue partial transfers now; returns how many (thread-safe)."""
@@ -127,6 +144,7 @@ class Inbox:
         return self._reassembler.pending()
 
     def add(self, topic_filter: str, handler: Handler, qos: int) -> None:
+        shared_filter(topic_filter)  # a malformed $share/ filter is refused here
         with self._lock:
             old_qos, handlers = self._subs.get(topic_filter, (qos, []))
             self._subs[topic_filter] = (max(old_qos, qos), [*handlers, handler])
@@ -171,9 +189,13 @@ class Inbox:
         }
         try:
             msg = decode_message(payload, **check)
-            if self.verifier is not None:
-                self.verifier.check(payload)
+            verifier = self._verifier_for(topic)
+            if verifier is not None:
+                verifier.check(payload)
             if msg.kind == Kind.CHUNK:
+                router = self.chunk_router
+                if router is not None and router(topic, msg.sender, payload):
+                    return []  # another process reassembles this sender's transfers
                 label = _chunk_label(msg.meta.get("k"))
                 with self._lock:  # the reassembler is not thread-safe
                     whole = self._reassembler.feed(msg)
@@ -181,8 +203,8 @@ class Inbox:
                 if whole is None:
                     return []
                 inner = decode_message(whole, **check)
-                if self.verifier is not None:
-                    self.verifier.check(whole)
+                if verifier is not None:
+                    verifier.check(whole)
                 if inner.kind == Kind.CHUNK:
                     raise ProtocolError("kind", "a chunked payload holds another CHUNK message")
                 if inner.sender != msg.sender:
@@ -200,7 +222,25 @@ class Inbox:
             return []
         with self._lock:
             subs = list(self._subs.items())
-        return [(h, topic, msg) for f, (_, handlers) in subs if topic_matches(f, topic) for h in handlers]
+        return [(h, topic, msg) for f, (_, handlers) in subs if topic_matches(shared_filter(f), topic)
+                for h in handlers]
+
+    def _verifier_for(self, topic: str) -> Any:
+        """The check of a message on ``topic``: its aggregator's key on ``aggregators/<id>/``, else the server's."""
+        verifiers = self.aggregator_verifiers
+        if verifiers is not None:
+            parsed = self.topics.parse(topic)
+            if parsed is not None and parsed[0] == "aggregators":
+                verifier = verifiers.get(parsed[1])
+                if verifier is None:
+                    raise ProtocolError("unknown-aggregator",
+                                        f"aggregator {parsed[1]!r} is not one whose public key this server holds")
+                return verifier
+        if self.verifier is not None and self.verifier_scopes is not None:
+            parsed = self.topics.parse(topic)
+            if parsed is None or parsed[0] not in self.verifier_scopes:
+                return None
+        return self.verifier
 
     def deliver(self, deliveries: list[Delivery]) -> None:
         for handler, topic, msg in deliveries:

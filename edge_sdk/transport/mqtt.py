@@ -1,9 +1,13 @@
+# Long on purpose: the one class that owns paho (connect, failover across a broker list, subscribe, publish, acks) reads best whole.
 """MqttTransport: the one class that owns paho.
 
 It wraps a paho-mqtt 2.x client (it never subclasses it nor lets paho types
 escape): persistent sessions, QoS 1, subscriptions remade on every connect,
-reconnects with back-off, an optional last will, TLS for ``mqtts://``. It runs
-its own network and dispatcher threads, or, given ``loop=``, a shared
+reconnects with back-off, an optional last will, TLS for ``mqtts://``. Given a
+list of brokers (the nodes of a cluster: ``BrokerConfig("mqtt://a:1883,mqtt://b:1883")``),
+each lost connection and each failed attempt moves the next attempt to the next
+broker of the list, round robin. It runs its own network and dispatcher
+threads, or, given ``loop=``, a shared
 :class:`~edge_sdk.transport.netloop.NetworkLoop`. The package docstring
 (:mod:`edge_sdk.transport`) tells the whole story.
 """
@@ -47,6 +51,10 @@ logging.getLogger(_PAHO_LOGGER).addFilter(_WhileReconnecting())
 #: Seconds between two expiry passes over partial chunked transfers, while idle.
 _EXPIRY_PERIOD_S = 1.0
 
+#: CONNACK refusals that say this broker cannot take the client now, not that the client may not connect:
+#: with a list of brokers, the first connect tries the next one instead of giving up.
+_BUSY_REFUSALS = frozenset({"Server unavailable", "Server busy", "Use another server", "Server moved"})
+
 
 class MqttTransport(TransportBase):
     """A paho-mqtt 2.x client speaking the FedSketch protocol.
@@ -54,7 +62,7 @@ class MqttTransport(TransportBase):
     Parameters
     ----------
     config : BrokerConfig
-        Broker address, credentials, TLS, limits.
+        Broker address (or a list of them: see :attr:`broker_url`), credentials, TLS, limits.
     client_id : str
         MQTT client id; also the id this side speaks as (use the broker user
         name, which the ACL ties to ``clients/<id>/``).
@@ -80,6 +88,15 @@ class MqttTransport(TransportBase):
         (half to all of the exponential delay), so that a fleet that lost
         its broker does not come back in one instant. Messages wait for the
         loop's pool without bound (no back-pressure to the broker).
+
+    With several brokers in ``config.url``, the first connection goes to the
+    first one; after a lost connection, a failed attempt or a refused
+    CONNECT, the next attempt goes to the next broker of the list (round
+    robin, with the same back-off), logged once at INFO and counted in
+    ``stats()["errors"]["failover"]``. The session is persistent and the
+    subscriptions are remade on every connect, so a cluster that shares
+    sessions (NATS keeps them in JetStream) goes on delivering the session's
+    QoS 1 messages on the new node.
     """
 
     def __init__(
@@ -104,6 +121,11 @@ class MqttTransport(TransportBase):
                          chunk_memory_bytes=config.chunk_memory_bytes,
                          chunk_sender_bytes=config.chunk_sender_bytes)
         self.config = config
+        self._urls = config.urls
+        self._endpoints = config.endpoints
+        #: Index in the broker list of the broker in use, or tried next.
+        self._at = 0
+        self._connect_kwargs: dict[str, Any] = {}
         v5 = config.protocol == "5"
         kwargs: dict[str, Any] = {"client_id": self.client_id,
                                   "protocol": mqtt.MQTTv5 if v5 else mqtt.MQTTv311}
@@ -134,6 +156,8 @@ class MqttTransport(TransportBase):
         self._connected = threading.Event()
         self._connack = threading.Event()
         self._refused: str | None = None
+        #: connect() waits for the first answer: a refusal of the credentials then ends it (no failover).
+        self._first_wait = False
         self._closing = False
         self._stopping = False
         self._started = False
@@ -154,12 +178,42 @@ class MqttTransport(TransportBase):
         return (f"MqttTransport(url={self.config.url!r}, client_id={self.client_id!r}, "
                 f"federation={self.federation!r}, connected={self.is_connected})")
 
+    @property
+    def broker_url(self) -> str:
+        """The broker of the list this transport is connected to, or tries next (one of ``config.urls``)."""
+        return self._urls[self._at]
+
+    def _fail_over(self, why: str) -> None:
+        """Aim the next connection attempt at the next broker of the list (network thread; one broker: no-op).
+
+        paho refuses a new host while its connection is not closed for good; ``connect_async`` (public)
+        marks it closed and sets host and port, and paho's reconnect then dials them.
+        """
+        n = len(self._endpoints)
+        if n < 2 or self._closing or self._stopping:
+            return
+        was = self.broker_url
+        self._at = (self._at + 1) % n
+        host, port = self._endpoints[self._at]
+        self._client.connect_async(host, port, int(self.config.keepalive), **self._connect_kwargs)
+        self._meter.bump(self._meter.errors, "failover")
+        log.info("%s: %s %s; failing over to broker %s (%d of %d)", self.client_id, why, was, self.broker_url,
+                 self._at + 1, n)
+
+    def _final_refusal(self, reason: str) -> bool:
+        """Whether a refusal ends connect(): while it waits, unless another broker of the list may take us."""
+        return self._first_wait and not (reason in _BUSY_REFUSALS and len(self._endpoints) > 1)
+
     # -- paho callbacks (network thread) --
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
         if reason_code.is_failure:
             self._refused = str(reason_code)
-            log.error("broker %s refused %s: %s", self.config.url, self.client_id, reason_code)
-            self._connack.set()
+            hint = ""
+            if self._v5 and self._refused == "Unsupported protocol version":
+                hint = " (it does not speak MQTT 5: use protocol 3.1.1)"
+            log.error("broker %s refused %s: %s%s", self.broker_url, self.client_id, reason_code, hint)
+            if self._final_refusal(self._refused):
+                self._connack.set()
             return
         self._refused = None
         self._attempts = 0
@@ -168,23 +222,31 @@ class MqttTransport(TransportBase):
         filters = self._inbox.filters()
         if filters:
             client.subscribe(filters)
-        log.info("connected to %s as %s (session present: %s, %d subscriptions)", self.config.url,
+        log.info("connected to %s as %s (session present: %s, %d subscriptions)", self.broker_url,
                  self.client_id, bool(getattr(flags, "session_present", False)), len(filters))
         self._notify_connected()
 
     def _on_connect_fail(self, client: Any, userdata: Any) -> None:
-        log.debug("connection attempt to %s failed; retrying with back-off", self.config.url)
+        log.debug("connection attempt to %s failed; retrying with back-off", self.broker_url)
+        self._fail_over("could not connect to")
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
         self._connected.clear()
         self._gone.set()
         if self._closing or self._stopping:
-            log.info("disconnected from %s", self.config.url)
+            if self._refused is None:  # after a refusal, the error said it all
+                log.info("disconnected from %s", self.broker_url)
+            return
+        if self._refused is not None:  # the CONNECT was refused (said at ERROR): no connection was lost
+            if self._final_refusal(self._refused):
+                return  # connect() raises
+            self._fail_over("refused by")
         else:
             self._meter.bump(self._meter.errors, "connection-lost")
-            log.warning("lost connection to %s (%s); reconnecting with back-off", self.config.url, reason_code)
-            if self._loop is not None and self._want:
-                self._retry_later()
+            log.warning("lost connection to %s (%s); reconnecting with back-off", self.broker_url, reason_code)
+            self._fail_over("lost")
+        if self._loop is not None and self._want:
+            self._retry_later()
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
         if self._lane is not None:  # validated and handled on the loop's pool, in order
@@ -243,7 +305,8 @@ class MqttTransport(TransportBase):
         except (OSError, ValueError) as e:
             self._attempts += 1
             log.debug("connection attempt %d of %s to %s failed (%s); retrying with back-off", self._attempts,
-                      self.client_id, self.config.url, e)
+                      self.client_id, self.broker_url, e)
+            self._fail_over("could not connect to")
             self._retry_later()
 
     def _retry_later(self) -> None:
@@ -313,8 +376,11 @@ class MqttTransport(TransportBase):
         Raises
         ------
         ConnectionError
-            When the broker refuses (bad credentials: "Not authorized") or
-            does not answer within ``timeout`` seconds.
+            When the broker refuses (bad credentials: "Not authorized"; one
+            that speaks no MQTT 5: "Unsupported protocol version") or no
+            broker of the list answers within ``timeout`` seconds. With a
+            list, a broker that cannot be reached, or says it is unavailable,
+            is passed over for the next one meanwhile.
         """
         if not wait and self._loop is None:
             raise ValueError("connect(wait=False) needs a transport on a NetworkLoop (loop=...)")
@@ -332,8 +398,11 @@ class MqttTransport(TransportBase):
             props = Properties(PacketTypes.CONNECT)
             props.SessionExpiryInterval = int(self.config.session_expiry_s)
             kwargs = {"clean_start": False, "properties": props}
+        self._connect_kwargs = kwargs
         self._connack.clear()
-        self._client.connect_async(self.config.host, self.config.port, int(self.config.keepalive), **kwargs)
+        self._first_wait = wait
+        host, port = self._endpoints[self._at]
+        self._client.connect_async(host, port, int(self.config.keepalive), **kwargs)
         if self._loop is not None:
             self._loop.attach(self, self._client)
             self._want = True
@@ -348,16 +417,24 @@ class MqttTransport(TransportBase):
             self._worker = threading.Thread(target=self._dispatch, name=f"fedsketch-{self.client_id}",
                                             daemon=True)
             self._worker.start()
-        if not self._connack.wait(timeout):
+        answered = self._connack.wait(timeout)
+        self._first_wait = False
+        if not answered:
+            reason, url = self._refused, self.broker_url
             self._stop_network()
+            if reason is not None:  # every broker tried said it was unavailable
+                raise ConnectionError(f"broker {url} refused {self.client_id}: {reason} (and no broker of "
+                                      f"{self.config.url} took it within {timeout:g} s)")
             raise ConnectionError(
                 f"no answer from broker {self.config.url} within {timeout:g} s "
                 "(is it running, and is the address reachable?)"
             )
         if self._refused is not None:
-            reason = self._refused
+            reason, url = self._refused, self.broker_url
             self._stop_network(refused=True)
-            raise ConnectionError(f"broker {self.config.url} refused {self.client_id}: {reason}")
+            hint = " (it does not speak MQTT 5: use protocol 3.1.1)" if (
+                self._v5 and reason == "Unsupported protocol version") else ""
+            raise ConnectionError(f"broker {url} refused {self.client_id}: {reason}{hint}")
 
     def _stop_network(self, *, refused: bool = False, timeout: float = 5.0) -> None:
         self._stopping = True

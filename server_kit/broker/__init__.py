@@ -1,4 +1,4 @@
-"""MQTT brokers for demos and tests: Mosquitto in a subprocess, or amqtt in-process.
+"""MQTT brokers for demos and tests: Mosquitto in a subprocess, amqtt in-process, a NATS cluster in subprocesses.
 
 :class:`MosquittoBroker` writes a configuration (listener, persistence,
 message limits, password file, ACL) into a temporary folder and runs
@@ -6,13 +6,16 @@ message limits, password file, ACL) into a temporary folder and runs
 the ``deploy/`` configuration targets. :class:`EmbeddedBroker` runs amqtt on
 its own asyncio loop in a background thread, for machines without Mosquitto;
 amqtt speaks MQTT 3.1.1 only and keeps no session of an anonymous client.
+:class:`NatsCluster` runs several ``nats-server`` nodes, clustered, with
+JetStream and an MQTT 3.1.1 listener each: the broker list a device fails
+over along (``BrokerConfig(cluster.url)``).
 
 >>> with start_broker() as broker:          # doctest: +SKIP
 ...     transport = MqttTransport(BrokerConfig(broker.url), "c1", federation="demo")
 
 One module per job: :mod:`~server_kit.broker.mosquitto` (the Mosquitto
 process), :mod:`~server_kit.broker.deploy_conf` (the shipped configuration,
-adapted), :mod:`~server_kit.broker.embedded` (amqtt) and
+adapted), :mod:`~server_kit.broker.embedded` (amqtt), :mod:`~server_kit.broker.nats` (NATS) and
 :mod:`~server_kit.broker.ports`; :func:`start_broker` picks one here.
 """
 
@@ -23,10 +26,11 @@ from typing import Any, Union
 from .deploy_conf import DEPLOY_CONF, adapt_deploy_conf
 from .embedded import EmbeddedBroker
 from .mosquitto import MosquittoBroker, find_mosquitto
+from .nats import NatsCluster, find_nats_server, nats_server_version
 from .ports import free_port
 
-__all__ = ["DEPLOY_CONF", "EmbeddedBroker", "MosquittoBroker", "adapt_deploy_conf", "find_mosquitto", "free_port",
-           "start_broker"]
+__all__ = ["DEPLOY_CONF", "EmbeddedBroker", "MosquittoBroker", "NatsCluster", "adapt_deploy_conf", "find_mosquitto",
+           "find_nats_server", "free_port", "nats_server_version", "start_broker"]
 
 #: Either kind of broker (what :func:`start_broker` returns).
 AnyBroker = Union[MosquittoBroker, EmbeddedBroker]

@@ -19,21 +19,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .deploy_conf import DEPLOY_CONF, adapt_deploy_conf
-from .ports import free_port, wait_port
+from .ports import find_binary, free_port, wait_port
 
 __all__ = ["MosquittoBroker", "find_mosquitto"]
 
 log = logging.getLogger(__name__)
 
-_MOSQUITTO_FALLBACK = "/usr/sbin/mosquitto"
-
-
 def find_mosquitto() -> str | None:
     """Path of the ``mosquitto`` binary: on PATH, else ``/usr/sbin/mosquitto``, else None."""
-    found = shutil.which("mosquitto")
-    if found:
-        return found
-    return _MOSQUITTO_FALLBACK if os.access(_MOSQUITTO_FALLBACK, os.X_OK) else None
+    return find_binary("mosquitto")
 
 
 def _find_passwd_tool(mosquitto: str) -> str | None:

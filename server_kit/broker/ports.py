@@ -52,3 +52,15 @@ def wait_listening(host: str, port: int, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:g} s")
         time.sleep(0.02)
+
+
+def find_binary(name: str) -> str | None:
+    """Path of a broker binary: on PATH, else ``/usr/sbin/<name>``, else None."""
+    import os
+    import shutil
+
+    found = shutil.which(name)
+    if found:
+        return found
+    fallback = f"/usr/sbin/{name}"
+    return fallback if os.access(fallback, os.X_OK) else None

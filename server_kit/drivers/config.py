@@ -54,6 +54,8 @@ class ServerConfig:
     checkpoint_dir: str | None = None
     stop_clients: bool = True
     model_delivery: str = "auto"
+    #: How long a round's close waits for the aggregators' partial sums (server_kit.partials).
+    partial_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -65,7 +67,7 @@ class ServerConfig:
             if not 0.0 < v <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {v}")
         for name in ("register_timeout_s", "sketch_timeout_s", "round_timeout_s", "eval_timeout_s",
-                     "progress_grace_s"):
+                     "progress_grace_s", "partial_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("first_round_timeout_s", "max_round_s"):

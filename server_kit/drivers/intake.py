@@ -82,6 +82,8 @@ class Intake:
         #: The rounds each client was tasked in (a late update is told apart from a stray one).
         self.tasked_rounds: dict[str, set[int]] = {}
         self.updates: dict[str, Update] = {}
+        #: The round's updates aggregators hold (:mod:`server_kit.partials`): their receipts, weights left there.
+        self.held_elsewhere: dict[str, Update] = {}
         #: The autoencoder pre-training of the run, while it goes on (:mod:`server_kit.pretrain.rounds`).
         self.ae: AEPretraining | None = None
         self.metrics: dict[str, dict[str, Any]] = {}
@@ -112,6 +114,7 @@ class Intake:
         """Round ``rnd`` begins now: expect an update from each task's client, for a model it was sent."""
         self.run.begin_round(rnd)
         self.updates = {}
+        self.held_elsewhere = {}
         self.tasked = {t.cid for t in tasks}
         self.allowed = {t.cid: frozenset(t.models) for t in tasks}
         for t in tasks:
@@ -163,15 +166,17 @@ class Intake:
         self.feature_shape = feats.shape
         return feats
 
-    def on_update(self, cid: str, msg: Message) -> Update | None:
-        """A round's update: refused if late, stray or for a model the client was not sent; else recorded, returned.
+    def admit_update(self, cid: str, meta: Mapping[str, Any]) -> RoundWait | None:
+        """The checks of a round's update (or of an aggregator's receipt of one), by its meta; the round's wait.
 
-        With compression on, the body is the compressed delta from the model
-        version the device names (it must be the version of the round's model),
-        checked whole before anything is decoded (:func:`edge_sdk.compress.decode_delta`).
+        None: a late update for a closed round the device was tasked in
+        (refused, logged). Raises :class:`ProtocolError`: a stray update
+        (``stale-update``), one for a model the client was not sent
+        (``wrong-model``), from another version than the round's with
+        compression on (``wrong-version``), or a second one this round
+        (``duplicate-update``).
         """
-        m = msg.meta
-        rnd = m["round"]
+        rnd = meta["round"]
         closed = rnd < self.round or (rnd == self.round and self.wait is None)
         if closed and rnd in self.tasked_rounds.get(cid, ()):
             # the documented rule: an update for a closed round is refused (its model has moved on), logged
@@ -184,24 +189,54 @@ class Intake:
             # a tasked device that names another round than the open one is refused for this round too
             raise ProtocolError("stale-update", f"update for round {rnd} (current {self.round}, "
                                                 f"tasked: {cid in self.tasked})")
-        key = m["model_key"]
+        key = meta.get("model_key")
         if key not in self.allowed.get(cid, ()):
             raise ProtocolError("wrong-model", f"update for model {key!r} in round {rnd}; this client was sent "
                                                f"{sorted(self.allowed.get(cid, ()))}")
-        n = m["n_samples"]  # Strategy.aggregate weighs it by the count the device registered, never more
+        if self.strategy.compression.enabled:
+            have = self.strategy.versions.version.get(key)
+            if meta.get("version") != have:
+                raise ProtocolError("wrong-version", f"update from model {key!r} version {meta.get('version')}; "
+                                                     f"the round's is version {have}")
+        if cid in self.updates or cid in self.held_elsewhere:
+            raise ProtocolError("duplicate-update", f"a second update from {cid} in round {rnd}")
+        return wait
+
+    def on_update(self, cid: str, msg: Message) -> Update | None:
+        """A round's update: refused if late, stray or for a model the client was not sent; else recorded, returned.
+
+        With compression on, the body is the compressed delta from the model
+        version the device names (it must be the version of the round's model),
+        checked whole before anything is decoded (:func:`edge_sdk.compress.decode_delta`).
+        """
+        m = msg.meta
+        wait = self.admit_update(cid, m)
+        if wait is None:
+            return None
+        key, n = m["model_key"], m["n_samples"]  # Strategy.aggregate weighs n by the count registered, never more
         # bad tensors raise: the link counts the refusal and tells the round (refuse_update)
         comp = self.strategy.compression
         if comp.enabled:
-            have = self.strategy.versions.version.get(key)
-            if m.get("version") != have:
-                raise ProtocolError("wrong-version", f"update from model {key!r} version {m.get('version')}; "
-                                                     f"the round's is version {have}")
-            upd = Update(cid, rnd, key, {}, n, m.get("loss", float("nan")), m["metrics"],
-                         delta=decode_delta(msg.body, self.models.spec, comp.method), version=have)
+            upd = Update(cid, m["round"], key, {}, n, m.get("loss", float("nan")), m["metrics"],
+                         delta=decode_delta(msg.body, self.models.spec, comp.method), version=m["version"])
         else:
-            upd = Update(cid, rnd, key, parse_tensors(msg.body, spec=self.models.spec), n,
+            upd = Update(cid, m["round"], key, parse_tensors(msg.body, spec=self.models.spec), n,
                          m.get("loss", float("nan")), m["metrics"])
         self.updates[cid] = upd
+        wait.answer("update", cid)
+        self.pace.note_update(wait, cid)
+        return upd
+
+    def on_receipt(self, cid: str, meta: Mapping[str, Any]) -> Update | None:
+        """An aggregator holds ``cid``'s update: checked as the update would be, recorded (weights left there)."""
+        wait = self.admit_update(cid, meta)
+        if wait is None:
+            return None
+        if "n_samples" not in meta:
+            raise ProtocolError("meta-field", "a receipt of an update must name its n_samples")
+        upd = Update(cid, meta["round"], meta["model_key"], {}, meta["n_samples"], meta.get("loss", float("nan")),
+                     meta["metrics"], version=meta.get("version"))
+        self.held_elsewhere[cid] = upd
         wait.answer("update", cid)
         self.pace.note_update(wait, cid)
         return upd

@@ -1,3 +1,4 @@
+# Long on purpose: the run, phase by phase; splitting it further would scatter its order (aggregators joined it).
 """The MQTT driver: a real federation of client processes behind a broker.
 
 The :class:`Orchestrator` runs a :class:`~server_kit.strategies.base.Strategy` over
@@ -78,6 +79,7 @@ from .models import RunModels
 from .pace import Pace
 from .phase import Phase
 from .records import round_record
+from .remote import RemoteRound
 from .resketch import Resketch, drift_totals
 from .result import RunResult
 from .round_wait import RoundClose, RoundWait
@@ -98,6 +100,9 @@ class Orchestrator:
         *,
         template: Mapping[str, np.ndarray] | None = None,
         on_round: Callable[[dict[str, Any]], None] | None = None,
+        aggregators: Mapping[str, Any] | None = None,
+        updates_elsewhere: bool = False,
+        alive: Callable[[str], bool] | None = None,
     ) -> None:
         self.strategy = strategy
         self.transport = transport
@@ -132,6 +137,19 @@ class Orchestrator:
                                        self.run_models)
         self.resketch = Resketch(strategy, config, self.link, self.fleet, self.intake, self.assignments,
                                  self.delivery, self.round_deadline)
+        #: The aggregators' side of the rounds (their receipts and partial sums), or None without aggregators.
+        self.remote: RemoteRound | None = None
+        #: Whether only aggregators take the devices' updates (ingest workers): the server does not subscribe.
+        self.updates_elsewhere = bool(updates_elsewhere)
+        if aggregators:
+            why = strategy.partials_refusal()
+            if why:
+                raise ValueError(f"strategy {strategy.name!r} cannot take partial sums from aggregators: {why}")
+            transport.accept_aggregators(aggregators)
+            self.remote = RemoteRound(self.link, self.intake, strategy, self.run_models, list(aggregators),
+                                      timeout_s=config.partial_timeout_s, alive=alive)
+        elif updates_elsewhere:
+            raise ValueError("updates_elsewhere needs aggregators to take the updates")
 
     # -- the run's devices and models ---------------------------------------
     @property
@@ -192,6 +210,9 @@ class Orchestrator:
     def _handle(self, topic: str, msg: Message) -> None:
         """The link's handler: one device message, checked against the schema, to whom it concerns."""
         cid = msg.sender
+        if self.remote is not None and msg.kind in (Kind.RECEIPT, Kind.PARTIAL):
+            self.remote.on_message(cid, msg)  # the transport took it only on that aggregator's topics, signed
+            return
         msg = dataclasses.replace(msg, meta=check_meta(msg))  # every field a handler reads, checked
         if msg.kind == Kind.HELLO:
             self._on_hello(cid, msg)
@@ -312,6 +333,8 @@ class Orchestrator:
         tasks = self.strategy.plan_round(rnd, self.trainable(), self.config.over_select)
         intake = self.intake
         wait = intake.open_round(rnd, tasks, self.fleet.online_ids, report_goal=self.config.report_goal)
+        if self.remote is not None:  # the aggregators learn what this round's updates start from
+            self.remote.open(rnd, {k for t in tasks for k in t.models})
         # what each client is offered (IFCA: all K), as the devices download it
         delivered, deliveries = self.delivery.deliver_models({t.cid: list(t.models) for t in tasks},
                                                              self.strategy.models, self.strategy.versions)
@@ -327,23 +350,27 @@ class Orchestrator:
         close = self._wait_round(rnd, wait)
         intake.close_round()
         updates = [intake.updates[c] for c in sorted(intake.updates)]
-        missing = sorted(intake.tasked - set(intake.updates))
+        arrived = [*updates, *(intake.held_elsewhere[c] for c in sorted(intake.held_elsewhere))]
+        missing = sorted(intake.tasked - set(intake.updates) - set(intake.held_elsewhere))
         if missing:
             log.warning("round %d closed (%s at %.1f s) without %d client(s): %s", rnd, close.reason.value,
                         close.close_s, len(missing), some_ids(missing))
-        summary = self.strategy.aggregate(rnd, updates) if updates else {"updates": 0}
+        remote = self.remote if self.remote is not None and intake.held_elsewhere else None
+        summary = self.strategy.aggregate(rnd, updates, remote=remote) if arrived else {"updates": 0}
         wait.screen(summary.get("refused_by") or {})
+        if remote is not None:
+            wait.screen(remote.refused_by)
         if drift is not None:
             summary["drift"] = drift
         for cid in self.pace.after_round(wait, close.extended_by):
             self.fleet.bench(cid, self.pace.benched[cid])
-        rec = round_record(rnd, len(tasks), updates, missing, summary, delivered, deliveries, t0)
+        rec = round_record(rnd, len(tasks), arrived, missing, summary, delivered, deliveries, t0)
         rec.update(wait.record(close, lambda c: c in self.fleet.online_ids))
         self.history.append(rec)
         self._checkpoint(rnd)
         if self.on_round:
             self.on_round(rec)
-        log.info("round %d: %d/%d updates, loss %s", rnd, len(updates), len(tasks), rec["loss"])
+        log.info("round %d: %d/%d updates, loss %s", rnd, len(arrived), len(tasks), rec["loss"])
         return rec
 
     def round_deadline(self, rnd: int) -> float:
@@ -464,7 +491,12 @@ class Orchestrator:
 
     def _run(self, resume: bool) -> RunResult:
         t0 = time.monotonic()
-        self.link.subscribe(("hello", "sketch", "update", "status", "metrics"))
+        leaves = ("hello", "sketch", "status", "metrics") if self.updates_elsewhere else (
+            "hello", "sketch", "update", "status", "metrics")
+        self.link.subscribe(leaves)
+        if self.remote is not None:
+            for leaf in ("receipt", "partial"):
+                self.transport.subscribe(self.topics.aggregator("+", leaf), self.link.enqueue)
         start = self._resume() + 1 if resume else 1
         if not resume:
             self._start()

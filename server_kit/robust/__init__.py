@@ -57,7 +57,17 @@ from .config import (
     make_aggregator,
 )
 from .coordinate import CoordinateAggregator, coordinate_median, trim_count, trimmed_mean
-from .screening import ScreenReport, cap_samples, clip_update, delta_norm, screen_updates
+from .screening import (
+    ScreenReport,
+    Verdict,
+    apply_verdicts,
+    cap_samples,
+    clip_update,
+    delta_norm,
+    judge_norms,
+    screen_updates,
+    update_norms,
+)
 
 __all__ = [
     "AGGREGATORS",
@@ -67,12 +77,16 @@ __all__ = [
     "DEFAULT_TRIM_FRACTION",
     "RobustConfig",
     "ScreenReport",
+    "Verdict",
+    "apply_verdicts",
     "cap_samples",
     "clip_update",
     "coordinate_median",
     "delta_norm",
+    "judge_norms",
     "make_aggregator",
     "screen_updates",
     "trim_count",
     "trimmed_mean",
+    "update_norms",
 ]

@@ -20,7 +20,8 @@ import numpy as np
 
 from edge_sdk.worker import Update
 
-__all__ = ["ScreenReport", "cap_samples", "clip_update", "delta_norm", "screen_updates"]
+__all__ = ["ScreenReport", "Verdict", "apply_verdicts", "cap_samples", "clip_update", "delta_norm", "judge_norms",
+           "screen_updates", "update_norms"]
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,89 @@ class ScreenReport:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What screening decided of one update: kept as it is (``scale`` 1), clipped (``scale`` < 1) or refused."""
+
+    scale: float = 1.0
+    refused: str | None = None
+
+
+def judge_norms(norms: Mapping[str, float | None], norm_bound: float | None, *,
+                refuse_above: float | None = None, rnd: int | None = None,
+                keys: Mapping[str, str] | None = None) -> tuple[dict[str, Verdict], ScreenReport]:
+    """Screening's decisions from the round's update norms alone, by client id.
+
+    The one rule of screening (see :func:`screen_updates`), which a server
+    applies to its own updates and sends to the aggregators that hold the
+    others (:mod:`server_kit.partials`). ``None``: the norm could not be
+    computed (the update passes; the aggregation refuses it with its own
+    reason); ``inf``: not finite. ``keys`` names each client's model, for
+    the log.
+    """
+    keys = keys or {}
+    finite = [n for n in norms.values() if n is not None and math.isfinite(n)]
+    report = ScreenReport()
+    if finite:
+        median = float(np.median(finite))
+        report.norm_median = median
+        report.norm_max_ratio = float(max(finite) / median) if median > 0 else None
+    verdicts = {cid: Verdict() for cid in norms}
+    if norm_bound is None:
+        return verdicts, report
+    bound = None if not report.norm_median else norm_bound * report.norm_median
+    refuse = None if bound is None or refuse_above is None else max(refuse_above, norm_bound) * report.norm_median
+    report.norm_bound, report.refuse_bound = bound, refuse
+    for cid, n in norms.items():
+        if n is None:
+            continue
+        key = keys.get(cid, "?")
+        if not math.isfinite(n):
+            report.refused_norm += 1
+            verdicts[cid] = Verdict(refused="screening: its delta norm is not finite")
+            log.warning("round %s: update of %s for %s refused: its delta norm is not finite", rnd, cid, key)
+        elif refuse is not None and n > refuse:
+            report.refused_norm += 1
+            verdicts[cid] = Verdict(refused=f"screening: delta norm {n / report.norm_median:.3g} x the round's median")
+            log.warning("round %s: update of %s for %s refused: delta norm %.4g is %.3g x the round's median "
+                        "%.4g (refused above %g x)", rnd, cid, key, n, n / report.norm_median,
+                        report.norm_median, refuse_above)
+        elif bound is not None and n > bound:
+            report.clipped += 1
+            verdicts[cid] = Verdict(scale=bound / n)
+            log.warning("round %s: update of %s for %s clipped: delta norm %.4g is %.1f x the round's median "
+                        "%.4g (bound %.4g)", rnd, cid, key, n, n / report.norm_median, report.norm_median, bound)
+    report.refused_by = {cid: v.refused for cid, v in verdicts.items() if v.refused is not None}
+    return verdicts, report
+
+
+def update_norms(updates: Sequence[Update], references: Mapping[str, Weights]) -> dict[str, float | None]:
+    """Each update's delta norm against the model it started from (None: it cannot be computed), by client."""
+    norms: dict[str, float | None] = {}
+    for u in updates:
+        ref = references.get(u.model_key)
+        try:
+            norms[u.cid] = None if ref is None else delta_norm(u.weights, ref)
+        except ValueError:
+            norms[u.cid] = None
+    return norms
+
+
+def apply_verdicts(updates: Sequence[Update], references: Mapping[str, Weights],
+                   verdicts: Mapping[str, Verdict], norms: Mapping[str, float | None]) -> list[Update]:
+    """The updates kept, in their order, clipped ones replaced by clipped copies (:func:`clip_update`)."""
+    kept = []
+    for u in updates:
+        v = verdicts.get(u.cid, Verdict())
+        if v.refused is not None:
+            continue
+        n = norms.get(u.cid)
+        if v.scale < 1.0 and n is not None:
+            u = dataclasses.replace(u, weights=clip_update(u.weights, references[u.model_key], v.scale * n, n))
+        kept.append(u)
+    return kept
+
+
 def screen_updates(updates: Sequence[Update], references: Mapping[str, Weights], norm_bound: float | None,
                    *, refuse_above: float | None = None, rnd: int | None = None
                    ) -> tuple[list[Update], ScreenReport]:
@@ -141,7 +225,7 @@ def screen_updates(updates: Sequence[Update], references: Mapping[str, Weights],
     Parameters
     ----------
     updates : sequence of Update
-        The round's updates, every cluster together.
+        The round's updates, every cluster together (one per client).
     references : mapping of str to weights
         The models the updates started from, by model key (the strategy's
         models before aggregation).
@@ -168,48 +252,10 @@ def screen_updates(updates: Sequence[Update], references: Mapping[str, Weights],
         and the absolute clipping and refusal bounds used (None when off or
         the median is 0).
     """
-    norms: list[float | None] = []
-    for u in updates:
-        ref = references.get(u.model_key)
-        try:
-            norms.append(None if ref is None else delta_norm(u.weights, ref))
-        except ValueError:
-            norms.append(None)
-    finite = [n for n in norms if n is not None and math.isfinite(n)]
-    report = ScreenReport()
-    if finite:
-        median = float(np.median(finite))
-        report.norm_median = median
-        report.norm_max_ratio = float(max(finite) / median) if median > 0 else None
-    if norm_bound is None:
-        return list(updates), report
-    bound = None if not report.norm_median else norm_bound * report.norm_median
-    refuse = None if bound is None or refuse_above is None else max(refuse_above, norm_bound) * report.norm_median
-    report.norm_bound, report.refuse_bound = bound, refuse
-    kept = []
-    for u, n in zip(updates, norms):
-        if n is None:
-            kept.append(u)
-        elif not math.isfinite(n):
-            report.refused_norm += 1
-            report.refused_by[u.cid] = "screening: its delta norm is not finite"
-            log.warning("round %s: update of %s for %s refused: its delta norm is not finite", rnd, u.cid,
-                        u.model_key)
-        elif refuse is not None and n > refuse:
-            report.refused_norm += 1
-            report.refused_by[u.cid] = f"screening: delta norm {n / report.norm_median:.3g} x the round's median"
-            log.warning("round %s: update of %s for %s refused: delta norm %.4g is %.3g x the round's median "
-                        "%.4g (refused above %g x)", rnd, u.cid, u.model_key, n, n / report.norm_median,
-                        report.norm_median, refuse_above)
-        elif bound is not None and n > bound:
-            report.clipped += 1
-            log.warning("round %s: update of %s for %s clipped: delta norm %.4g is %.1f x the round's median "
-                        "%.4g (bound %.4g)", rnd, u.cid, u.model_key, n, n / report.norm_median,
-                        report.norm_median, bound)
-            kept.append(dataclasses.replace(u, weights=clip_update(u.weights, references[u.model_key], bound, n)))
-        else:
-            kept.append(u)
-    return kept, report
+    norms = update_norms(updates, references)
+    verdicts, report = judge_norms(norms, norm_bound, refuse_above=refuse_above, rnd=rnd,
+                                   keys={u.cid: u.model_key for u in updates})
+    return apply_verdicts(updates, references, verdicts, norms), report
 
 
 def cap_samples(updates: Sequence[Update], registered: Mapping[str, int]) -> tuple[list[Update], int]:

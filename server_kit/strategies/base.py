@@ -29,7 +29,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -45,12 +45,16 @@ from ..robust import (
     DEFAULT_TRIM_FRACTION,
     CoordinateAggregator,
     RobustConfig,
+    Verdict,
+    apply_verdicts,
     cap_samples,
+    judge_norms,
     make_aggregator,
-    screen_updates,
+    update_norms,
 )
 
-__all__ = ["RESKETCH_SALT", "SPARE_SALT", "ClientInfo", "Strategy", "Weights", "add_updates", "copy_weights"]
+__all__ = ["RESKETCH_SALT", "SPARE_SALT", "ClientInfo", "HeldElsewhere", "Strategy", "Weights", "add_updates",
+           "copy_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +97,24 @@ def add_updates(agg: StreamingFedAvg | CoordinateAggregator, updates: Sequence[U
         except ValueError as e:
             log.warning("round %d: update of %s for %s rejected: %s", u.round, u.cid, key, e)
     return n
+
+
+class HeldElsewhere(Protocol):
+    """The round's updates that aggregators hold (:class:`server_kit.drivers.remote.RemoteRound`).
+
+    The server knows each one's norm and model from its receipt; once the
+    round's screening is decided from every norm, :meth:`collect` tells
+    each aggregator what to sum and returns their partial sums.
+    """
+
+    #: Each held update's delta norm (None: not computable; ``inf``: not finite), by client.
+    norms: Mapping[str, float | None]
+    #: Each held update's model key, by client.
+    keys: Mapping[str, str]
+
+    def collect(self, verdicts: Mapping[str, Verdict], registered: Mapping[str, int]) -> tuple[list[Update], int]:
+        """The partial sums (an :class:`Update` each, its ``members`` named) and how many sample counts were capped."""
+        ...
 
 
 class Strategy(ABC):
@@ -141,6 +163,8 @@ class Strategy(ABC):
     summary_params: Mapping[str, Any] = {}
     #: Why the method cannot take compressed updates (None: it can): refused at start with this reason.
     refuses_compression: str | None = None
+    #: Why the method cannot take partial sums from aggregators (None: it can; see :meth:`partials_refusal`).
+    refuses_partials: str | None = None
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -270,7 +294,21 @@ class Strategy(ABC):
             out.append(u)
         return out
 
-    def aggregate(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+    def partials_refusal(self) -> str | None:
+        """Why this run cannot combine aggregators' partial sums (None: it can).
+
+        A partial sum is a weighted mean: it serves FedAvg per model, not a
+        method that reads each update, nor a median or trimmed mean.
+        """
+        if self.refuses_partials:
+            return self.refuses_partials
+        if self.robust.aggregator != "fedavg":
+            return (f"the {self.robust.aggregator} of the updates needs every update, and an aggregator sends a "
+                    "weighted sum (use --aggregator fedavg)")
+        return None
+
+    def aggregate(self, rnd: int, updates: Sequence[Update], *, remote: HeldElsewhere | None = None
+                  ) -> dict[str, Any]:
         """The one entry point of aggregation, what drivers call: decompress, screen, combine, version.
 
         Compressed updates are decompressed against the models they started
@@ -283,6 +321,12 @@ class Strategy(ABC):
         refused, and those above ``norm_bound`` times it are clipped onto that
         bound (:func:`server_kit.robust.screen_updates`).
 
+        ``remote``: the updates aggregators hold. Their norms join the
+        round's, so the median and every decision are those of a server that
+        held them all; each aggregator then sums its kept updates (clipped as
+        decided) and the partial sums join the combination. The models equal
+        those of one server within float summation order.
+
         Returns
         -------
         dict
@@ -294,9 +338,22 @@ class Strategy(ABC):
         """
         registered = {cid: c.n_samples for cid, c in self.clients.items()}
         capped_updates, capped = cap_samples(self._decompressed(updates), registered)
-        screened, report = screen_updates(capped_updates, self.models, self.robust.norm_bound,
-                                          refuse_above=self.robust.refuse_above, rnd=rnd)
+        norms = update_norms(capped_updates, self.models)
+        keys = {u.cid: u.model_key for u in capped_updates}
+        if remote is not None:
+            norms.update(remote.norms)
+            keys.update(remote.keys)
+        verdicts, report = judge_norms(norms, self.robust.norm_bound, refuse_above=self.robust.refuse_above,
+                                       rnd=rnd, keys=keys)
+        screened = apply_verdicts(capped_updates, self.models, verdicts, norms)
+        if remote is not None:
+            partials, remote_capped = remote.collect(verdicts, registered)
+            screened.extend(partials)
+            capped += remote_capped
         summary = dict(self._combine(rnd, screened))
+        if remote is not None:  # a partial sum counts once in _combine's summary: here, the updates it carries
+            summary["partial_sums"] = len(partials)
+            summary["summed_remote"] = sum(len(p.members) for p in partials)
         summary.update(report.as_dict())
         summary["capped_samples"] = capped
         summary["aggregator"] = self.robust.aggregator

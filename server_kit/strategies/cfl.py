@@ -253,6 +253,7 @@ class CFL(ClusteredFedAvg):
     name = "cfl"
     refuses_compression = ("it splits clusters by the cosine similarities of the devices' whole model "
                            "updates; compressed updates would change its splits")
+    refuses_partials = "it splits clusters by the similarities of each device's update; a partial sum mixes them"
 
     def __init__(self, *, eps1: float = 0.4, eps2: float = 1.6, warmup_rounds: int = 20, min_cluster_size: int = 2,
                  max_clusters: int | None = None, gamma_max: float | None = None, linkage: str = "complete",

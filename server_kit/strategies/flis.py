@@ -293,6 +293,7 @@ class FLISDC(AuxInference, Strategy):
     name = "flis-dc"
     refuses_compression = ("it clusters the devices every round by running their whole trained models on its "
                            "auxiliary set; a compressed update would give it another model")
+    refuses_partials = "it runs each device's trained model on its auxiliary set; a partial sum mixes them"
 
     def __init__(self, *, threshold: float = 0.4, **kw: Any) -> None:
         super().__init__(**kw)

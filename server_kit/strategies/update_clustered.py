@@ -69,6 +69,7 @@ class UpdateClustered(ClusteredFedAvg):
     name = "update-clustered"
     refuses_compression = ("it clusters the devices by their whole model updates; a compressed update is "
                            "another vector, and the clusters would change")
+    refuses_partials = "it clusters the devices by each one's model update; a partial sum mixes them"
 
     def __init__(self, *, max_warmup_rounds: int = 10, warmup_fraction: float = 1.0, **kw: Any) -> None:
         super().__init__(**kw)

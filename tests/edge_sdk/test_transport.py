@@ -1,9 +1,10 @@
-"""Transports: the in-memory twin, then real brokers (Mosquitto and amqtt) on free ports."""
+"""Transports: the in-memory twin, then real brokers (Mosquitto and amqtt) on free ports, then broker lists."""
 
 from __future__ import annotations
 
 import itertools
 import logging
+import re
 import time
 
 import numpy as np
@@ -487,3 +488,71 @@ def test_the_embedded_broker_starts_without_a_probe_connection(caplog):
     with caplog.at_level(logging.INFO), EmbeddedBroker() as b:
         assert b.running
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+# -- broker lists (a cluster's nodes) and failover ------------------------------
+
+
+def test_broker_config_takes_a_list_of_brokers():
+    c = BrokerConfig("mqtt://n1.example.org:1883, mqtt://10.0.0.2:1884,mqtt://n3.example.org")
+    assert c.urls == ("mqtt://n1.example.org:1883", "mqtt://10.0.0.2:1884", "mqtt://n3.example.org")
+    assert c.endpoints == (("n1.example.org", 1883), ("10.0.0.2", 1884), ("n3.example.org", 1883))
+    assert (c.host, c.port, c.tls) == ("n1.example.org", 1883, False)  # the first broker's
+    c = BrokerConfig.from_url("mqtts://c07:pw@a:8883,mqtts://c07:pw@b", ca_certs="ca.crt")
+    assert (c.url, c.username, c.password, c.tls) == ("mqtts://a:8883,mqtts://b", "c07", "pw", True)
+    assert c.endpoints == (("a", 8883), ("b", 8883))
+    assert BrokerConfig("mqtt://h").urls == ("mqtt://h",) and BrokerConfig("mqtt://h").endpoints == (("h", 1883),)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("mqtt://a:1,", "url 'mqtt://a:1,' has an empty entry in its comma-separated list"),
+        ("mqtt://a:1,,mqtt://b:2", "url 'mqtt://a:1,,mqtt://b:2' has an empty entry in its comma-separated list"),
+        ("mqtt://a:1,mqtts://b:2", "url 'mqtt://a:1,mqtts://b:2' mixes mqtt:// and mqtts://: every broker of a "
+                                   "list must use the same scheme (one set of TLS options serves them all)"),
+        ("mqtt://a:1,mqtt://A:1", "url 'mqtt://a:1,mqtt://A:1' lists a:1 twice"),  # host names are case-blind
+        ("mqtt://a,mqtt://a:1883", "url 'mqtt://a,mqtt://a:1883' lists a:1883 twice"),
+        ("mqtt://a:1,http://b:2", "url scheme must be 'mqtt' or 'mqtts', got 'http' in 'http://b:2'"),
+        ("mqtt://a:1,mqtt://b:0", "port in url 'mqtt://b:0' must be an integer in [1, 65535]"),
+        ("mqtt://a:1,mqtt://b/x", "url 'mqtt://b/x' must be scheme://host:port with nothing after the port"),
+        ("mqtt://a:1,mqtt://:2", "url 'mqtt://:2' has no host"),
+    ],
+)
+def test_broker_config_rejects_bad_lists(url, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        BrokerConfig(url)
+
+
+def test_broker_config_list_credentials():
+    with pytest.raises(ValueError, match=re.escape("url 'mqtt://u:p@b:2' holds credentials: pass username and "
+                                                   "password separately")):
+        BrokerConfig("mqtt://a:1,mqtt://u:p@b:2")
+    with pytest.raises(ValueError, match="^the urls of the list hold different credentials: give one username "
+                                         "and password$"):
+        BrokerConfig.from_url("mqtt://u:p@a:1,mqtt://v:p@b:2")
+    c = BrokerConfig.from_url("mqtt://a:1,mqtt://u:p@b:2")  # one URL with them: they serve the whole list
+    assert (c.url, c.username, c.password) == ("mqtt://a:1,mqtt://b:2", "u", "p")
+
+
+@pytest.mark.broker
+@needs_mosquitto
+@pytest.mark.parametrize("with_loop", [False, True])
+def test_a_dead_first_broker_is_passed_over(mosquitto, caplog, with_loop):
+    """Nothing listens on the list's first address: the transport moves on to the second, says so once."""
+    from edge_sdk.transport import NetworkLoop
+
+    dead = f"mqtt://127.0.0.1:{free_port()}"
+    loop = NetworkLoop() if with_loop else None
+    t = MqttTransport(fast_config(f"{dead},{mosquitto.url}"), f"c{next(ids)}", federation=FED, loop=loop)
+    try:
+        with caplog.at_level(logging.INFO, logger="edge_sdk.transport.mqtt"):
+            t.connect(timeout=10)
+        assert t.broker_url == mosquitto.url and t.stats()["errors"]["failover"] == 1
+        moves = [r.getMessage() for r in caplog.records if "failing over" in r.getMessage()]
+        assert moves == [f"{t.client_id}: could not connect to {dead}; failing over to broker {mosquitto.url} "
+                         "(2 of 2)"]
+    finally:
+        t.close(timeout=1)
+        if loop is not None:
+            loop.close()

@@ -1,0 +1,264 @@
+"""One aggregator: it takes devices' updates, checks and holds them, and sends receipts and partial sums.
+
+A :class:`PartialAggregator` serves the coordinator (``fedsketch-server``)
+in two settings with one protocol: as an ingest worker beside it (on a shared
+subscription of the core broker, :mod:`.ingest`) and as a site aggregator
+beside a site broker bridged to the core (``fedsketch-aggregator``, :mod:`.cli`).
+
+Per round:
+
+1. The server says which model each of the round's updates starts from: one
+   signed ``COLLECT`` per model on ``aggregation/cmd`` (the model whole, its
+   version, the run's compression).
+2. Each update that arrives is checked as the server checks it (schema,
+   round, model, version, tensors: names, shapes, dtypes, finite), made whole
+   (a compressed one decompressed against the model, exactly as
+   :meth:`server_kit.strategies.base.Strategy._decompressed` does) and held;
+   a ``RECEIPT`` tells the server its model, its sample count and its delta
+   norm. A refused one gets a receipt with the reason.
+3. When the round closes, the server decides screening from every norm of the
+   round and sends each aggregator a ``FLUSH``: which members to sum, with
+   what sample count (capped at the registered one) and clipping scale.
+4. The aggregator sends one signed ``PARTIAL`` per model: the weighted mean
+   of its members' updates (FedAvg's numpy reference, :func:`server_kit.aggregate.fedavg`),
+   its total sample count and the members' ids; then forgets the round.
+
+An aggregator holds its share of a round's updates, decoded, until the round
+closes: screening needs the round's median norm, which only the server knows
+then. Everything it sends is signed with its own key; the server accepts
+aggregators by their public keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edge_sdk.compress import Compression, decode_delta
+from edge_sdk.protocol import Kind, Message, ProtocolError, parse_tensors, tensors_body
+from edge_sdk.schema import check_meta
+
+from ..aggregate import fedavg
+from ..robust import clip_update, delta_norm
+
+__all__ = ["PartialAggregator", "RoundBase"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundBase:
+    """What one round's updates start from: each model, its version, the run's compression."""
+
+    round: int
+    models: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    versions: dict[str, int | None] = field(default_factory=dict)
+    compression: Compression = field(default_factory=lambda: Compression.parse("none"))
+
+
+@dataclass
+class _Held:
+    key: str
+    weights: dict[str, np.ndarray]
+    norm: float
+
+
+class PartialAggregator:
+    """Takes updates on ``updates_filter``, answers the server's ``COLLECT`` and ``FLUSH``.
+
+    Parameters
+    ----------
+    transport : MqttTransport
+        Connected to the broker the devices publish on (the core broker for
+        an ingest worker, the site broker for a site aggregator); it signs
+        with the aggregator's key (``sign_with``) and, given the server's
+        public key, verifies the server's messages (``verify_with``).
+    aid : str
+        The aggregator's id (its topics ``aggregators/<aid>/``).
+    updates_filter : str, optional
+        The subscription its updates come on (default: every device's
+        ``update`` topic; ``$share/<group>/...`` for ingest workers).
+    """
+
+    def __init__(self, transport: Any, aid: str, *, updates_filter: str | None = None) -> None:
+        self.transport = transport
+        self.aid = aid
+        self.topics = transport.topics
+        self.updates_filter = updates_filter or self.topics.all_clients("update")
+        self._lock = threading.Lock()
+        self.base: RoundBase | None = None
+        self.held: dict[str, _Held] = {}
+        #: Updates refused here, per reason (each also told to the server by a receipt).
+        self.refused: dict[str, int] = {}
+        #: Partial sums sent, and the updates they carried.
+        self.sent_partials = 0
+        self.summed = 0
+
+    def start(self) -> None:
+        """Subscribe (the transport connects, or is connected, separately)."""
+        self.transport.subscribe(self.topics.aggregation(), self._on_server)
+        self.transport.subscribe(self.updates_filter, self._on_update)
+        self.transport.on_rejected(self._on_transport_refused)
+
+    # -- the server's messages ----------------------------------------------
+    def _on_server(self, topic: str, msg: Message) -> None:
+        try:
+            meta = check_meta(msg)
+            if msg.kind == Kind.COLLECT:
+                self._collect(meta, msg.body)
+            elif msg.kind == Kind.FLUSH:
+                if meta["aggregator"] == self.aid:
+                    self._flush(meta)
+            else:
+                raise ProtocolError("kind", f"unexpected {msg.kind.name} on the aggregation topic")
+        except (ProtocolError, ValueError) as e:
+            reason = e.reason if isinstance(e, ProtocolError) else "server-message"
+            self._count(reason)
+            log.warning("aggregator %s: refused a %s from the server: %s", self.aid, msg.kind.name, e)
+
+    def _collect(self, meta: Mapping[str, Any], body: bytes) -> None:
+        rnd, key = meta["round"], meta["model_key"]
+        comp = Compression.from_meta(meta["compress"]) if "compress" in meta else Compression.parse("none")
+        weights = parse_tensors(body)
+        with self._lock:
+            if self.base is None or self.base.round != rnd:
+                if self.base is not None and rnd < self.base.round:
+                    raise ProtocolError("stale-round", f"COLLECT for round {rnd}, after round {self.base.round}")
+                self.base = RoundBase(rnd, compression=comp)
+                self.held = {}
+            self.base.models[key] = weights
+            self.base.versions[key] = meta.get("version")
+        log.debug("aggregator %s: round %d collects model %s", self.aid, rnd, key)
+
+    # -- the devices' updates -----------------------------------------------
+    def _on_update(self, topic: str, msg: Message) -> None:
+        cid = msg.sender
+        try:
+            meta = check_meta(msg)
+            held = self._take(cid, meta, msg.body)
+        except (ProtocolError, ValueError) as e:
+            reason = e.reason if isinstance(e, ProtocolError) else "tensors"
+            self._refuse(cid, msg.meta.get("round"), reason, str(e))
+            return
+        self._send_receipt(cid, meta, held.norm)
+
+    def _take(self, cid: str, meta: Mapping[str, Any], body: bytes) -> _Held:
+        rnd, key = meta["round"], meta["model_key"]
+        with self._lock:
+            base = self.base
+            if base is None or base.round != rnd:
+                raise ProtocolError("stale-update", f"update for round {rnd}; this aggregator collects round "
+                                                    f"{None if base is None else base.round}")
+            model = base.models.get(key)
+            if model is None:
+                raise ProtocolError("wrong-model", f"update for model {key!r}; round {rnd} collects "
+                                                   f"{sorted(base.models)}")
+            if cid in self.held:
+                raise ProtocolError("duplicate-update", f"a second update from {cid} in round {rnd}")
+        spec = {n: (tuple(v.shape), str(v.dtype)) for n, v in model.items()}
+        if base.compression.enabled:
+            if meta.get("version") != base.versions.get(key):
+                raise ProtocolError("wrong-version", f"update from model {key!r} version {meta.get('version')}; "
+                                                     f"the round's is version {base.versions.get(key)}")
+            delta = decode_delta(body, spec, base.compression.method)
+            weights = {n: np.asarray(np.add(model[n], delta[n], dtype=np.float32)) for n in model}
+        else:
+            weights = parse_tensors(body, spec=spec)
+        held = _Held(key, weights, delta_norm(weights, model))
+        with self._lock:
+            if self.base is not base:
+                raise ProtocolError("stale-update", f"round {rnd} closed while its update was decoded")
+            self.held[cid] = held
+        return held
+
+    def _on_transport_refused(self, topic: str, reason: str, detail: str) -> None:
+        parsed = self.topics.parse(topic)
+        if parsed is None or parsed[0] != "clients" or parsed[2] != "update" or reason == "sender":
+            return
+        base = self.base
+        self._refuse(parsed[1], None if base is None else base.round, reason, detail)
+
+    def _refuse(self, cid: str, rnd: Any, reason: str, detail: str) -> None:
+        self._count(reason)
+        log.info("aggregator %s: update of %s refused (%s): %s", self.aid, cid, reason, detail)
+        if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+            base = self.base
+            if base is None:
+                return  # no round to tell the server of
+            rnd = base.round
+        meta = {"round": rnd, "client": cid, "refused": reason[:64], "detail": detail[:300]}
+        self._publish("receipt", Kind.RECEIPT, rnd, meta)
+
+    def _send_receipt(self, cid: str, meta: Mapping[str, Any], norm: float) -> None:
+        out: dict[str, Any] = {"round": meta["round"], "client": cid, "model_key": meta["model_key"],
+                               "n_samples": meta["n_samples"], "metrics": meta.get("metrics", {})}
+        if "version" in meta:
+            out["version"] = meta["version"]
+        if math.isfinite(norm):
+            out["norm"] = norm
+        loss = meta.get("loss")
+        if isinstance(loss, float) and math.isfinite(loss):
+            out["loss"] = loss
+        self._publish("receipt", Kind.RECEIPT, meta["round"], out)
+
+    # -- the close ------------------------------------------------------------
+    def _flush(self, meta: Mapping[str, Any]) -> None:
+        rnd = meta["round"]
+        members = {cid: _member(cid, spec) for cid, spec in sorted(meta["members"].items())}
+        with self._lock:
+            base = self.base
+            if base is None or base.round != rnd:
+                raise ProtocolError("stale-round", f"FLUSH for round {rnd}; this aggregator holds round "
+                                                   f"{None if base is None else base.round}")
+            held, self.held = self.held, {}
+            self.base = RoundBase(rnd + 1, compression=base.compression)
+        by_key: dict[str, list[tuple[str, dict[str, np.ndarray], int]]] = {}
+        for cid, (n, scale) in members.items():
+            h = held.get(cid)
+            if h is None:
+                log.warning("aggregator %s: round %d: the server asks for %s's update, which it does not hold",
+                            self.aid, rnd, cid)
+                continue
+            w = h.weights
+            if scale < 1.0:
+                w = clip_update(w, base.models[h.key], scale * h.norm, h.norm)
+            by_key.setdefault(h.key, []).append((cid, w, n))
+        for key, items in sorted(by_key.items()):
+            mean = fedavg([(w, n) for _, w, n in items])
+            total = sum(n for _, _, n in items)
+            self._publish("partial", Kind.PARTIAL, rnd,
+                          {"round": rnd, "model_key": key, "n_samples": total, "members": [c for c, _, _ in items]},
+                          tensors_body(mean))
+            self.sent_partials += 1
+            self.summed += len(items)
+        log.info("aggregator %s: round %d: %d partial sum(s) of %d update(s) sent", self.aid, rnd, len(by_key),
+                 sum(len(v) for v in by_key.values()))
+
+    def _publish(self, leaf: str, kind: Kind, rnd: int, meta: dict[str, Any], body: bytes = b"") -> None:
+        msg = Message(kind, self.transport.federation, self.aid, rnd, meta, body)
+        try:
+            self.transport.publish(self.topics.aggregator(self.aid, leaf), msg)
+        except (ConnectionError, ValueError) as e:
+            self._count("publish")
+            log.error("aggregator %s: could not send its %s: %s", self.aid, kind.name, e)
+
+    def _count(self, reason: str) -> None:
+        with self._lock:
+            self.refused[reason] = self.refused.get(reason, 0) + 1
+
+
+def _member(cid: str, spec: Any) -> tuple[int, float]:
+    """A FLUSH member's ``[n_samples, scale]``, checked."""
+    ok = (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], int) and not isinstance(spec[0], bool)
+          and spec[0] >= 1 and isinstance(spec[1], (int, float)) and not isinstance(spec[1], bool)
+          and math.isfinite(spec[1]) and 0.0 <= spec[1] <= 1.0)
+    if not ok:
+        raise ProtocolError("meta-field", f"FLUSH member {cid!r} must be [n_samples >= 1, scale in [0, 1]], "
+                                          f"got {spec!r}")
+    return int(spec[0]), float(spec[1])

@@ -1,0 +1,106 @@
+"""What ``fedsketch-server`` runs beside itself to scale out: its ingest workers and the site aggregators it accepts."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from edge_sdk.protocol import ProtocolError, check_id
+from edge_sdk.signing import Verifier, load_verifier
+
+from .ingest import IngestWorkers
+
+__all__ = ["ScaleOut", "load_aggregator_keys"]
+
+log = logging.getLogger(__name__)
+
+
+def load_aggregator_keys(folder: str | Path) -> dict[str, Verifier]:
+    """The site aggregators' public keys in ``folder``: ``ID.pub`` each (``fedsketch keygen --name ID``).
+
+    ValueError for a folder without any, a file name that is not an id, or a file that is not an Ed25519 key.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise ValueError(f"--aggregator-keys {folder}: not a folder")
+    out = {}
+    for path in sorted(root.glob("*.pub")):
+        try:
+            aid = check_id(path.stem, "aggregator id")
+        except ProtocolError as e:
+            raise ValueError(f"--aggregator-keys: {path.name}: {e}") from None
+        if aid.startswith("ingest-"):
+            raise ValueError(f"--aggregator-keys: {path.name}: ids starting with 'ingest-' are the ingest workers'")
+        out[aid] = load_verifier(path)
+    if not out:
+        raise ValueError(f"--aggregator-keys {folder}: no ID.pub file in it (fedsketch keygen DIR --name ID)")
+    return out
+
+
+class ScaleOut:
+    """The ingest workers to start and the site aggregators to accept, for one run (a context manager).
+
+    Parameters
+    ----------
+    workers : IngestWorkers, optional
+    sites : mapping of str to Verifier
+        The site aggregators' keys, by id.
+    """
+
+    def __init__(self, workers: IngestWorkers | None = None, sites: dict[str, Verifier] | None = None) -> None:
+        self.workers = workers
+        self.sites = dict(sites or {})
+        self._verifiers: dict[str, Verifier] = {}
+
+    @classmethod
+    def from_args(cls, args: Any, bcfg: Any, config: Any, strategy: Any) -> ScaleOut:
+        """From ``--ingest-workers`` and ``--aggregator-keys``; ValueError for a combination that cannot work."""
+        count = getattr(args, "ingest_workers", 0) or 0
+        folder = getattr(args, "aggregator_keys", None)
+        if count < 0:
+            raise ValueError(f"--ingest-workers must be 0 or more, got {count}")
+        if not count and not folder:
+            return cls()
+        why = strategy.partials_refusal()
+        if why:
+            raise ValueError(f"--strategy {strategy.name} cannot take partial sums "
+                             f"({'--ingest-workers' if count else '--aggregator-keys'}): {why}")
+        if getattr(strategy, "pretrain", None):
+            raise ValueError(f"{'--ingest-workers' if count else '--aggregator-keys'} does not take the autoencoder "
+                             "pre-training's updates (fedsketch-fedae)")
+        sites = load_aggregator_keys(folder) if folder else {}
+        workers = None
+        if count:
+            workers = IngestWorkers(count, bcfg, config.federation, root=config.root,
+                                    server_key=_public_of(args.signing_key))
+        return cls(workers, sites)
+
+    def __enter__(self) -> ScaleOut:
+        self._verifiers = dict(self.sites)
+        if self.workers is not None:
+            self._verifiers.update(self.workers.start())
+        if self.sites:
+            log.info("accepting partial sums from %d site aggregator(s): %s", len(self.sites),
+                     ", ".join(sorted(self.sites)))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.workers is not None:
+            self.workers.stop()
+
+    def orchestrator_args(self) -> dict[str, Any]:
+        """The :class:`~server_kit.drivers.orchestrator.Orchestrator` keywords of this scale-out."""
+        if not self._verifiers:
+            return {}
+        workers = self.workers
+        return {"aggregators": self._verifiers, "updates_elsewhere": workers is not None,
+                "alive": (lambda aid: aid in self.sites or workers.alive(aid)) if workers is not None else None}
+
+
+def _public_of(signing_key: str | None) -> str | None:
+    """The public half of ``--signing-key`` beside it (``server.pub`` for ``server.key``), if there is one."""
+    if not signing_key:
+        return None
+    pub = Path(signing_key).with_suffix(".pub")
+    return str(pub) if pub.is_file() else None

@@ -1,0 +1,150 @@
+"""Partial aggregation over a real Mosquitto and real processes: ingest workers on a shared subscription.
+
+The same federation (digits, 4 rotation groups, fixed seeds) runs with the server taking the updates itself,
+with one ingest worker and with two; the clusters are the same (ARI 1.0) and so are the models, within float
+summation order. Chunked updates (a small max_payload) are reassembled by the worker owning their sender.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from edge_sdk.client import EdgeClient
+from edge_sdk.transport import BrokerConfig, MqttTransport
+from edge_sdk.worker import LocalWorker, TrainSettings
+from server_kit.broker import MosquittoBroker, find_mosquitto
+from server_kit.data.partition import load_digits_images, rotation_partition
+from server_kit.drivers import Orchestrator, ServerConfig
+from server_kit.partials import IngestWorkers
+from server_kit.strategies.fedsketch import SketchClustered
+
+from helpers import ARCH
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.broker,
+              pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto is not installed")]
+
+FED = "parts"
+SETTINGS = TrainSettings(epochs=2, lr=1e-2, batch_size=16)
+#: Small packets: every update (LeNet-5, ~250 kB) goes in chunks, which the workers route to their owner.
+MAX_PAYLOAD = 64_000
+
+
+@pytest.fixture(scope="module")
+def digits():
+    images, labels = load_digits_images()
+    return rotation_partition(images, labels, 8, groups=2, seed=0)
+
+
+def federate(url, clients, *, workers=0, rounds=2, kill_worker_in_round=None, compress=None, round_timeout_s=60):
+    edge, threads = [], []
+    for i, c in enumerate(clients):
+        cfg = BrokerConfig.from_url(url, reconnect_min_s=0.1, max_payload=MAX_PAYLOAD)
+        w = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=i)
+        ec = EdgeClient(MqttTransport(cfg, c.cid, federation=FED), w, federation=FED, seed=i, model_timeout_s=30)
+        th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 90}, daemon=True)
+        th.start()
+        threads.append(th)
+        edge.append(ec)
+    bcfg = BrokerConfig.from_url(url, max_payload=MAX_PAYLOAD)
+    server = MqttTransport(bcfg, "server", federation=FED)
+    server.connect(timeout=10)
+    pool = IngestWorkers(workers, bcfg, FED) if workers else None
+    kw = {}
+    if pool is not None:
+        kw = {"aggregators": pool.start(), "updates_elsewhere": True, "alive": pool.alive}
+    rounds_seen = []
+
+    def on_round(rec):
+        rounds_seen.append(rec)
+
+    strategy = SketchClustered(settings=SETTINGS, min_cluster_size=3, seed=0, **({"compression": compress}
+                                                                                  if compress else {}))
+    config = ServerConfig(federation=FED, rounds=rounds, min_clients=len(clients), register_timeout_s=30,
+                          sketch_timeout_s=30, round_timeout_s=round_timeout_s, first_round_timeout_s=round_timeout_s,
+                          eval_timeout_s=30, encoder="digits_encoder",
+                          architecture=ARCH, seed=0, partial_timeout_s=20)
+    orch = Orchestrator(strategy, server, config, on_round=on_round, **kw)
+    if kill_worker_in_round is not None:
+        _kill_when_training(orch, pool, kill_worker_in_round)
+    try:
+        time.sleep(1.0 if pool else 0)  # the workers subscribe
+        result = orch.run()
+    finally:
+        server.close()
+        if pool is not None:
+            pool.stop()
+    for th in threads:
+        th.join(timeout=30)
+    return result, strategy
+
+
+def _kill_when_training(orch, pool, rnd):
+    """SIGKILL ingest worker 0 once round ``rnd``'s first receipt names it."""
+    remote = orch.remote
+
+    def watch():
+        while True:
+            if remote.round == rnd and "ingest-0" in remote.held_by.values():
+                os.kill(pool.pid("ingest-0"), signal.SIGKILL)
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def flat(digits):
+    with MosquittoBroker() as broker:
+        return federate(broker.url, digits)
+
+
+def _close(a, b):
+    for key in a.models:
+        for name in a.models[key]:
+            np.testing.assert_allclose(a.models[key][name], b.models[key][name], rtol=0, atol=2e-6,
+                                       err_msg=f"{key}/{name}")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ingest_workers_give_the_models_of_one_server(digits, flat, workers):
+    flat_result, flat_strategy = flat
+    with MosquittoBroker() as broker:
+        result, strategy = federate(broker.url, digits, workers=workers)
+    truth = [c.group for c in digits]
+    assert adjusted_rand_score(truth, [result.assignment[c.cid] for c in digits]) == 1.0
+    assert result.assignment == flat_result.assignment
+    assert [h["updates"] for h in result.history] == [len(digits)] * 2
+    # the server received no update: receipts and one partial sum per cluster per worker that held one
+    assert "UPDATE" not in result.transport["received"]
+    assert result.transport["received"]["RECEIPT"]["messages"] == len(digits) * 2
+    partials = result.transport["received"]["PARTIAL"]["messages"]
+    assert 2 * 2 <= partials <= 2 * 2 * workers
+    _close(flat_strategy, strategy)
+    assert result.final["accuracy"] == pytest.approx(flat_result.final["accuracy"], abs=0.02)
+
+
+def test_a_killed_worker_loses_nothing_silently(digits):
+    """Worker 0 is killed in round 1 once it holds an update: the updates it held are refused with
+    aggregator-lost (counted, in the round's record); an update still on its way to it is missing by name
+    when the round closes at its deadline; the other worker takes the rest, and the run finishes."""
+    with MosquittoBroker() as broker:
+        result, strategy = federate(broker.url, digits, workers=2, kill_worker_in_round=1, rounds=3,
+                                    round_timeout_s=20)
+    first = result.history[0]
+    assert result.rejected["aggregator-lost"] >= 1
+    lost = {c for c, why in first["refused"].items() if why.startswith("aggregator-lost")}
+    assert len(lost) == result.rejected["aggregator-lost"], first
+    # every tasked device accounted for in round 1: summed, refused with a reason, or missing by name
+    assert first["summary"]["summed_remote"] + len(lost) == first["updates"], first
+    assert first["updates"] + len(first["missing"]) == len(digits), first
+    # the later rounds go on with the one worker left
+    assert [h["updates"] for h in result.history[1:]] == [len(digits)] * 2
+    assert result.final["evaluated"] == len(digits)
