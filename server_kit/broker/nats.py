@@ -211,6 +211,10 @@ class NatsCluster:
     max_payload : int, optional
         NATS's ``max_payload`` (default 1 MB). NATS enforces it on MQTT
         PUBLISH only from 2.14.
+    ack_wait_s : float, optional
+        The MQTT listener's ``ack_wait`` (NATS's default 30 s): a QoS 1
+        message not acknowledged this long is sent again. A device whose node
+        died mid-delivery gets its message this long after it failed over.
     extra_conf : str
         More configuration, written at the end of every node's file (an
         ``authorization`` block of ``deploy/nats/make_users.py``, say).
@@ -234,6 +238,7 @@ class NatsCluster:
         permissions: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
         mqtt_only: bool = True,
         max_payload: int | None = None,
+        ack_wait_s: float | None = None,
         extra_conf: str = "",
         login: tuple[str, str] | None = None,
         cluster_name: str = "fedsketch",
@@ -246,6 +251,9 @@ class NatsCluster:
             raise ValueError(f"nodes must be a positive integer, got {nodes!r}")
         if max_payload is not None and (isinstance(max_payload, bool) or int(max_payload) < 1):
             raise ValueError(f"max_payload must be a positive integer, got {max_payload!r}")
+        if ack_wait_s is not None and not (isinstance(ack_wait_s, (int, float)) and not isinstance(ack_wait_s, bool)
+                                           and 0 < ack_wait_s < float("inf")):
+            raise ValueError(f"ack_wait_s must be a positive number of seconds, got {ack_wait_s!r}")
         unknown = sorted(set(permissions or {}) - set(users or {}))
         if unknown:
             raise ValueError(f"permissions name users without a password: {unknown}")
@@ -259,6 +267,7 @@ class NatsCluster:
         self.permissions = {u: {k: list(v) for k, v in p.items()} for u, p in (permissions or {}).items()}
         self.mqtt_only = mqtt_only
         self.max_payload = max_payload
+        self.ack_wait_s = ack_wait_s
         self.extra_conf = extra_conf
         if login is None and self.users:
             login = next(iter(self.users.items()))
@@ -361,6 +370,7 @@ class NatsCluster:
             "}",
             "mqtt {",
             f"  listen: {_quote(f'{self.host}:{node.mqtt_port}')}",
+            *([f'  ack_wait: "{int(self.ack_wait_s * 1000)}ms"'] if self.ack_wait_s is not None else []),
             "}",
         ]
         if self.max_payload is not None:

@@ -12,7 +12,6 @@ import signal
 import threading
 import time
 
-import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
@@ -25,7 +24,7 @@ from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.partials import IngestWorkers
 from server_kit.strategies.fedsketch import SketchClustered
 
-from helpers import ARCH
+from helpers import ARCH, assert_same_models
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.broker,
@@ -106,13 +105,6 @@ def flat(digits):
         return federate(broker.url, digits)
 
 
-def _close(a, b):
-    for key in a.models:
-        for name in a.models[key]:
-            np.testing.assert_allclose(a.models[key][name], b.models[key][name], rtol=0, atol=2e-6,
-                                       err_msg=f"{key}/{name}")
-
-
 @pytest.mark.parametrize("workers", [1, 2])
 def test_ingest_workers_give_the_models_of_one_server(digits, flat, workers):
     flat_result, flat_strategy = flat
@@ -127,7 +119,7 @@ def test_ingest_workers_give_the_models_of_one_server(digits, flat, workers):
     assert result.transport["received"]["RECEIPT"]["messages"] == len(digits) * 2
     partials = result.transport["received"]["PARTIAL"]["messages"]
     assert 2 * 2 <= partials <= 2 * 2 * workers
-    _close(flat_strategy, strategy)
+    assert_same_models(flat_strategy, strategy)
     assert result.final["accuracy"] == pytest.approx(flat_result.final["accuracy"], abs=0.02)
 
 
