@@ -15,6 +15,10 @@ EXTRAS      ?= server,broker,dev
 FLOWER      ?= flower
 STAMP       := $(VENV)/.fedsketch-installed
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist), each taking whole files: most tests wait on brokers and devices.
+# TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+XDIST       := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: all venv demo test test-numpy lint bench dist dist-pi clean distclean
 
@@ -37,8 +41,8 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check edge_sdk server_kit benchmarks tests
-	$(PY) -m pytest -q $(PYTEST_ARGS)
-	FEDSKETCH_PURE_NUMPY=1 $(PY) -m pytest -q tests/edge_sdk $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	FEDSKETCH_PURE_NUMPY=1 $(PY) -m pytest -q $(XDIST) tests/edge_sdk $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check edge_sdk server_kit benchmarks tests

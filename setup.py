@@ -108,7 +108,7 @@ BROKER = ["amqtt>=0.11"]
 # typer==0.15.4 (0.11) or >=0.24 (0.12) for its own command-line scripts only, which FedSketch does not use:
 # so `flower` is installed after `broker`, not with it (the Makefile does; see the README, "Flower").
 FLOWER = ["flwr[simulation]==1.41.0; python_version >= '3.10'", "typer>=0.20,<0.21; python_version >= '3.10'"]
-DEV = ["pytest>=8", "ruff>=0.5", "Cython>=3.0", "hypothesis>=6.80"]
+DEV = ["pytest>=8", "pytest-xdist>=3.5", "ruff>=0.5", "Cython>=3.0", "hypothesis>=6.80"]
 
 setup(
     name="fedsketch",
