@@ -16,7 +16,7 @@ FLOWER      ?= flower
 STAMP       := $(VENV)/.fedsketch-installed
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist), each taking whole files: most tests wait on brokers and devices.
-# TEST_WORKERS=0 runs them in this process.
+# TEST_WORKERS=0 runs them in this process. The tests marked "alone" run afterwards, in one process.
 TEST_WORKERS ?= 2
 XDIST       := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
@@ -41,7 +41,8 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check edge_sdk server_kit benchmarks tests
-	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not alone" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m alone $(PYTEST_ARGS)
 	FEDSKETCH_PURE_NUMPY=1 $(PY) -m pytest -q $(XDIST) tests/edge_sdk $(PYTEST_ARGS)
 
 lint: $(STAMP)

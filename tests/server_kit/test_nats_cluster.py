@@ -42,6 +42,7 @@ from helpers import ARCH, Collector, ari_against, prove_subscribed
 
 pytestmark = [
     pytest.mark.broker,
+    pytest.mark.alone,  # three JetStream nodes on a CPU shared with other tests delay messages past the deadlines
     pytest.mark.skipif(find_nats_server() is None, reason="nats-server is not installed"),
 ]
 
