@@ -103,6 +103,8 @@ class RemoteRound:
         #: This round's held updates no partial sum carried, with the reason (for the round's record).
         self.refused_by: dict[str, str] = {}
         comp = self.strategy.compression
+        if comp.enabled:  # a model new or changed outside aggregation gets its version now (delivery does the same)
+            self.strategy.versions.sync(self.strategy.models)
         for key in sorted(set(keys)):
             meta: dict[str, Any] = {"round": rnd, "model_key": key}
             if comp.enabled:

@@ -16,16 +16,22 @@ __all__ = ["ScaleOut", "load_aggregator_keys"]
 log = logging.getLogger(__name__)
 
 
-def load_aggregator_keys(folder: str | Path) -> dict[str, Verifier]:
+def load_aggregator_keys(folder: str | Path, own: str | Path | None = None) -> dict[str, Verifier]:
     """The site aggregators' public keys in ``folder``: ``ID.pub`` each (``fedsketch keygen --name ID``).
 
+    ``own``: the server's public key file; a file in ``folder`` with the same key (``server.pub`` when the
+    server's pair was made in the same folder) is the server's, not an aggregator's, and is passed over.
     ValueError for a folder without any, a file name that is not an id, or a file that is not an Ed25519 key.
     """
     root = Path(folder)
     if not root.is_dir():
         raise ValueError(f"--aggregator-keys {folder}: not a folder")
+    mine = Path(own).read_bytes() if own is not None else None
     out = {}
     for path in sorted(root.glob("*.pub")):
+        if mine is not None and path.read_bytes() == mine:
+            log.info("--aggregator-keys: %s is the server's own public key, not an aggregator's", path)
+            continue
         try:
             aid = check_id(path.stem, "aggregator id")
         except ProtocolError as e:
@@ -69,11 +75,11 @@ class ScaleOut:
         if getattr(strategy, "pretrain", None):
             raise ValueError(f"{'--ingest-workers' if count else '--aggregator-keys'} does not take the autoencoder "
                              "pre-training's updates (fedsketch-fedae)")
-        sites = load_aggregator_keys(folder) if folder else {}
+        server_pub = _public_of(getattr(args, "signing_key", None))
+        sites = load_aggregator_keys(folder, own=server_pub) if folder else {}
         workers = None
         if count:
-            workers = IngestWorkers(count, bcfg, config.federation, root=config.root,
-                                    server_key=_public_of(args.signing_key))
+            workers = IngestWorkers(count, bcfg, config.federation, root=config.root, server_key=server_pub)
         return cls(workers, sites)
 
     def __enter__(self) -> ScaleOut:

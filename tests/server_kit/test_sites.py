@@ -9,6 +9,7 @@ and hostile aggregator messages against :class:`~server_kit.drivers.remote.Remot
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -33,6 +34,7 @@ from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.drivers.link import ServerLink
 from server_kit.drivers.remote import RemoteRound
+from server_kit.partials.scale_out import load_aggregator_keys
 from server_kit.strategies.fedsketch import SketchClustered
 
 from helpers import ARCH, assert_same_models
@@ -130,7 +132,7 @@ class Sites:
                 b.cleanup()
 
 
-def federate(urls, clients, *, verifier=None, rounds=2, round_timeout_s=60, during=None):
+def federate(urls, clients, *, verifier=None, rounds=2, round_timeout_s=60, during=None, compression=None):
     """One run: each device on ``urls[cid]``, the server on ``urls["core"]``; site A accepted when ``verifier``."""
     core = urls["core"]
     edge, threads, transports = [], [], []
@@ -150,7 +152,7 @@ def federate(urls, clients, *, verifier=None, rounds=2, round_timeout_s=60, duri
     server.subscribe(server.topics.all_clients("update"), lambda topic, msg: updates_from.append((msg.round,
                                                                                                    msg.sender)))
     kw = {"aggregators": {"site-a": verifier}} if verifier is not None else {}
-    strategy = SketchClustered(settings=SETTINGS, min_cluster_size=3, seed=0)
+    strategy = SketchClustered(settings=SETTINGS, min_cluster_size=3, seed=0, compression=compression)
     config = ServerConfig(federation=FED, rounds=rounds, min_clients=len(clients), register_timeout_s=30,
                           sketch_timeout_s=30, round_timeout_s=round_timeout_s, first_round_timeout_s=round_timeout_s,
                           eval_timeout_s=30, encoder="digits_encoder", architecture=ARCH, seed=0,
@@ -208,6 +210,31 @@ def test_two_sites_one_aggregator_give_the_models_of_a_flat_run(digits, flat, si
     published = sum(run.sent[c]["UPDATE"]["bytes"] for c in site_a)
     crossed = received["RECEIPT"]["bytes"] + received["PARTIAL"]["bytes"]
     assert published / crossed > 1.5, (published, crossed)
+
+
+def test_a_site_sums_compressed_rounds_from_the_first(digits, site_key):
+    """With int8 compression, round 1's COLLECT names the models' first version: site A's aggregator sums its
+    devices' updates of every round, none refused."""
+    key, pub = site_key
+    with Sites(key) as sites:
+        _, urls = _site_urls(sites, digits)
+        run = federate(urls, digits, verifier=load_verifier(pub), compression="int8")
+    history = run.result.history
+    assert [h["updates"] for h in history] == [len(digits)] * 2
+    assert [h["summary"]["summed_remote"] for h in history] == [4, 4]
+    assert [h["refused"] for h in history] == [{}, {}]
+
+
+def test_the_servers_own_key_in_the_folder_is_no_aggregator(tmp_path, caplog):
+    """``fedsketch keygen keys`` and ``--name site-a`` in one folder: ``--aggregator-keys keys/`` takes site-a only."""
+    write_keypair(tmp_path / "server.key", tmp_path / "server.pub")
+    write_keypair(tmp_path / "site-a.key", tmp_path / "site-a.pub")
+    with caplog.at_level(logging.INFO, logger="server_kit.partials.scale_out"):
+        keys = load_aggregator_keys(tmp_path, own=tmp_path / "server.pub")
+    assert sorted(keys) == ["site-a"]
+    assert f"--aggregator-keys: {tmp_path / 'server.pub'} is the server's own public key, not an aggregator's" \
+        in caplog.messages
+    assert sorted(load_aggregator_keys(tmp_path)) == ["server", "site-a"]
 
 
 def test_a_site_broker_killed_mid_round_loses_no_device_silently(digits, site_key):
