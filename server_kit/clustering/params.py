@@ -17,7 +17,8 @@ __all__ = ["PARAM_NAMES", "check_packed", "check_params"]
 PARAM_NAMES = (
     "min_cluster_size", "n_calls", "n_initial_points", "acq_func", "kappa",
     "threshold_range", "single_cluster_alpha", "n_null", "null_max_clients",
-    "refine", "max_depth", "min_separation", "consolidate", "max_exact_clients", "random_state",
+    "refine", "max_depth", "min_separation", "consolidate", "max_exact_clients", "block_bits", "noise_clip",
+    "random_state",
 )  # fmt: skip
 
 
@@ -52,6 +53,12 @@ def check_params(model: Any) -> None:
     check_int(model.consolidate, "consolidate", 0)
     if model.max_exact_clients is not None:
         check_int(model.max_exact_clients, "max_exact_clients", 100)
+    if (model.block_bits is None) != (model.noise_clip is None):
+        raise ValueError(f"block_bits and noise_clip go together, got block_bits={model.block_bits!r} "
+                         f"and noise_clip={model.noise_clip!r}")
+    if model.block_bits is not None:
+        check_int(model.block_bits, "block_bits", 1)
+        check_int(model.noise_clip, "noise_clip", 1)
 
 
 def _check_threshold_range(rng_: Any) -> None:

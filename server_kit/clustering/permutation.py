@@ -13,22 +13,23 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk import bits as _bits
-
 from .dendrogram import CutProfile, cut_profile, ward_linkage
+from .distances import sketch_pdist
 
 __all__ = ["max_valid_ch", "permutation_test"]
 
 
-def max_valid_ch(bits: np.ndarray, n_bits: int, min_cluster_size: int) -> float:
-    """Highest CH over the valid cuts of the Ward dendrogram of 0/1 rows (0 if none)."""
-    d = _bits.hamming_pdist(np.packbits(bits, axis=1), n_bits)
+def max_valid_ch(bits: np.ndarray, n_bits: int, min_cluster_size: int, block_bits: int | None = None,
+                 noise_clip: int | None = None) -> float:
+    """Highest CH over the valid cuts of the Ward dendrogram of 0/1 rows (0 if none), on the fit's distances."""
+    d = sketch_pdist(np.packbits(bits, axis=1), n_bits, block_bits, noise_clip)
     return cut_profile(ward_linkage(d), min_cluster_size).best()[1]
 
 
 def permutation_test(bits: np.ndarray, profile: CutProfile, rs: np.random.RandomState, *,
                      min_cluster_size: Any, null_max_clients: Any, single_cluster_alpha: Any,
-                     n_null: Any) -> tuple[np.ndarray, float, float]:
+                     n_null: Any, block_bits: int | None = None,
+                     noise_clip: int | None = None) -> tuple[np.ndarray, float, float]:
     """Permutation test of "no grouping": ``(null_ch, observed_ch, pvalue)``.
 
     Above ``null_max_clients`` clients it runs on a random subset of that
@@ -42,7 +43,7 @@ def permutation_test(bits: np.ndarray, profile: CutProfile, rs: np.random.Random
         m = int(null_max_clients)
         sample = bits[np.sort(rng.choice(n, size=m, replace=False))]
         mcs = min(mcs, max(2, round(mcs * m / n)))
-        observed = max_valid_ch(sample, n_bits, mcs)
+        observed = max_valid_ch(sample, n_bits, mcs, block_bits, noise_clip)
     else:
         sample = bits
         observed = profile.best()[1]
@@ -54,7 +55,7 @@ def permutation_test(bits: np.ndarray, profile: CutProfile, rs: np.random.Random
     null: list[float] = []
     exceed = 0
     for _ in range(int(n_null)):
-        v = max_valid_ch(rng.permuted(sample, axis=0), n_bits, mcs)
+        v = max_valid_ch(rng.permuted(sample, axis=0), n_bits, mcs, block_bits, noise_clip)
         null.append(v)
         exceed += v >= observed
         if exceed > allowed:

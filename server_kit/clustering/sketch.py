@@ -1,3 +1,4 @@
+# Long on purpose: one estimator, its steps in order, with its whole numpy-style documentation (Notes included).
 """Clustering clients from their bit sketches (Prigent et al., Algorithms 2 and 3).
 
 The server receives one packed bit sketch per client and groups the clients
@@ -50,6 +51,7 @@ from .dendrogram import (
     square_int32,
     ward_linkage,
 )
+from .distances import sketch_pdist
 from .params import PARAM_NAMES, check_packed, check_params
 from .permutation import permutation_test
 from .plot import plot_search
@@ -138,6 +140,10 @@ class SketchClustering(NearestCentroids):
         separation check, it applies only where every cluster (for the check:
         both of a pair) holds at least 20 clients; smaller ones are left to
         the permutation test and Ward.
+    block_bits, noise_clip : int or None, default None
+        Bits per class block (the latent size) and the clip of each block's
+        Hamming distance (:mod:`server_kit.clustering.distances`), for the
+        dendrogram and the permutation test; None: plain Hamming.
     max_exact_clients : int or None, default 10,000
         Above this many clients, a seeded sample of this size is clustered
         with the full method and every client is then assigned to the nearest
@@ -160,7 +166,7 @@ class SketchClustering(NearestCentroids):
     linkage_ : ndarray, shape (n_clients - 1, 4)
         The Ward dendrogram (scipy format).
     distances_ : ndarray of int32
-        Condensed pairwise Hamming distances.
+        Condensed pairwise distances of the dendrogram: Hamming, or block-clipped (``noise_clip``).
     search_ : list of dict
         One ``{"threshold", "ch", "n_clusters", "valid"}`` per probe, in
         order (the first ``n_initial_points`` are the random ones); ``ch`` is
@@ -273,6 +279,8 @@ class SketchClustering(NearestCentroids):
         min_separation: float | None = MIN_SEPARATION,
         consolidate: int = 10,
         max_exact_clients: int | None = MAX_EXACT_CLIENTS,
+        block_bits: int | None = None,
+        noise_clip: int | None = None,
         random_state: int | np.random.RandomState | None = None,
     ) -> None:
         self.min_cluster_size = min_cluster_size
@@ -289,6 +297,8 @@ class SketchClustering(NearestCentroids):
         self.min_separation = min_separation
         self.consolidate = consolidate
         self.max_exact_clients = max_exact_clients
+        self.block_bits = block_bits
+        self.noise_clip = noise_clip
         self.random_state = random_state
 
     def __repr__(self) -> str:
@@ -364,7 +374,7 @@ class SketchClustering(NearestCentroids):
         # process holds two float64 condensed arrays (2 x 8 bytes per pair).
         # The int32 distances are dropped meanwhile and rebuilt exactly from
         # the square roots, which saves 4 bytes per pair (1.8 GB at 30,000).
-        d = _bits.hamming_pdist(p, n_bits)
+        d = sketch_pdist(p, n_bits, self.block_bits, self.noise_clip)
         t1 = time.perf_counter()
         roots = sqrt_float64(d)
         del d
@@ -389,7 +399,8 @@ class SketchClustering(NearestCentroids):
             t4 = time.perf_counter()
             self.null_ch_, self.null_observed_ch_, self.null_pvalue_ = permutation_test(
                 bits, profile, rs, min_cluster_size=self.min_cluster_size, null_max_clients=self.null_max_clients,
-                single_cluster_alpha=self.single_cluster_alpha, n_null=self.n_null)
+                single_cluster_alpha=self.single_cluster_alpha, n_null=self.n_null, block_bits=self.block_bits,
+                noise_clip=self.noise_clip)
             log.debug("permutation test %.3f s", time.perf_counter() - t4)
             if self.null_pvalue_ > self.single_cluster_alpha:
                 return None, "permutation test: no cluster structure"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from scipy.cluster.hierarchy import fcluster, linkage
@@ -374,3 +376,43 @@ def test_real_digit_sketches_hold_the_four_rotations_in_the_dendrogram():
     flat = SketchClustering(min_cluster_size=3, refine=False, random_state=0).fit(packed, n_bits)
     assert adjusted_rand_score(rotation % 2, flat.labels_) == 1.0
     assert adjusted_rand_score(rotation, model.labels_) == 1.0  # refinement finds all four
+
+
+def test_block_clipped_distances_are_the_sum_of_clipped_block_hammings():
+    """sketch_pdist with a clip: every pair's blocks compared, each block's Hamming capped, summed (pdist order)."""
+    from scipy.spatial.distance import squareform
+
+    from server_kit.clustering.distances import sketch_pdist
+
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2, size=(600, 60), dtype=np.uint8)  # 600 rows: two chunks of rows
+    got = sketch_pdist(np.packbits(bits, axis=1), 60, block_bits=20, noise_clip=7)
+    i, j = 5, 577
+    want = sum(min(int((bits[i, b:b + 20] != bits[j, b:b + 20]).sum()), 7) for b in (0, 20, 40))
+    assert got.dtype == np.int32 and got.size == 600 * 599 // 2
+    assert squareform(got)[i, j] == want
+    plain = sketch_pdist(np.packbits(bits, axis=1), 60)
+    assert squareform(plain)[i, j] == int((bits[i] != bits[j]).sum())
+    assert (got <= plain).all() and (got <= 21).all()
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"noise_clip": 9}, "block_bits and noise_clip go together, got block_bits=None and noise_clip=9"),
+    ({"block_bits": 0, "noise_clip": 9}, "block_bits must be an integer >= 1, got 0"),
+])
+def test_noise_clip_settings_are_checked(kw, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        SketchClustering(**kw).fit(np.zeros((4, 25), dtype=np.uint8), 200)
+
+
+def test_a_clipped_fit_builds_its_dendrogram_on_the_clipped_distances():
+    rng = np.random.default_rng(1)
+    bits = rng.integers(0, 2, size=(30, 200), dtype=np.uint8)
+    bits[:15, :40] = 0  # two groups that share a class block pattern each
+    bits[15:, :40] = 1
+    packed = np.packbits(bits, axis=1)
+    m = SketchClustering(min_cluster_size=5, block_bits=20, noise_clip=9, random_state=0).fit(packed, 200)
+    from server_kit.clustering.distances import block_clipped_pdist
+
+    assert np.array_equal(m.distances_, block_clipped_pdist(bits, 20, 9))
+    assert m.n_clusters_ == 2 and adjusted_rand_score(np.repeat([0, 1], 15), m.labels_) == 1.0
