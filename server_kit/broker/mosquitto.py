@@ -11,15 +11,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
-import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
 from .deploy_conf import DEPLOY_CONF, adapt_deploy_conf
 from .ports import find_binary, free_port, wait_port
+from .process import BrokerProcess
 
 __all__ = ["MosquittoBroker", "find_mosquitto"]
 
@@ -114,8 +113,7 @@ class MosquittoBroker:
             raise FileNotFoundError(f"no broker configuration at {self.deploy_conf} (deploy/ is in the checkout, "
                                     "not in the installed package)")
         self._dir: Path | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._finalizer: weakref.finalize | None = None
+        self._process = BrokerProcess("mosquitto")
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -129,12 +127,12 @@ class MosquittoBroker:
     @property
     def running(self) -> bool:
         """Whether the subprocess is alive."""
-        return self._proc is not None and self._proc.poll() is None
+        return self._process.running
 
     @property
     def pid(self) -> int | None:
         """Process id of the running mosquitto (None when stopped)."""
-        return self._proc.pid if self.running and self._proc is not None else None
+        return self._process.pid
 
     @property
     def directory(self) -> Path | None:
@@ -231,36 +229,19 @@ class MosquittoBroker:
         if self.port is None:
             self.port = free_port(self.host)
         conf = self._write_files()
-        self._proc = subprocess.Popen(
-            [self.binary, "-c", str(conf)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        self._finalizer = weakref.finalize(self, _terminate, self._proc)
+        self._process.spawn([self.binary, "-c", str(conf)], self)
         try:
-            wait_port(self.host, self.port, timeout, alive=lambda: self._proc is not None and self._proc.poll() is None)
+            wait_port(self.host, self.port, timeout, alive=lambda: self._process.running)
         except (RuntimeError, TimeoutError) as e:
-            err = self._collect_stderr()
+            err = self._process.stderr_text()
             self.stop()
             raise RuntimeError(f"mosquitto did not start on port {self.port}: {e}\n{err}{self.log_text()}") from None
         log.info("mosquitto %s listening on %s (dir %s)", self.binary, self.url, self._dir)
         return self.url
 
-    def _collect_stderr(self) -> str:
-        if self._proc is None or self._proc.stderr is None or self._proc.poll() is None:
-            return ""
-        try:
-            return self._proc.stderr.read().decode(errors="replace")
-        except (OSError, ValueError):
-            return ""
-
     def stop(self, timeout: float = 10.0) -> None:
         """Stop mosquitto (SIGTERM: it saves its database first); keeps the folder for :meth:`restart`."""
-        proc, self._proc = self._proc, None
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
-        if proc is not None:
-            _terminate(proc, timeout)
+        self._process.stop(timeout)
 
     def restart(self, timeout: float = 10.0) -> str:
         """Stop and start again on the same port with the same database."""
@@ -280,17 +261,4 @@ class MosquittoBroker:
 
     def __exit__(self, *exc: object) -> None:
         self.cleanup()
-
-
-def _terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log.warning("mosquitto (pid %d) ignored SIGTERM; killing it", proc.pid)
-            proc.kill()
-            proc.wait(timeout)
-    if proc.stderr is not None:
-        proc.stderr.close()
 

@@ -36,12 +36,12 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .ports import find_binary, free_port, wait_port
+from .process import BrokerProcess
 
 __all__ = ["NatsCluster", "NatsNode", "find_nats_server", "mqtt_connack", "nats_server_version"]
 
@@ -123,8 +123,7 @@ class NatsNode:
         self.cluster_port = cluster_port
         self.mqtt_port = mqtt_port
         self.http_port = http_port
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._finalizer: weakref.finalize | None = None
+        self._process = BrokerProcess(f"nats-server {name}")
 
     def __repr__(self) -> str:
         return f"NatsNode({self.index}, {self.name!r}, mqtt={self.mqtt_url!r}, {'running' if self.running else 'stopped'})"
@@ -142,12 +141,12 @@ class NatsNode:
     @property
     def running(self) -> bool:
         """Whether the process is alive."""
-        return self._proc is not None and self._proc.poll() is None
+        return self._process.running
 
     @property
     def pid(self) -> int | None:
         """Process id (None when stopped)."""
-        return self._proc.pid if self.running and self._proc is not None else None
+        return self._process.pid
 
     def log_text(self) -> str:
         """This node's log so far (for debugging failed tests)."""
@@ -164,25 +163,13 @@ class NatsNode:
             return None
 
     def _spawn(self, binary: str) -> None:
-        self._proc = subprocess.Popen([binary, "-c", str(self.conf)], stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self._finalizer = weakref.finalize(self, _terminate, self._proc, 10.0)
+        self._process.spawn([binary, "-c", str(self.conf)], self)
 
     def _stderr(self) -> str:
-        if self._proc is None or self._proc.stderr is None or self._proc.poll() is None:
-            return ""
-        try:
-            return self._proc.stderr.read().decode(errors="replace")
-        except (OSError, ValueError):
-            return ""
+        return self._process.stderr_text()
 
     def _stop(self, timeout: float, sig: int = signal.SIGTERM) -> None:
-        proc, self._proc = self._proc, None
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
-        if proc is not None:
-            _terminate(proc, timeout, sig)
+        self._process.stop(timeout, sig)
 
 
 class NatsCluster:
@@ -506,15 +493,3 @@ class NatsCluster:
     def __exit__(self, *exc: object) -> None:
         self.cleanup()
 
-
-def _terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0, sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log.warning("nats-server (pid %d) ignored signal %d; killing it", proc.pid, sig)
-            proc.kill()
-            proc.wait(timeout)
-    if proc.stderr is not None:
-        proc.stderr.close()
