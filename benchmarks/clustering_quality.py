@@ -440,11 +440,12 @@ def summarize(rows: list[dict[str, Any]], skipped: dict[str, str]) -> dict[str, 
         match15 = [a for n, a in cands if n == 15]
         return round(match15[0], 4) if match15 else (round(cands[0][1], 4) if cands else None)
 
-    ours_mnist = [r["ari"] for r in rows if r["method"] == "fedsketch" and r["dataset"] == "mnist"]
     out: dict[str, Any] = {
         "ocfl_hdbscan_ari_mnist_nonoverlap_balanced": pick("ocfl-hdbscan", "mnist", "nonoverlap_balanced"),
-        "ours_min_ari_mnist": round(min(ours_mnist), 4) if ours_mnist else None,
     }
+    for dataset in ("mnist", "fmnist"):
+        ours = [r["ari"] for r in rows if r["method"] == "fedsketch" and r["dataset"] == dataset]
+        out[f"ours_min_ari_{dataset}"] = round(min(ours), 4) if ours else None
     for m in dict.fromkeys(r["method"] for r in rows):
         vals = [r["ari"] for r in rows if r["method"] == m]
         out[f"{m.replace('-', '_')}_mean_ari"] = round(float(np.mean(vals)), 4)

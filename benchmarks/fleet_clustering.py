@@ -29,14 +29,15 @@ fleets devices share images (10,000 MNIST devices hold 2.26 M samples of
 Readings of the method, side by side (``--readings``):
 
 * ``default``: what the server runs (refinement, the separation check, the
-  consolidation passes);
+  consolidation passes, each class block's Hamming distance clipped at 9 of
+  its 20 bits: ``block_bits``, :func:`server_kit.clustering.distances.default_noise_clip`);
+* ``hamming``: the default on plain Hamming distances (no clip; the
+  server's default before the clip, ``fedsketch-server --set clip_noise=false``);
 * ``flat``: ``refine=False`` (one level of the CH search, with the checks);
 * ``paper``: the paper's flat choice (``refine=False``, no permutation test,
   no separation check, no consolidation);
 * ``before``: this project's method before issue 13 (refinement without the
-  separation check and the consolidation);
-* ``clip9``: the default on block-clipped distances (each class block's
-  Hamming distance capped at 9 of 20 bits, ``noise_clip``).
+  separation check and the consolidation), plain Hamming.
 
 Then the scale part (``--scale``): sample-and-assign against the exact method
 at 20,000 and 30,000 digits devices (ARI between the two labelings), and the
@@ -70,13 +71,13 @@ from edge_sdk.encoder import OnnxEncoder  # noqa: E402
 from edge_sdk.sketch import Sketcher  # noqa: E402
 from server_kit.clustering import SketchClustering  # noqa: E402
 
+#: Settings of each reading; ``clip`` readings get ``block_bits`` (one block per class) as the server does.
 READINGS: dict[str, dict[str, Any]] = {
-    "default": {},
-    "flat": {"refine": False},
+    "default": {"clip": True},
+    "hamming": {},
+    "flat": {"clip": True, "refine": False},
     "paper": {"refine": False, "n_null": 0, "min_separation": None, "consolidate": 0},
     "before": {"min_separation": None, "consolidate": 0},
-    # the default with each class block's Hamming distance clipped at 9 of its 20 bits (distances.py)
-    "clip9": {"noise_clip": 9},
 }
 SCENARIOS = ("digits-rotation", "mnist-rotation", "mnist-flip", "fmnist-ocfl")
 DEFAULT_DATA = REPO.parent / "shared" / "data"
@@ -124,7 +125,7 @@ def ari(a: np.ndarray, b: np.ndarray) -> float:
 def cluster(packed: np.ndarray, n_bits: int, truth: np.ndarray, reading: str, mcs: int, seed: int) -> dict:
     t0 = time.perf_counter()
     kw = dict(READINGS[reading])
-    if "noise_clip" in kw:
+    if kw.pop("clip", False):
         kw["block_bits"] = n_bits // 10  # one block per class, 10 classes in every scenario
     m = SketchClustering(min_cluster_size=mcs, random_state=seed, **kw).fit(packed, n_bits)
     return {"reading": reading, "k": int(m.n_clusters_), "ari": round(ari(truth, m.labels_), 4),
@@ -213,8 +214,8 @@ def plot_ari(cells: list[dict], path: Path) -> Path | None:
         return None
     fig = Figure(figsize=(4.2 * len(scenarios), 3.6))
     FigureCanvasAgg(fig)
-    styles = {"default": ("C0", "o", "-"), "before": ("C3", "s", "--"), "flat": ("C2", "^", ":"),
-              "paper": ("0.5", "x", ":")}
+    styles = {"default": ("C0", "o", "-"), "hamming": ("C1", "D", "-."), "before": ("C3", "s", "--"),
+              "flat": ("C2", "^", ":"), "paper": ("0.5", "x", ":")}
     for i, scenario in enumerate(scenarios):
         ax = fig.add_subplot(1, len(scenarios), i + 1)
         for reading, (color, marker, ls) in styles.items():
@@ -260,7 +261,7 @@ def scale_child(n: int, seed: int, exact: bool) -> None:
     packed, n_bits = data["packed"], int(data["n_bits"])
     before = _vm_hwm_mib()
     t0 = time.perf_counter()
-    m = SketchClustering(min_cluster_size=2, random_state=seed,
+    m = SketchClustering(min_cluster_size=2, random_state=seed, block_bits=n_bits // 10,
                          max_exact_clients=None if exact else 10_000).fit(packed, n_bits)
     seconds = time.perf_counter() - t0
     np.save(REPO / "reports" / "fleet_clustering" / f"labels_{n}_{'exact' if exact else 'sampled'}.npy", m.labels_)

@@ -53,11 +53,11 @@ def check_params(model: Any) -> None:
     check_int(model.consolidate, "consolidate", 0)
     if model.max_exact_clients is not None:
         check_int(model.max_exact_clients, "max_exact_clients", 100)
-    if (model.block_bits is None) != (model.noise_clip is None):
-        raise ValueError(f"block_bits and noise_clip go together, got block_bits={model.block_bits!r} "
-                         f"and noise_clip={model.noise_clip!r}")
+    if model.block_bits is None and model.noise_clip is not None:
+        raise ValueError(f"noise_clip needs block_bits (the bits of one class block), got noise_clip={model.noise_clip!r}")
     if model.block_bits is not None:
         check_int(model.block_bits, "block_bits", 1)
+    if model.noise_clip is not None:
         check_int(model.noise_clip, "noise_clip", 1)
 
 

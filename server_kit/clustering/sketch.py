@@ -143,7 +143,10 @@ class SketchClustering(NearestCentroids):
     block_bits, noise_clip : int or None, default None
         Bits per class block (the latent size) and the clip of each block's
         Hamming distance (:mod:`server_kit.clustering.distances`), for the
-        dendrogram and the permutation test; None: plain Hamming.
+        dendrogram and the permutation test. ``block_bits`` None: plain
+        Hamming; ``noise_clip`` None: :func:`~.distances.default_noise_clip`
+        (9 of 20 bits). :class:`server_kit.strategies.SketchClustered` passes
+        the sketches' latent size (``clip_noise``).
     max_exact_clients : int or None, default 10,000
         Above this many clients, a seeded sample of this size is clustered
         with the full method and every client is then assigned to the nearest

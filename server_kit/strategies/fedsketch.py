@@ -36,6 +36,12 @@ class SketchClustered(ClusteredFedAvg):
     drivers ask the fleet for fresh sketches every ``resketch_every`` rounds,
     and a device whose data changed sends one unasked. Off by default: the
     paper's method clusters once.
+
+    With ``clip_noise`` (the default), each class block's Hamming distance is
+    clipped (:mod:`server_kit.clustering.distances`): the uniform noise of the
+    classes a client lacks then weighs little, which small federations of
+    clients holding few classes need. ``clip_noise=False``: plain Hamming, as
+    in the paper.
     """
 
     name = "fedsketch"
@@ -44,9 +50,12 @@ class SketchClustered(ClusteredFedAvg):
     def __init__(self, *, min_cluster_size: int = 2, clustering: Mapping[str, Any] | None = None,
                  pretrain: Mapping[str, Any] | None = None, follow_drift: bool = False,
                  resketch_every: int | None = None, drift_z: float = 4.0, flip_prob: float = 0.1,
-                 **kw: Any) -> None:
+                 clip_noise: bool = True, **kw: Any) -> None:
         super().__init__(**kw)
         self.min_cluster_size = int(min_cluster_size)
+        if not isinstance(clip_noise, bool):
+            raise ValueError(f"clip_noise must be true or false, got {clip_noise!r}")
+        self.clip_noise = clip_noise
         self.clustering_params = dict(clustering or {})
         #: What follows drift during training, or None (the paper's method: cluster once).
         self.drift_: DriftTracker | None = None
@@ -67,6 +76,10 @@ class SketchClustered(ClusteredFedAvg):
         cids = sorted(sketches)
         first = sketches[cids[0]]
         packed = stack_sketches([sketches[c] for c in cids])
+        if self.clip_noise and "block_bits" not in self.clustering_params:
+            self.clustering_params["block_bits"] = first.latent_dim
+            if self.drift_ is not None:  # the pool's clustering measures as this one does
+                self.drift_.clustering["block_bits"] = first.latent_dim
         self.model_ = SketchClustering(
             min_cluster_size=self.min_cluster_size, random_state=self.seed, **self.clustering_params
         ).fit(packed, first.n_bits)

@@ -397,8 +397,9 @@ def test_block_clipped_distances_are_the_sum_of_clipped_block_hammings():
 
 
 @pytest.mark.parametrize(("kw", "message"), [
-    ({"noise_clip": 9}, "block_bits and noise_clip go together, got block_bits=None and noise_clip=9"),
+    ({"noise_clip": 9}, "noise_clip needs block_bits (the bits of one class block), got noise_clip=9"),
     ({"block_bits": 0, "noise_clip": 9}, "block_bits must be an integer >= 1, got 0"),
+    ({"block_bits": 20, "noise_clip": 0}, "noise_clip must be an integer >= 1, got 0"),
 ])
 def test_noise_clip_settings_are_checked(kw, message):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
@@ -416,3 +417,25 @@ def test_a_clipped_fit_builds_its_dendrogram_on_the_clipped_distances():
 
     assert np.array_equal(m.distances_, block_clipped_pdist(bits, 20, 9))
     assert m.n_clusters_ == 2 and adjusted_rand_score(np.repeat([0, 1], 15), m.labels_) == 1.0
+    auto = SketchClustering(min_cluster_size=5, block_bits=20, random_state=0).fit(packed, 200)
+    assert np.array_equal(auto.distances_, m.distances_)  # the default clip of 20-bit blocks is 9
+
+
+@pytest.mark.parametrize(("block_bits", "clip"), [(1, 1), (4, 2), (8, 3), (10, 4), (16, 7), (20, 9), (64, 30),
+                                                  (768, 377)])
+def test_the_default_clip_is_half_a_noise_deviation_below_its_mean(block_bits, clip):
+    from server_kit.clustering.distances import default_noise_clip
+
+    assert default_noise_clip(block_bits) == clip
+
+
+def test_long_blocks_are_clipped_alike():
+    """Blocks past 64 bits (a matrix product; shorter ones: XOR and popcount) are clipped and summed alike."""
+    from scipy.spatial.distance import squareform
+
+    from server_kit.clustering.distances import block_clipped_pdist
+
+    bits = np.random.default_rng(2).integers(0, 2, size=(40, 260), dtype=np.uint8)
+    long = squareform(block_clipped_pdist(bits, 130, 60))
+    plain = [(bits[:, None, b:b + 130] != bits[None, :, b:b + 130]).sum(-1) for b in (0, 130)]
+    assert np.array_equal(long, np.minimum(plain[0], 60) + np.minimum(plain[1], 60))

@@ -175,3 +175,23 @@ def test_simulator_counts_bytes_per_delivery(digits):
 
     one = weights_message_bytes(Kind.MODEL, initial_weights(ARCH, 0), {"key": "global"})
     assert d["down"]["MODEL"]["bytes"] == 8 * one
+
+
+def test_ours_clips_each_class_block_unless_told_not_to():
+    """The server's default: distances clipped per class block (latent size), at the default clip of 9 of 20 bits."""
+    from edge_sdk.bits import unpack_bits
+    from server_kit.clustering.distances import block_clipped_pdist
+
+    rng = np.random.default_rng(3)
+    rows = rng.integers(0, 256, size=(12, 25), dtype=np.uint8)  # 10 classes x 20 bits
+    sketches = {f"d{i:02d}": Sketch(row.tobytes(), 10, 20) for i, row in enumerate(rows)}
+    bits = unpack_bits(rows, 200)
+    clipped, plain = SketchClustered(min_cluster_size=2), SketchClustered(min_cluster_size=2, clip_noise=False)
+    for s in (clipped, plain):
+        s.setup([ClientInfo(c, 1) for c in sketches], w(0, 0))
+        s.on_sketches(sketches)
+    assert np.array_equal(clipped.model_.distances_, block_clipped_pdist(bits, 20, 9))
+    assert clipped.clustering_params == {"block_bits": 20}
+    assert np.array_equal(plain.model_.distances_, (bits[:, None] != bits[None]).sum(-1)[np.triu_indices(12, 1)])
+    with pytest.raises(ValueError, match=r"^clip_noise must be true or false, got 'yes'$"):
+        SketchClustered(clip_noise="yes")
