@@ -26,7 +26,7 @@ class SketchClustered(ClusteredFedAvg):
     """Ours (Prigent et al.): cluster once, before training, from client sketches.
 
     Sketches are clustered by :class:`server_kit.clustering.SketchClustering`
-    (popcount Hamming, Ward linkage built once, threshold by Bayesian
+    (Hamming clipped per class block, Ward linkage built once, threshold by Bayesian
     optimisation of the Calinski-Harabasz index); then FedAvg per cluster. A
     late client's sketch joins the nearest cluster centroid.
 
