@@ -9,7 +9,7 @@ clipped (the default) and with plain Hamming distances. For each node count:
 the training images per node, and the ARI against the rotation groups, mean,
 worst and the number of seeds at 0.95 or more.
 
-Run: ``.venv/bin/python benchmarks/thin_nodes.py`` (about a minute;
+Run: ``.venv/bin/python benchmarks/thin_nodes.py`` (about 5 minutes on 2 cores;
 ``--nodes 40,100 --seeds 0,1,2`` for fewer). Prints a table; the last line
 is JSON.
 """
