@@ -36,7 +36,7 @@ from edge_sdk import bits as _bits
 
 __all__ = ["block_clipped_pdist", "default_noise_clip", "sketch_pdist"]
 
-#: Rows per chunk of :func:`block_clipped_pdist` (a chunk holds rows x clients float32 matrices).
+#: Rows per chunk of :func:`block_clipped_pdist` (a chunk holds a few rows x clients matrices).
 _ROWS = 512
 
 

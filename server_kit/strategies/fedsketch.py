@@ -77,9 +77,7 @@ class SketchClustered(ClusteredFedAvg):
         first = sketches[cids[0]]
         packed = stack_sketches([sketches[c] for c in cids])
         if self.clip_noise and "block_bits" not in self.clustering_params:
-            self.clustering_params["block_bits"] = first.latent_dim
-            if self.drift_ is not None:  # the pool's clustering measures as this one does
-                self.drift_.clustering["block_bits"] = first.latent_dim
+            self._use_block_bits(first.latent_dim)
         self.model_ = SketchClustering(
             min_cluster_size=self.min_cluster_size, random_state=self.seed, **self.clustering_params
         ).fit(packed, first.n_bits)
@@ -138,11 +136,19 @@ class SketchClustered(ClusteredFedAvg):
         log.info("late client %s joins cluster %d (nearest centroid)", cid, k)
         return self.key(k)
 
+    def _use_block_bits(self, block_bits: int) -> None:
+        """Clip the distances per class block of ``block_bits``, here and in drift's pool clustering."""
+        self.clustering_params["block_bits"] = int(block_bits)
+        if self.drift_ is not None:  # the pool's clustering measures as this one does
+            self.drift_.clustering["block_bits"] = int(block_bits)
+
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         meta, tensors = super().state()
         if self.model_ is not None:
             tensors["_clustering/centroids"] = np.asarray(self.model_.centroids_, dtype=np.float64)
             meta["n_bits"] = int(self.model_.n_bits_)
+        if self.clustering_params.get("block_bits") is not None:
+            meta["block_bits"] = int(self.clustering_params["block_bits"])
         if self.drift_ is not None and self.drift_.migration is not None:
             drift_meta, drift_tensors = self.drift_.state()
             meta["drift"] = drift_meta
@@ -156,6 +162,8 @@ class SketchClustered(ClusteredFedAvg):
         if self.drift_ is not None and "drift" in meta:
             self.drift_.load_state(meta["drift"], drift)
         super().load_state(meta, tensors)
+        if self.clip_noise and meta.get("block_bits") is not None and "block_bits" not in self.clustering_params:
+            self._use_block_bits(int(meta["block_bits"]))
         if centroids is not None:
             from ..clustering import SketchClustering
 

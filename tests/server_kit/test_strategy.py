@@ -192,6 +192,10 @@ def test_ours_clips_each_class_block_unless_told_not_to():
         s.on_sketches(sketches)
     assert np.array_equal(clipped.model_.distances_, block_clipped_pdist(bits, 20, 9))
     assert clipped.clustering_params == {"block_bits": 20}
+    restored = SketchClustered(min_cluster_size=2, follow_drift=True)
+    restored.setup([ClientInfo(c, 1) for c in sketches], w(0, 0))
+    restored.load_state(*clipped.state())  # a resumed server's drift clusters its pool as the first fit did
+    assert restored.clustering_params == restored.drift_.clustering == {"block_bits": 20}
     assert np.array_equal(plain.model_.distances_, (bits[:, None] != bits[None]).sum(-1)[np.triu_indices(12, 1)])
     with pytest.raises(ValueError, match=r"^clip_noise must be true or false, got 'yes'$"):
         SketchClustered(clip_noise="yes")
