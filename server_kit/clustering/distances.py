@@ -34,7 +34,7 @@ import numpy as np
 
 from edge_sdk import bits as _bits
 
-__all__ = ["block_clipped_pdist", "default_noise_clip", "sketch_pdist"]
+__all__ = ["bits_pdist", "block_clipped_pdist", "default_noise_clip", "sketch_pdist"]
 
 #: Rows per chunk of :func:`block_clipped_pdist` (a chunk holds a few rows x clients matrices).
 _ROWS = 512
@@ -114,5 +114,13 @@ def sketch_pdist(packed: np.ndarray, n_bits: int, block_bits: int | None = None,
     """
     if block_bits is None:
         return _bits.hamming_pdist(packed, n_bits)
+    return bits_pdist(_bits.unpack_bits(packed, n_bits), n_bits, block_bits, noise_clip)
+
+
+def bits_pdist(bits: np.ndarray, n_bits: int, block_bits: int | None = None,
+               noise_clip: int | None = None) -> np.ndarray:
+    """:func:`sketch_pdist` of 0/1 rows: the clipped path takes them as they are, Hamming packs them first."""
+    if block_bits is None:
+        return _bits.hamming_pdist(np.packbits(bits, axis=1), n_bits)
     clip = default_noise_clip(int(block_bits)) if noise_clip is None else int(noise_clip)
-    return block_clipped_pdist(_bits.unpack_bits(packed, n_bits), int(block_bits), clip)
+    return block_clipped_pdist(bits, int(block_bits), clip)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .dendrogram import CutProfile, cut_profile, ward_linkage
-from .distances import sketch_pdist
+from .distances import bits_pdist
 
 __all__ = ["max_valid_ch", "permutation_test"]
 
@@ -22,7 +22,7 @@ __all__ = ["max_valid_ch", "permutation_test"]
 def max_valid_ch(bits: np.ndarray, n_bits: int, min_cluster_size: int, block_bits: int | None = None,
                  noise_clip: int | None = None) -> float:
     """Highest CH over the valid cuts of the Ward dendrogram of 0/1 rows (0 if none), on the fit's distances."""
-    d = sketch_pdist(np.packbits(bits, axis=1), n_bits, block_bits, noise_clip)
+    d = bits_pdist(bits, n_bits, block_bits, noise_clip)
     return cut_profile(ward_linkage(d), min_cluster_size).best()[1]
 
 
