@@ -17,3 +17,15 @@ def csv_list(kind, choices=None):
         return items
 
     return parse
+
+
+def seed_list(text: str) -> list[int]:
+    """An argparse type for ``--seeds``: ``"3"`` is seeds 0, 1, 2 (a count); ``"4,7"`` or ``"5,"`` those seeds."""
+    text = text.strip()
+    try:
+        seeds = list(range(int(text))) if text.isdigit() else [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds takes a count or a comma-separated list, got {text!r}") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError(f"--seeds names no seed: {text!r} (a count >= 1, or a list like '5,')")
+    return seeds

@@ -53,13 +53,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _cli import seed_list
+
+from server_kit.metrics import mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = Path("/work/shared/data/mnist")
@@ -93,19 +95,6 @@ METRICS = [
     ("bytes_total", "bytes on the wire (MB)", "{:.1f}"),
     ("wall_seconds", "wall time (s)", "{:.0f}"),
 ]
-
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    """Mean and half-width of the 95 % Student-t confidence interval (0 for one value)."""
-    v = np.asarray([x for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))],
-                   dtype=np.float64)
-    if v.size == 0:
-        return float("nan"), float("nan")
-    if v.size == 1:
-        return float(v[0]), 0.0
-    from scipy.stats import t
-
-    return float(v.mean()), float(t.ppf(0.975, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
 
 
 def load_data(args) -> tuple[np.ndarray, np.ndarray]:
@@ -331,22 +320,10 @@ def run(args) -> dict[str, Any]:
     return final
 
 
-def _seeds(text: str) -> list[int]:
-    """``"3"``: seeds 0, 1, 2 (a count); ``"4,7"`` or ``"5,"``: those seeds."""
-    text = text.strip()
-    try:
-        seeds = list(range(int(text))) if text.isdigit() else [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--seeds takes a count or a comma-separated list, got {text!r}") from None
-    if not seeds:
-        raise argparse.ArgumentTypeError(f"--seeds names no seed: {text!r} (a count >= 1, or a list like '5,')")
-    return seeds
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with the MNIST IDX files")
-    ap.add_argument("--seeds", type=_seeds, default=[0, 1, 2], help="a count (3: seeds 0,1,2) or a list (0,4,7; one seed: 5,)")
+    ap.add_argument("--seeds", type=seed_list, default=[0, 1, 2], help="a count (3: seeds 0,1,2) or a list (0,4,7; one seed: 5,)")
     ap.add_argument("--clients", type=int, default=25)
     ap.add_argument("--classes-per-client", type=int, nargs=2, default=[2, 5], metavar=("MIN", "MAX"))
     ap.add_argument("--samples-per-class", type=int, default=500)

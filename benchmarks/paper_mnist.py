@@ -7,11 +7,22 @@ Fashion-MNIST one), ours with federated AE pre-training (FedAvg of the AE over
 the clients, exported to ONNX, then sketches), IFCA (K = 4, on-device ONNX
 selection), LADD (FFT-amplitude features, K-means with K = 4) and FedAvg.
 
-The paper's scenario (the defaults): MNIST train from ``--data``, 100 clients,
+The paper's scenario (the defaults): MNIST from ``--data``, 100 clients,
 Dirichlet alpha = 10 label skew, client i rotated by 90 * (i mod 4) degrees
 (train and test), 50 clients per round, LeNet-5 (its two convolutions averaged
 over all sampled clients, the rest per cluster, as in the reference), Adam
-1e-3, batch 32, 5 local epochs, 50 rounds, P = 0.1.
+1e-3, batch 32, 5 local epochs, 50 rounds, P = 0.1, plain FedAvg (no norm
+clipping: ``--robust`` turns on FedSketch's default clipping).
+
+Test sets (``--test-set``): ``mnist-test`` (default, the paper's protocol as
+its reference code runs it) trains each client on its whole shard of MNIST's
+60,000 training images (about 600) and tests it on its own Dirichlet shard of
+MNIST's 10,000 test images (about 100), rotated as its training images.
+``held-out`` keeps 20 % of each training shard as its test set (about 480 to
+train, 120 to test). The accuracy of a round is the mean over the clients
+trained that round of their cluster model's accuracy on their test set; the
+final accuracy is the mean of the last 5 rounds. ``--seeds 3`` runs seeds 0, 1,
+2 and reports each method's mean with its 95 % Student-t interval.
 
 ``--quick`` runs a small version on scikit-learn's digits (no data folder
 needed; it is the smoke test of ``make test``). Bytes are counted per client
@@ -32,6 +43,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+from _cli import seed_list
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "mnist"
 METHODS = ("ours-central", "ours-federated", "ifca", "ladd", "fedavg")
@@ -44,17 +58,25 @@ COST = {"ifca": 1.3, "ours-federated": 1.1, "ladd": 1.0, "ours-central": 1.0, "f
 
 
 def build_clients(args):
-    from server_kit.data.partition import load_digits_images, rotation_groups
+    """The clients of the run: rotation groups over MNIST (or digits), with the test set of ``--test-set``."""
+    from server_kit.data.partition import ClientData, load_digits_images, rotation_groups
 
+    skew = dict(alpha=args.alpha, min_size=10) if args.alpha else {}
     if args.dataset == "digits":
         images, labels = load_digits_images()
-    else:
-        from server_kit.data.idx import load_mnist
+        return rotation_groups(images, labels, args.clients, groups=4, seed=args.seed, **skew)
+    from server_kit.data.idx import load_mnist
 
-        images, labels = load_mnist(args.data, "train")
-    return rotation_groups(images, labels, args.clients, groups=4, alpha=args.alpha, seed=args.seed,
-                           min_size=10) if args.alpha else rotation_groups(
-        images, labels, args.clients, groups=4, seed=args.seed)
+    images, labels = load_mnist(args.data, "train")
+    if args.test_set == "held-out":
+        return rotation_groups(images, labels, args.clients, groups=4, seed=args.seed, **skew)
+    train = rotation_groups(images, labels, args.clients, groups=4, seed=args.seed, test_fraction=0.0, **skew)
+    test_x, test_y = load_mnist(args.data, "test")
+    # an independent draw over the test images; client i is in group i mod 4 in both
+    test = rotation_groups(test_x, test_y, args.clients, groups=4, seed=args.seed + 10_000, test_fraction=0.0,
+                           **skew)
+    return [ClientData(tr.cid, tr.x_train, tr.y_train, te.x_train, te.y_train, tr.group)
+            for tr, te in zip(train, test)]
 
 
 def make_method(name, args, clients, arch, tmp):
@@ -69,6 +91,8 @@ def make_method(name, args, clients, arch, tmp):
 
     settings = TrainSettings(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size)
     common = dict(settings=settings, fraction=args.fraction, seed=args.seed)
+    if not args.robust:  # the paper's plain FedAvg
+        common.update(norm_bound=None, refuse_above=None)
     shared = dict(shared_prefixes=BASE_LAYERS.get(arch, ())) if args.shared_base else {}
     extra = {"pretrain_seconds": 0.0, "pretrain_bytes": 0}
     if name == "fedavg":
@@ -142,57 +166,100 @@ def architecture_of(args) -> str:
     return "digits_cnn_1x8x8_10" if args.dataset == "digits" else "lenet5_1x28x28_10"
 
 
+def run_seed(args) -> dict[str, dict]:
+    """Every method of ``args.methods`` on ``args.seed``'s clients (in ``args.jobs`` processes): rows by method."""
+    arch = architecture_of(args)
+    clients = build_clients(args)
+    print(f"seed {args.seed}: {len(clients)} clients ({args.dataset}, test set {args.test_set}), 4 rotation "
+          f"groups, {args.rounds} rounds x {args.epochs} epochs, fraction {args.fraction}, P = {args.flip_prob}, "
+          f"architecture {arch}, {'robust' if args.robust else 'plain'} FedAvg, {args.jobs} process(es)", flush=True)
+    if args.jobs == 1:
+        with tempfile.TemporaryDirectory(prefix="fedsketch-paper-") as tmp:
+            return {name: run_method(name, args, clients, arch, tmp) for name in args.methods}
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn: a fresh interpreter per worker (no forked torch thread pools); the slowest methods first
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn")) as pool:
+        futures = {name: pool.submit(_worker, name, args) for name in sorted(args.methods, key=COST.get,
+                                                                                reverse=True)}
+        return {name: futures[name].result() for name in args.methods}
+
+
+def summarize(runs: list[dict[str, dict]]) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per method, the mean and 95 % interval over seeds of its final accuracy, rounds to target, ARI and bytes."""
+    from server_kit.metrics import mean_ci
+
+    keys = ("final_acc", "rounds_to_target", "ari", "ami", "bytes")
+    return {name: {k: mean_ci([rows[name][k] for rows in runs]) for k in keys} for name in runs[0]}
+
+
+def _print_table(args, runs: list[dict[str, dict]], stats: dict[str, dict[str, tuple[float, float]]]) -> None:
+    ours = stats.get("ours-central") or stats.get("ours-federated")
+    pm = "+-" if len(runs) > 1 else ""
+    print(f"\n{'method':16s} {'rounds to ' + format(args.target, '.0%'):>13s} {'final acc':>17s} {'ARI':>6s} "
+          f"{'AMI':>6s} {'MB':>9s} {'x ours':>7s} | paper: rounds, final %   ({len(runs)} seed(s): mean"
+          f"{' +- 95 % CI' if pm else ''})")
+    for name, st in stats.items():
+        ratio = st["bytes"][0] / ours["bytes"][0] if ours else float("nan")
+        never = any(rows[name]["rounds_to_target"] is None for rows in runs)
+        rounds = "never" if never else f"{st['rounds_to_target'][0]:.1f}"
+        acc = f"{st['final_acc'][0]:.4f}" + (f" +- {st['final_acc'][1]:.4f}" if pm else "")
+        pr = PAPER.get(name, (None, None))
+        print(f"{name:16s} {rounds:>13s} {acc:>17s} {st['ari'][0]:6.3f} {st['ami'][0]:6.3f} "
+              f"{st['bytes'][0] / 1e6:9.1f} {ratio:7.2f} | {pr[0] or 'never'}, {pr[1]}")
+
+
 def run(args) -> dict:
-    """Every method of ``args.methods`` (in ``args.jobs`` processes); print the table; the summary dict."""
+    """Every seed of ``args.seeds``; print the table; the summary dict (means over seeds)."""
     from server_kit.report import plot_accuracy, write_json
 
     _set_threads(args.threads)
-    arch = architecture_of(args)
     t_all = time.perf_counter()
-    clients = build_clients(args)
-    print(f"{len(clients)} clients ({args.dataset}), 4 rotation groups, {args.rounds} rounds x {args.epochs} "
-          f"epochs, fraction {args.fraction}, P = {args.flip_prob}, architecture {arch}, "
-          f"{args.jobs} process(es)", flush=True)
-    if args.jobs == 1:
-        with tempfile.TemporaryDirectory(prefix="fedsketch-paper-") as tmp:
-            rows = {name: run_method(name, args, clients, arch, tmp) for name in args.methods}
-    else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
-        # spawn: a fresh interpreter per worker (no forked torch thread pools); the slowest methods first
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = {name: pool.submit(_worker, name, args) for name in sorted(args.methods, key=COST.get,
-                                                                                    reverse=True)}
-            rows = {name: futures[name].result() for name in args.methods}
-    ours = rows.get("ours-central") or rows.get("ours-federated")
-    print(f"\n{'method':16s} {'rounds to ' + format(args.target, '.0%'):>13s} {'final acc':>9s} {'ARI':>6s} "
-          f"{'AMI':>6s} {'MB':>9s} {'x ours':>7s} {'pre-train s':>11s} {'cluster s':>9s} {'train s':>8s}"
-          f" | paper: rounds, final %")
-    for name, r in rows.items():
-        ratio = r["bytes"] / ours["bytes"] if ours else float("nan")
-        pr = PAPER.get(name, (None, None))
-        print(f"{name:16s} {str(r['rounds_to_target'] or 'never'):>13s} {r['final_acc']:9.4f} {r['ari']:6.3f} "
-              f"{r['ami']:6.3f} {r['bytes'] / 1e6:9.1f} {ratio:7.2f} {r['seconds_pretrain']:11.1f} "
-              f"{r['seconds_clustering']:9.1f} {r['seconds_training']:8.1f} | {pr[0] or 'never'}, {pr[1]}")
+    runs = []
+    for seed in args.seeds:
+        args.seed = seed
+        runs.append(run_seed(args))
+    stats = summarize(runs)
+    _print_table(args, runs, stats)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plot_accuracy(out / "accuracy.png", {n: r["accuracy"] for n, r in rows.items()},
-                  title=f"{args.dataset}: mean local test accuracy per round ({len(clients)} clients)")
+    curves = {n: [float(v) for v in np.mean([rows[n]["accuracy"] for rows in runs], axis=0)] for n in stats}
+    plot_accuracy(out / "accuracy.png", curves,
+                  title=f"{args.dataset}: mean local test accuracy per round ({args.clients} clients, "
+                        f"{len(runs)} seed(s))")
     seconds = time.perf_counter() - t_all
-    write_json(out / "results.json", {"args": vars(args), "rows": rows, "seconds": seconds})
+    write_json(out / "results.json", {"args": vars(args), "runs": [{"seed": s, "rows": r} for s, r in
+                                                                   zip(args.seeds, runs)],
+                                      "summary": stats, "seconds": seconds})
+
+    def mean(name: str, key: str, digits: int | None = 4) -> float | None:
+        if name not in stats:
+            return None
+        return stats[name][key][0] if digits is None else round(stats[name][key][0], digits)
+
+    def ci(name: str, key: str) -> float | None:
+        return round(stats[name][key][1], 4) if name in stats else None
+
+    ours = stats.get("ours-central") or stats.get("ours-federated")
     summary = {
-        "ours_rounds_to_95": rows["ours-central"]["rounds_to_target"] if "ours-central" in rows else None,
-        "ours_final_acc": round(rows["ours-central"]["final_acc"], 4) if "ours-central" in rows else None,
-        "ours_ari": rows["ours-central"]["ari"] if "ours-central" in rows else None,
-        "ours_federated_final_acc": round(rows["ours-federated"]["final_acc"], 4) if "ours-federated" in rows else None,
-        "ours_federated_ari": rows["ours-federated"]["ari"] if "ours-federated" in rows else None,
-        "ifca_bytes_over_ours": round(rows["ifca"]["bytes"] / ours["bytes"], 3) if "ifca" in rows and ours else None,
-        "ifca_final_acc": round(rows["ifca"]["final_acc"], 4) if "ifca" in rows else None,
-        "ladd_ari": rows["ladd"]["ari"] if "ladd" in rows else None,
-        "fedavg_final_acc": round(rows["fedavg"]["final_acc"], 4) if "fedavg" in rows else None,
-        "rounds": args.rounds, "clients": len(clients), "epochs": args.epochs,
-        "dataset": args.dataset, "seconds": round(seconds, 1),
+        "ours_rounds_to_95": mean("ours-central", "rounds_to_target", 2),
+        "ours_final_acc": mean("ours-central", "final_acc"),
+        "ours_final_acc_ci95": ci("ours-central", "final_acc"),
+        "ours_final_acc_seeds": ([round(rows["ours-central"]["final_acc"], 4) for rows in runs]
+                                 if "ours-central" in stats else None),
+        "ours_ari": mean("ours-central", "ari", None),
+        "ours_federated_final_acc": mean("ours-federated", "final_acc"),
+        "ours_federated_final_acc_ci95": ci("ours-federated", "final_acc"),
+        "ours_federated_rounds_to_95": mean("ours-federated", "rounds_to_target", 2),
+        "ours_federated_ari": mean("ours-federated", "ari", None),
+        "ifca_bytes_over_ours": (round(stats["ifca"]["bytes"][0] / ours["bytes"][0], 3)
+                                 if "ifca" in stats and ours else None),
+        "ifca_final_acc": mean("ifca", "final_acc"),
+        "ladd_ari": mean("ladd", "ari", None),
+        "fedavg_final_acc": mean("fedavg", "final_acc"),
+        "rounds": args.rounds, "clients": args.clients, "epochs": args.epochs, "seeds": args.seeds,
+        "test_set": args.test_set, "robust": args.robust, "dataset": args.dataset, "seconds": round(seconds, 1),
     }
     print(f"\nreport: {out}/results.json, {out}/accuracy.png; {seconds:.0f} s in all")
     return summary
@@ -211,7 +278,14 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--flip-prob", type=float, default=0.1)
     ap.add_argument("--target", type=float, default=0.95)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=seed_list, default=[0],
+                    help="a count (3: seeds 0, 1, 2) or a list (0,4,7; one seed: 5,); mean and 95 %% interval "
+                         "over them")
+    ap.add_argument("--test-set", choices=["mnist-test", "held-out"], default="mnist-test",
+                    help="each client's test set: its shard of MNIST's test images (the paper's protocol) or 20 %% "
+                         "of its training shard (digits: always held-out)")
+    ap.add_argument("--robust", action="store_true",
+                    help="FedSketch's default norm clipping (the paper: plain FedAvg)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--no-shared-base", dest="shared_base", action="store_false",
                     help="average every layer per cluster (default: convolutions over all clients)")
@@ -234,7 +308,9 @@ def main(argv=None) -> int:
         ap.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.jobs > 1 and args.threads is None:
         args.threads = 1
+    args.seed = args.seeds[0]
     if args.quick:
+        args.test_set = "held-out"
         args.dataset, args.clients, args.rounds, args.epochs = "digits", 12, 5, 3
         args.fraction, args.alpha, args.lr, args.batch_size = 1.0, 0.0, 1e-2, 16
         args.ae_rounds, args.ae_clients, args.ae_epochs = 10, 12, 5

@@ -16,7 +16,7 @@ import numpy as np
 
 from edge_sdk.protocol import Kind, Message, tensors_body
 
-__all__ = ["CommLedger", "clustering_scores", "final_accuracy", "message_bytes", "rounds_to_target",
+__all__ = ["CommLedger", "clustering_scores", "final_accuracy", "mean_ci", "message_bytes", "rounds_to_target",
            "weighted_purity", "weights_message_bytes"]
 
 
@@ -32,6 +32,21 @@ def final_accuracy(accuracies: Sequence[float | None], last: int = 5) -> float |
     """Mean accuracy of the last ``last`` rounds that have one (the paper's final accuracy)."""
     vals = [a for a in accuracies if a is not None][-last:]
     return float(np.mean(vals)) if vals else None
+
+
+def mean_ci(values: Sequence[float | None]) -> tuple[float, float]:
+    """Mean and half-width of the 95 % Student-t confidence interval over runs (seeds).
+
+    None and NaN values are left out; one value gives a half-width of 0, none gives NaN for both.
+    """
+    v = np.asarray([x for x in values if x is not None and not np.isnan(x)], dtype=np.float64)
+    if v.size == 0:
+        return float("nan"), float("nan")
+    if v.size == 1:
+        return float(v[0]), 0.0
+    from scipy.stats import t
+
+    return float(v.mean()), float(t.ppf(0.975, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size))
 
 
 def clustering_scores(truth: Sequence[int], labels: Sequence[int]) -> dict[str, float]:

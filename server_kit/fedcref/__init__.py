@@ -79,16 +79,25 @@ Where each job lives:
 """
 
 from .export import export_communities
-from .graph import association_edges, connected_components, stop_rule_met, wrong_associations
+from .graph import (
+    AssociationAudit,
+    association_audit,
+    association_edges,
+    connected_components,
+    stop_rule_met,
+    wrong_associations,
+)
 from .partition import class_subset_partition
 from .run import FedCRefResult, run_fedcref
 from .server import FedCRefServer
 from .wire import Wire
 
 __all__ = [
+    "AssociationAudit",
     "FedCRefResult",
     "FedCRefServer",
     "Wire",
+    "association_audit",
     "association_edges",
     "class_subset_partition",
     "connected_components",

@@ -10,12 +10,14 @@ their counts settle (:func:`stop_rule_met`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from edge_sdk.fedcref import check_theta
 
-__all__ = ["association_edges", "connected_components", "stop_rule_met", "wrong_associations"]
+__all__ = ["AssociationAudit", "association_audit", "association_edges", "connected_components", "stop_rule_met",
+           "wrong_associations"]
 
 
 def association_edges(stats: Mapping[str, Mapping[str, float]], theta: float) -> list[tuple[str, str]]:
@@ -98,3 +100,94 @@ def stop_rule_met(communities: Sequence[int], isolated: Sequence[int], *, tolera
 def wrong_associations(edges: Sequence[tuple[str, str]], node_class: Mapping[str, int]) -> int:
     """Edges joining clusters whose majority true classes differ (evaluation only)."""
     return int(sum(node_class[a] != node_class[b] for a, b in edges))
+
+
+@dataclass(frozen=True)
+class AssociationAudit:
+    """The association test's decisions of one iteration against the true classes (evaluation only).
+
+    A pair is two clusters of different clients that tested each other (both
+    directions reported); it is *same* when their majority true classes agree.
+    The pair's score is the larger of its two statistics: it is linked when
+    that score is at most ``theta``.
+
+    Attributes
+    ----------
+    same_pairs, same_linked : int
+        Same-class pairs, and how many of them the test linked (the rest are
+        the missed links that split a class into several communities).
+    diff_pairs, diff_linked : int
+        Pairs of different classes, and how many the test linked (wrong links).
+    same_score_median, diff_score_min : float
+        Median score of the same-class pairs; lowest score of the others
+        (NaN when there is no such pair).
+    impure_nodes : int
+        Clusters whose majority class holds less than ``purity_floor`` of their samples.
+    wrong_impure : int
+        Wrong links with at least one impure end.
+    classes_split : int
+        Classes whose clusters lie in more than one community (counting
+        classes with a community only).
+    """
+
+    same_pairs: int
+    same_linked: int
+    diff_pairs: int
+    diff_linked: int
+    same_score_median: float
+    diff_score_min: float
+    impure_nodes: int
+    wrong_impure: int
+    classes_split: int
+
+    def as_dict(self) -> dict[str, float]:
+        """The fields as a JSON-ready mapping."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def association_audit(stats: Mapping[str, Mapping[str, float]], theta: float, node_class: Mapping[str, int],
+                      node_purity: Mapping[str, float], communities: Sequence[Sequence[str]], *,
+                      purity_floor: float = 0.8) -> AssociationAudit:
+    """Score every tested pair of :func:`association_edges` against the clusters' true classes.
+
+    Parameters
+    ----------
+    stats, theta
+        As for :func:`association_edges`.
+    node_class, node_purity : mapping of node -> int, float
+        Majority true class of each cluster and the share of its samples in it.
+    communities : sequence of sequence of str
+        The communities formed from the same graph.
+    purity_floor : float
+        A cluster below this purity counts as impure.
+    """
+    t = check_theta(theta)
+    same, diff = [], []
+    wrong_impure = 0
+    for a, row in stats.items():
+        for b, s in row.items():
+            back = stats.get(b, {}).get(a)
+            if (not a < b or back is None or a.rsplit(":", 1)[0] == b.rsplit(":", 1)[0]
+                    or a not in node_class or b not in node_class):
+                continue
+            score = max(float(s), float(back))
+            if node_class[a] == node_class[b]:
+                same.append(score)
+            else:
+                diff.append(score)
+                if score <= t and min(node_purity[a], node_purity[b]) < purity_floor:
+                    wrong_impure += 1
+    same_a, diff_a = np.asarray(same), np.asarray(diff)
+    homes: dict[int, set[int]] = {}
+    for g, members in enumerate(communities):
+        for k in members:
+            homes.setdefault(node_class[k], set()).add(g)
+    return AssociationAudit(
+        same_pairs=int(same_a.size), same_linked=int((same_a <= t).sum()),
+        diff_pairs=int(diff_a.size), diff_linked=int((diff_a <= t).sum()),
+        same_score_median=float(np.median(same_a)) if same_a.size else float("nan"),
+        diff_score_min=float(diff_a.min()) if diff_a.size else float("nan"),
+        impure_nodes=int(sum(p < purity_floor for p in node_purity.values())),
+        wrong_impure=wrong_impure,
+        classes_split=int(sum(len(gs) > 1 for gs in homes.values())),
+    )

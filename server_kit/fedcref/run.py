@@ -25,7 +25,7 @@ from edge_sdk.protocol import SERVER_ID, Kind, ProtocolError
 from ..metrics import CommLedger
 from ..report import progress_bar
 from .export import export_communities
-from .graph import wrong_associations
+from .graph import association_audit, wrong_associations
 from .server import FedCRefServer
 from .wire import Wire
 
@@ -100,16 +100,20 @@ class FedCRefResult:
         return self.ledger.total()
 
 
-def _node_classes(clients: Sequence[FedCRefClient], truth: Mapping[str, np.ndarray]) -> dict[str, int]:
-    out = {}
+def _node_classes(clients: Sequence[FedCRefClient],
+                  truth: Mapping[str, np.ndarray]) -> tuple[dict[str, int], dict[str, float]]:
+    """Majority true class of every current cluster, and the share of the cluster's samples in it."""
+    classes, purity = {}, {}
     for c in clients:
         y = truth[c.cid]
         for q in range(c.n_clusters_):
             m = c.labels_ == q
             if m.any():
                 vals, counts = np.unique(y[m], return_counts=True)
-                out[node_key(c.cid, q)] = int(vals[np.argmax(counts)])
-    return out
+                key = node_key(c.cid, q)
+                classes[key] = int(vals[np.argmax(counts)])
+                purity[key] = float(counts.max() / counts.sum())
+    return classes, purity
 
 
 def _mean_acc(clients: Sequence[FedCRefClient], truth: Mapping[str, np.ndarray]) -> float:
@@ -189,12 +193,12 @@ class _InProcessRun:
         for cid, cmd in commands.items():
             commands[cid], _ = wire.send(Kind.CMD, (cmd, {}), sender=SERVER_ID, direction="down", round=it)
         self._exchange_models(commands, it)
-        node_class = _node_classes(self.clients, self.truth) if self.truth else None
+        nodes = _node_classes(self.clients, self.truth) if self.truth else None
         communities = self._associate(commands, it)
         self._train_communities(len(communities), it)
         self._refine(it)
         stop = server.end_iteration()
-        return self._record(communities, node_class, t_it), stop
+        return self._record(communities, nodes, t_it), stop
 
     def _exchange_models(self, commands: Mapping[str, Mapping[str, Any]], it: int) -> None:
         """Phase 1: cluster models, relayed to every other client."""
@@ -252,14 +256,17 @@ class _InProcessRun:
                                            round=it)
                 self.server.receive_refined(report)
 
-    def _record(self, communities: list[list[str]], node_class: Optional[dict[str, int]],
+    def _record(self, communities: list[list[str]], nodes: Optional[tuple[dict[str, int], dict[str, float]]],
                 t_it: float) -> dict[str, Any]:
         """The server's history record of the iteration, with bytes, seconds and (with true labels) scores."""
         server, truth, clients = self.server, self.truth, self.clients
         record = dict(server.history_[-1])
         record["bytes_total"] = self.wire.ledger.total()
         record["seconds"] = time.perf_counter() - t_it
-        if truth:
+        if truth and nodes:
+            node_class, purity = nodes
+            audit = association_audit(server.stats_, server.theta, node_class, purity, communities)
+            record["audit"] = audit.as_dict()
             record["client_acc"] = {c.cid: hungarian_accuracy(truth[c.cid], c.labels_) for c in clients}
             record["acc"] = float(np.mean(list(record["client_acc"].values())))
             record["wrong"] = wrong_associations(server.edges_, node_class)

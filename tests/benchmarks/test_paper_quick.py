@@ -19,7 +19,9 @@ def _quick(out: Path, *extra: str) -> tuple[dict, dict]:
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    return summary, json.loads((out / "results.json").read_text())["rows"]
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert [r["seed"] for r in runs] == summary["seeds"]
+    return summary, runs[0]["rows"]
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,10 @@ from edge_sdk.fedcref import FedCRefClient, OnnxCommunityLabeler, hungarian_accu
 from edge_sdk.protocol import Kind, tensors_body
 from server_kit.data.partition import load_digits_images
 from server_kit.fedcref import (
+    AssociationAudit,
     FedCRefServer,
     Wire,
+    association_audit,
     association_edges,
     class_subset_partition,
     connected_components,
@@ -21,6 +23,24 @@ from server_kit.fedcref import (
 from server_kit.metrics import message_bytes
 
 # --------------------------------------------------------------------------- pure graph math
+
+
+def test_association_audit_scores_each_tested_pair_against_the_true_classes():
+    stats = {
+        "a:0": {"b:0": 0.1, "c:0": 0.5, "c:1": 0.3, "a:1": 0.0},
+        "b:0": {"a:0": 0.15, "c:0": 0.1, "c:1": 0.05},  # c:1 never tested b:0: no pair
+        "c:0": {"a:0": 0.6, "b:0": 0.2},
+        "c:1": {"a:0": 0.1},
+    }
+    node_class = {"a:0": 3, "a:1": 3, "b:0": 3, "c:0": 5, "c:1": 3, "d:0": 3}
+    purity = {"a:0": 0.9, "a:1": 1.0, "b:0": 0.95, "c:0": 0.7, "c:1": 0.6, "d:0": 1.0}
+    audit = association_audit(stats, 0.2, node_class, purity, [["a:0", "b:0", "c:0"], ["c:1", "d:0"]])
+    # same class: a:0-b:0 (0.15, linked), a:0-c:1 (0.3, missed); a:0-a:1 is one client's pair and not counted
+    # other classes: a:0-c:0 (0.6), b:0-c:0 (0.2, linked, and c:0 is impure)
+    assert audit == AssociationAudit(same_pairs=2, same_linked=1, diff_pairs=2, diff_linked=1,
+                                     same_score_median=pytest.approx(0.225), diff_score_min=0.2, impure_nodes=2,
+                                     wrong_impure=1, classes_split=1)
+    assert audit.as_dict()["classes_split"] == 1  # class 3 lies in both communities
 
 
 def test_association_edges_need_both_directions():
@@ -165,6 +185,9 @@ def test_communities_match_the_shared_classes_and_accuracy_improves(federation):
     assert all(len(m) == 1 for m in majors)
     assert set().union(*majors) == SHARED
     assert result.wrong_associations == 0
+    last = result.history[-1]["audit"]  # the audit of the last graph agrees with its edges
+    assert last["diff_linked"] == 0 and last["same_linked"] == result.history[-1]["edges"]
+    assert last["classes_split"] == 0
     # global labels: every sample of a shared digit carries its digit's community
     for c in clients[:-1]:
         assert (result.global_labels[c.cid] >= 0).mean() > 0.9
