@@ -96,6 +96,16 @@ class FedCRefClient:
         In refinement, treat an own cluster's model and the models of the
         communities it belongs to as one candidate (see :meth:`refine`);
         False runs the paper's Algorithm 2 with every model a candidate.
+    own_models : bool
+        Publish only cluster models trained on the device's own clusters
+        (Algorithm 1, line 8: "train model M_iq on cluster Q_iq"; the
+        default). A community model that defines a new cluster in refinement
+        then serves the partition only, and the device retrains on its next
+        iteration even when stable. False publishes the chosen community
+        model as the cluster's model: two devices holding copies of one
+        community model then pass the association test with a statistic of
+        exactly 0 whatever their samples are, and a stable device keeps
+        such a link for good.
     warm_start : bool
         Retrain a cluster's autoencoder from the model that defined the
         cluster at the last refinement instead of from the common seeded
@@ -163,6 +173,7 @@ class FedCRefClient:
         alpha: float = 75.0,
         normalization: str = "relative",
         link_communities: bool = True,
+        own_models: bool = True,
         warm_start: bool = False,
         init_seed: int = 0,
         seed: int = 0,
@@ -186,6 +197,7 @@ class FedCRefClient:
         self.alpha = check_alpha(alpha)
         self.normalization = check_normalization(normalization)
         self.link_communities = bool(link_communities)
+        self.own_models = bool(own_models)
         self.warm_start = bool(warm_start)
         self.init_seed = int(init_seed)
         self.seed = int(seed)
@@ -206,6 +218,7 @@ class FedCRefClient:
         self._ext: dict[str, tuple[str, dict[str, np.ndarray]]] = {}  # node -> (version, weights)
         self._err: dict[str, tuple[str, np.ndarray]] = {}  # model id -> (version, errors on all samples)
         self._counter = 0
+        self._adopted = False  # a community model now stands for one of the clusters
 
     # ------------------------------------------------------------------ helpers
 
@@ -287,7 +300,7 @@ class FedCRefClient:
         """
         labels = self._check_ready()
         it = int(command.get("iteration", 0))
-        train = bool(command.get("train", True)) or not self.models_
+        train = bool(command.get("train", True)) or not self.models_ or (self.own_models and self._adopted)
         if train:
             torch = import_torch()
             t0 = time.perf_counter()
@@ -302,6 +315,7 @@ class FedCRefClient:
                         batch_size=self.batch_size, seed=self.seed * 7919 + it * 131 + q,
                     )
             self.train_seconds_ += time.perf_counter() - t0
+            self._adopted = False
             self.models_ = models
             self._own_versions = {q: self._new_version() for q in models}
         versions = tuple(self._own_versions[q] for q in sorted(self.models_))
@@ -493,4 +507,5 @@ class FedCRefClient:
         self.models_ = models
         self._own_versions = own_versions
         self._defining = dict(models)
+        self._adopted = any(d["kind"] == "community" for d in described)
         return described

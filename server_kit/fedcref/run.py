@@ -341,7 +341,8 @@ def _iterate_until_stop(fed: _InProcessRun, max_iterations: int, progress: bool,
 def run_fedcref(
     clients_data: Any, *, true_labels: Any = None, n_clusters: Any = None, init: str = "kmeans",
     dirtiness: float = 0.3, encoder: Any = "auto", latents: Any = None, k_range: Sequence[int] = (2, 5),
-    alpha: float = 75.0, normalization: str = "relative", link_communities: bool = True, theta: float = 0.2,
+    alpha: float = 75.0, normalization: str = "relative", link_communities: bool = True, own_models: bool = True,
+    theta: float = 0.2,
     tau: float = 0.8, epochs: int = 20, lr: float = 1e-3, batch_size: int = 32, community_rounds: int = 15,
     community_epochs: int = 1, max_iterations: int = 30, stop_tolerance: float = 0.1, stop_patience: int = 3,
     warm_start: bool = False, seed: int = 0, threads: Optional[int] = None,
@@ -364,7 +365,8 @@ def run_fedcref(
         ``K_i`` of every client, or per client; None estimates it by
         silhouette (K-means init) or takes the number of true categories
         (dirty init).
-    init, dirtiness, encoder, latents, k_range, alpha, normalization, link_communities, epochs, lr, batch_size, community_epochs, warm_start, threads
+    init, dirtiness, encoder, latents, k_range, alpha, normalization, link_communities, own_models, epochs, lr, \
+    batch_size, community_epochs, warm_start, threads
         Client options (:class:`~edge_sdk.fedcref.FedCRefClient`); ``latents``
         like ``clients_data``.
     theta, tau, community_rounds, max_iterations, stop_tolerance, stop_patience
@@ -390,7 +392,7 @@ def run_fedcref(
                            stop_tolerance=stop_tolerance, stop_patience=stop_patience)
     options = dict(k_range=k_range, init=init, encoder=encoder, dirtiness=dirtiness, epochs=epochs, lr=lr,
                    batch_size=batch_size, community_epochs=community_epochs, alpha=alpha, normalization=normalization,
-                   link_communities=link_communities, warm_start=warm_start, threads=threads)
+                   link_communities=link_communities, own_models=own_models, warm_start=warm_start, threads=threads)
     clients, truth = _make_clients(clients_data, true_labels, n_clusters, latents, seed, options)
     fed = _InProcessRun(server, clients, truth, Wire(max_payload=max_payload))
     fed.register()

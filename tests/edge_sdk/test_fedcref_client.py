@@ -316,3 +316,31 @@ def test_client_objects_survive_the_wire_and_refinement_keeps_k():
     assert report["stability"] == pytest.approx(hungarian_accuracy(b.initial_labels_, b.labels_))
     assert hungarian_accuracy(yb, b.labels_) > before + 0.1  # the 20 % noise is mostly cleaned
     assert {s["community"] for s in report["selected"]} == {0, -1}
+
+
+@pytest.mark.parametrize("own_models", [True, False])
+def test_a_cluster_defined_by_a_community_model_publishes_a_model_of_its_own(own_models):
+    """Algorithm 1, line 8: the published cluster models are trained on the device's own clusters."""
+    c, y = _client("c", (0, 1), seed=3, init="dirty", dirtiness=0.4, epochs=1, batch_size=16,
+                   link_communities=False, own_models=own_models)
+    c.true_labels = y
+    c.initialize()
+    c.train_models({"iteration": 1, "train": True})  # one epoch on 40 % wrong labels: poor own models
+    x = c.x
+    start = initial_ae_weights(c.architecture, 0)
+    comm = {str(d): train_cluster_ae(c.architecture, start, x[y == d], epochs=60, batch_size=16, seed=d)[0]
+            for d in (0, 1)}
+    meta = {"type": "community_models", "iteration": 1, "communities": [0, 1], "versions": ["1.0", "1.1"],
+            "members": {"0": [], "1": []}}
+    report, _ = c.refine(meta, join_models(comm))
+    picked = [s for s in report["selected"] if s["kind"] == "community"]
+    assert picked, report["selected"]  # the clean community models beat the poor own ones
+    # a stable device is told not to train: it still publishes, and what it publishes says what it owns
+    meta_up, tensors = c.train_models({"iteration": 2, "train": False})
+    published = split_models(tensors)
+    for p, s in enumerate(report["selected"]):
+        if s["kind"] != "community":
+            continue
+        same = all(np.array_equal(published[str(p)][k], comm[str(s["g"])][k]) for k in comm[str(s["g"])])
+        assert same is (not own_models), (p, s)
+    assert c.train_models({"iteration": 3, "train": False}) is None  # retrained once, then nothing new
