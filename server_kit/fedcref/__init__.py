@@ -53,8 +53,13 @@ starts from the model of its largest member cluster; a community round is
 ``community_epochs`` local epochs on the union of a client's member clusters
 (one update per client and community); the community models go to the
 active clients only (stable clients do not refine); after refinement a
-cluster's model is the one that defined it (own or community), which a
-stable client keeps publishing. Two readings are ours and switchable: the
+cluster's model is the one that defined it (own or community) until the
+client's next training, and a client whose refinement chose a community
+model trains its own cluster models once more even when stable, so that
+every published cluster model is trained on that client's cluster
+(Algorithm 1, line 8; ``own_models=False`` publishes the community model,
+whose copies pass the association test at exactly 0 whatever their
+samples). Two readings are ours and switchable: the
 association test scales the error differences relative to the errors
 (``normalization="relative"``; ``"minmax"`` is the other reading, see
 :func:`edge_sdk.fedcref.association_statistic`), and refinement treats an own
