@@ -137,7 +137,7 @@ def run_method(name, args, clients, arch, tmp) -> dict:
         "seconds_clustering": res.seconds_clustering, "seconds_training": res.seconds_training,
         "seconds": time.perf_counter() - t0, "clusters": len(set(res.assignment.values())),
     }
-    print(f"  {name:15s} final {row['final_acc']:.4f}  to {args.target:.0%}: {row['rounds_to_target']}  "
+    print(f"  {name:15s} seed {args.seed}: final {row['final_acc']:.4f}  to {args.target:.0%}: {row['rounds_to_target']}  "
           f"ARI {res.scores['ari']:.3f}  {total / 1e6:9.1f} MB  {row['seconds']:.1f} s", flush=True)
     return row
 
@@ -166,24 +166,34 @@ def architecture_of(args) -> str:
     return "digits_cnn_1x8x8_10" if args.dataset == "digits" else "lenet5_1x28x28_10"
 
 
-def run_seed(args) -> dict[str, dict]:
-    """Every method of ``args.methods`` on ``args.seed``'s clients (in ``args.jobs`` processes): rows by method."""
+def run_seeds(args) -> list[dict[str, dict]]:
+    """Every method of ``args.methods`` on every seed of ``args.seeds``: per seed, its rows by method.
+
+    With ``--jobs`` above 1 every (seed, method) pair runs in its own process, the slowest methods first.
+    """
     arch = architecture_of(args)
-    clients = build_clients(args)
-    print(f"seed {args.seed}: {len(clients)} clients ({args.dataset}, test set {args.test_set}), 4 rotation "
-          f"groups, {args.rounds} rounds x {args.epochs} epochs, fraction {args.fraction}, P = {args.flip_prob}, "
-          f"architecture {arch}, {'robust' if args.robust else 'plain'} FedAvg, {args.jobs} process(es)", flush=True)
+    for seed in args.seeds:
+        print(f"seed {seed}: {args.clients} clients ({args.dataset}, test set {args.test_set}), 4 rotation groups, "
+              f"{args.rounds} rounds x {args.epochs} epochs, fraction {args.fraction}, P = {args.flip_prob}, "
+              f"architecture {arch}, {'robust' if args.robust else 'plain'} FedAvg, {args.jobs} process(es)",
+              flush=True)
     if args.jobs == 1:
-        with tempfile.TemporaryDirectory(prefix="fedsketch-paper-") as tmp:
-            return {name: run_method(name, args, clients, arch, tmp) for name in args.methods}
+        runs = []
+        for seed in args.seeds:
+            one = argparse.Namespace(**{**vars(args), "seed": seed})
+            clients = build_clients(one)
+            with tempfile.TemporaryDirectory(prefix="fedsketch-paper-") as tmp:
+                runs.append({name: run_method(name, one, clients, arch, tmp) for name in args.methods})
+        return runs
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    # spawn: a fresh interpreter per worker (no forked torch thread pools); the slowest methods first
+    tasks = sorted(((seed, name) for seed in args.seeds for name in args.methods), key=lambda t: -COST[t[1]])
+    # spawn: a fresh interpreter per worker (no forked torch thread pools)
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn")) as pool:
-        futures = {name: pool.submit(_worker, name, args) for name in sorted(args.methods, key=COST.get,
-                                                                                reverse=True)}
-        return {name: futures[name].result() for name in args.methods}
+        futures = {(seed, name): pool.submit(_worker, name, argparse.Namespace(**{**vars(args), "seed": seed}))
+                   for seed, name in tasks}
+        return [{name: futures[seed, name].result() for name in args.methods} for seed in args.seeds]
 
 
 def summarize(runs: list[dict[str, dict]]) -> dict[str, dict[str, tuple[float, float]]]:
@@ -216,10 +226,7 @@ def run(args) -> dict:
 
     _set_threads(args.threads)
     t_all = time.perf_counter()
-    runs = []
-    for seed in args.seeds:
-        args.seed = seed
-        runs.append(run_seed(args))
+    runs = run_seeds(args)
     stats = summarize(runs)
     _print_table(args, runs, stats)
     out = Path(args.out)
@@ -308,7 +315,6 @@ def main(argv=None) -> int:
         ap.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.jobs > 1 and args.threads is None:
         args.threads = 1
-    args.seed = args.seeds[0]
     if args.quick:
         args.test_set = "held-out"
         args.dataset, args.clients, args.rounds, args.epochs = "digits", 12, 5, 3
