@@ -44,9 +44,7 @@ Payload = tuple[dict[str, Any], dict[str, np.ndarray]]
 class FedCRefClient:
     """One device of a FedCRef federation: its data, clusters and cluster models.
 
-    The server drives it through the methods below; each takes and returns
-    ``(meta, tensors)`` pairs (a JSON-able dict, a dict of numpy arrays), the
-    objects that travel on the wire.
+    The server drives it through the methods below, each taking and returning :data:`Payload` objects.
 
     Parameters
     ----------
@@ -62,9 +60,8 @@ class FedCRefClient:
     k_range : (int, int)
         Range of ``K_i`` tried by silhouette.
     init : {"kmeans", "dirty", "given"}
-        Initial clustering: K-means on latent codes (or pixels); the
-        paper's simulated dirty initialisation from ``true_labels``; or
-        ``initial_labels`` as they are.
+        K-means on latent codes (or pixels); the paper's simulated dirty
+        initialisation from ``true_labels``; ``initial_labels`` as they are.
     encoder : "auto", str, object or None
         For K-means: an :class:`~edge_sdk.encoder.OnnxEncoder` (or any object
         with ``encode(x) -> (n, d)``), an artifact name, ``"auto"`` (the
@@ -97,15 +94,10 @@ class FedCRefClient:
         communities it belongs to as one candidate (see :meth:`refine`);
         False runs the paper's Algorithm 2 with every model a candidate.
     own_models : bool
-        Publish only cluster models trained on the device's own clusters
-        (Algorithm 1, line 8: "train model M_iq on cluster Q_iq"; the
-        default). A community model that defines a new cluster in refinement
-        then serves the partition only, and the device retrains on its next
-        iteration even when stable. False publishes the chosen community
-        model as the cluster's model: two devices holding copies of one
-        community model then pass the association test with a statistic of
-        exactly 0 whatever their samples are, and a stable device keeps
-        such a link for good.
+        Publish only models trained on the own clusters (Algorithm 1, line
+        8): after a refinement that chose a community model, retrain once
+        even when stable. False publishes that community model, whose copies
+        pass the association test at 0 whatever their samples.
     warm_start : bool
         Retrain a cluster's autoencoder from the model that defined the
         cluster at the last refinement instead of from the common seeded
@@ -426,13 +418,10 @@ class FedCRefClient:
     def refine(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> Payload:
         """Algorithm 2 over the own models and the received community models.
 
-        Each own model and each community model is a candidate of
-        :func:`refine_labels`. With ``link_communities`` (the default) an own
-        cluster's model and the models of the communities that cluster belongs
-        to form a single candidate (per-sample error: the lowest of theirs):
-        they describe the same category, and as separate candidates they
-        split its samples between two new clusters while another category's
-        samples are left to the final assignment.
+        Each own and each community model is a candidate of
+        :func:`refine_labels`; with ``link_communities`` an own cluster's
+        model and its communities' models form one candidate (the lowest of
+        their errors), as separate candidates they would split one category.
 
         Parameters
         ----------
