@@ -62,11 +62,10 @@ def test_jobs_must_be_positive():
 
 
 def test_seeds_run_side_by_side_and_the_summary_is_their_mean(tmp_path):
-    summary, _ = _quick(tmp_path, "--jobs", "2", "--methods", "ours-central,fedavg", "--seeds", "2")
+    summary, _ = _quick(tmp_path, "--jobs", "2", "--methods", "fedavg", "--seeds", "2", "--rounds", "2")
     runs = json.loads((tmp_path / "results.json").read_text())["runs"]
     assert [r["seed"] for r in runs] == [0, 1] == summary["seeds"]
-    finals = [r["rows"]["ours-central"]["final_acc"] for r in runs]
+    finals = [r["rows"]["fedavg"]["final_acc"] for r in runs]
     assert finals[0] != finals[1]  # two different federations
-    assert summary["ours_final_acc"] == round(sum(finals) / 2, 4)
-    assert summary["ours_final_acc_seeds"] == [round(f, 4) for f in finals]
-    assert summary["ours_final_acc_ci95"] > 0
+    assert summary["fedavg_final_acc"] == round(sum(finals) / 2, 4)
+    assert summary["ours_final_acc"] is None and summary["ours_final_acc_seeds"] is None
