@@ -172,8 +172,7 @@ def run_seed(seed: int, x: np.ndarray, y: np.ndarray, args, encoder, export_dir:
         if digits.size:
             counts = np.bincount(digits, minlength=10)
             row["community_digits"].append([int(counts.argmax()), len(members), round(counts.max() / digits.size, 3)])
-    majors = [d for d, _, _ in row["community_digits"]]
-    row["digits_split"] = int(sum(majors.count(d) > 1 for d in set(majors)))
+    row["digits_split"] = res.history[-1]["audit"]["classes_split"]  # digits spread over communities
     row["final_global_acc"] = hungarian_accuracy(all_t, np.concatenate(glob))
     # the baseline: the same samples clustered centrally, K-means (K = 10) on the same latent codes
     if args.init == "kmeans":

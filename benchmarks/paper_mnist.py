@@ -180,7 +180,7 @@ def run_seeds(args) -> list[dict[str, dict]]:
     if args.jobs == 1:
         runs = []
         for seed in args.seeds:
-            one = argparse.Namespace(**{**vars(args), "seed": seed})
+            one = _with_seed(args, seed)
             clients = build_clients(one)
             with tempfile.TemporaryDirectory(prefix="fedsketch-paper-") as tmp:
                 runs.append({name: run_method(name, one, clients, arch, tmp) for name in args.methods})
@@ -191,17 +191,31 @@ def run_seeds(args) -> list[dict[str, dict]]:
     tasks = sorted(((seed, name) for seed in args.seeds for name in args.methods), key=lambda t: -COST[t[1]])
     # spawn: a fresh interpreter per worker (no forked torch thread pools)
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn")) as pool:
-        futures = {(seed, name): pool.submit(_worker, name, argparse.Namespace(**{**vars(args), "seed": seed}))
+        futures = {(seed, name): pool.submit(_worker, name, _with_seed(args, seed))
                    for seed, name in tasks}
         return [{name: futures[seed, name].result() for name in args.methods} for seed in args.seeds]
 
 
+def _with_seed(args, seed: int) -> argparse.Namespace:
+    """A copy of ``args`` for one seed's run."""
+    return argparse.Namespace(**{**vars(args), "seed": seed})
+
+
 def summarize(runs: list[dict[str, dict]]) -> dict[str, dict[str, tuple[float, float]]]:
-    """Per method, the mean and 95 % interval over seeds of its final accuracy, rounds to target, ARI and bytes."""
+    """Per method, the mean and 95 % interval over seeds of its final accuracy, rounds to target, ARI and bytes.
+
+    Rounds to target is NaN when a seed never reached the target (not the mean of those that did).
+    """
     from server_kit.metrics import mean_ci
 
+    def over_seeds(name: str, key: str) -> tuple[float, float]:
+        values = [rows[name][key] for rows in runs]
+        if key == "rounds_to_target" and None in values:
+            return float("nan"), float("nan")
+        return mean_ci(values)
+
     keys = ("final_acc", "rounds_to_target", "ari", "ami", "bytes")
-    return {name: {k: mean_ci([rows[name][k] for rows in runs]) for k in keys} for name in runs[0]}
+    return {name: {k: over_seeds(name, k) for k in keys} for name in runs[0]}
 
 
 def _print_table(args, runs: list[dict[str, dict]], stats: dict[str, dict[str, tuple[float, float]]]) -> None:
@@ -212,7 +226,7 @@ def _print_table(args, runs: list[dict[str, dict]], stats: dict[str, dict[str, t
           f"{' +- 95 % CI' if pm else ''})")
     for name, st in stats.items():
         ratio = st["bytes"][0] / ours["bytes"][0] if ours else float("nan")
-        never = any(rows[name]["rounds_to_target"] is None for rows in runs)
+        never = np.isnan(st["rounds_to_target"][0])  # some seed never reached the target
         rounds = "never" if never else f"{st['rounds_to_target'][0]:.1f}"
         acc = f"{st['final_acc'][0]:.4f}" + (f" +- {st['final_acc'][1]:.4f}" if pm else "")
         pr = PAPER.get(name, (None, None))
@@ -241,12 +255,13 @@ def run(args) -> dict:
                                       "summary": stats, "seconds": seconds})
 
     def mean(name: str, key: str, digits: int | None = 4) -> float | None:
-        if name not in stats:
+        """The mean over seeds (None for a method not run, or rounds to target that some seed never reached)."""
+        if name not in stats or np.isnan(stats[name][key][0]):
             return None
         return stats[name][key][0] if digits is None else round(stats[name][key][0], digits)
 
     def ci(name: str, key: str) -> float | None:
-        return round(stats[name][key][1], 4) if name in stats else None
+        return None if mean(name, key) is None else round(stats[name][key][1], 4)
 
     ours = stats.get("ours-central") or stats.get("ours-federated")
     summary = {

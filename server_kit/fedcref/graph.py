@@ -10,7 +10,7 @@ their counts settle (:func:`stop_rule_met`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -142,7 +142,7 @@ class AssociationAudit:
 
     def as_dict(self) -> dict[str, float]:
         """The fields as a JSON-ready mapping."""
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return asdict(self)
 
 
 def association_audit(stats: Mapping[str, Mapping[str, float]], theta: float, node_class: Mapping[str, int],
@@ -181,7 +181,8 @@ def association_audit(stats: Mapping[str, Mapping[str, float]], theta: float, no
     homes: dict[int, set[int]] = {}
     for g, members in enumerate(communities):
         for k in members:
-            homes.setdefault(node_class[k], set()).add(g)
+            if k in node_class:  # a node whose owner has no cluster of that number now
+                homes.setdefault(node_class[k], set()).add(g)
     return AssociationAudit(
         same_pairs=int(same_a.size), same_linked=int((same_a <= t).sum()),
         diff_pairs=int(diff_a.size), diff_linked=int((diff_a <= t).sum()),
