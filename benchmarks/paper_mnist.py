@@ -137,7 +137,7 @@ def run_method(name, args, clients, arch, tmp) -> dict:
         "seconds_clustering": res.seconds_clustering, "seconds_training": res.seconds_training,
         "seconds": time.perf_counter() - t0, "clusters": len(set(res.assignment.values())),
     }
-    print(f"  {name:15s} seed {args.seed}: final {row['final_acc']:.4f}  to {args.target:.0%}: {row['rounds_to_target']}  "
+    print(f"  {name:15s} seed {args.seed}: final {row['final_acc']:.4f}  to {args.target:.0%}: {row['rounds_to_target'] or 'never'}  "
           f"ARI {res.scores['ari']:.3f}  {total / 1e6:9.1f} MB  {row['seconds']:.1f} s", flush=True)
     return row
 
