@@ -15,7 +15,9 @@ raw pixels (``--encoder fmnist_fc_encoder``: on the latent codes of the
 shipped Fashion-MNIST encoder, 784 -> 20, run by every client with ONNX
 Runtime; they are poorer features for digits, 0.67 initial accuracy against
 0.81) with ``K_i`` given, as the paper gives it (``--estimate-k``:
-silhouette over 2..5); the paper used DEC here. ``dirty``: the paper's simulated initialisation (``--dirtiness``).
+silhouette over 2..5); the paper used DEC here. ``ward``: Ward's
+hierarchical clustering on the same points. ``dirty``: the paper's simulated
+initialisation (``--dirtiness``).
 The baseline clusters the same data centrally: K-means with K = 10 on the
 same latent codes, scored by Hungarian accuracy over all samples
 (``central_kmeans_acc``) and, like FedCRef, per client
@@ -42,8 +44,9 @@ that does is redrawn (:func:`server_kit.fedcref.class_subset_partition`).
 clients with 2 or 3 classes, 60 samples each, the 64-48-32-16 autoencoder
 (60 epochs, batch 16), theta 0.3, 5 community rounds of 2 epochs, 2 seeds.
 
-Run: ``.venv/bin/python benchmarks/fedcref_mnist.py [--seeds 0,1,2 --clients 25]``.
-It uses one torch thread. Output: a table, ``reports/fedcref_mnist/results.json``,
+Run: ``.venv/bin/python benchmarks/fedcref_mnist.py [--seeds 0,1,2 --clients 25] [--jobs 2]``.
+It uses one torch thread per process (``--jobs``: seeds side by side in
+separate processes, the same results as one process). Output: a table, ``reports/fedcref_mnist/results.json``,
 ``trends.png`` (per-iteration means with 95 % bands) and a last line of JSON
 with ``initial_acc``, ``final_acc``, ``communities``, ``wrong_associations``,
 ``central_kmeans_acc``.
@@ -175,7 +178,7 @@ def run_seed(seed: int, x: np.ndarray, y: np.ndarray, args, encoder, export_dir:
     row["digits_split"] = res.history[-1]["audit"]["classes_split"]  # digits spread over communities
     row["final_global_acc"] = hungarian_accuracy(all_t, np.concatenate(glob))
     # the baseline: the same samples clustered centrally, K-means (K = 10) on the same latent codes
-    if args.init == "kmeans":
+    if args.init in ("kmeans", "ward"):
         z = np.concatenate([c.latents_ for c in clients])
     else:  # the dirty init computes no latents: encode here
         z = np.concatenate([encoder.encode(c.x) if encoder is not None else c.x for c in clients])
@@ -199,6 +202,57 @@ def run_seed(seed: int, x: np.ndarray, y: np.ndarray, args, encoder, export_dir:
         row["onnx_files"] = [p.name for p in res.exported]
         row["onnx_bytes"] = int(sum(p.stat().st_size for p in res.exported))
     return row
+
+
+def _seed_worker(seed: int, args, export: bool) -> dict[str, Any]:
+    """One seed in its own process (``--jobs``): its own data, encoder and torch thread."""
+    import torch
+
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.WARNING, format=f"%(levelname)s [seed {seed}] %(name)s: %(message)s", force=True)
+    x, y = load_data(args)
+    return run_seed(seed, x, y, args, make_encoder(args), Path(args.out) / "onnx" if export else None)
+
+
+def make_encoder(args):
+    """The ONNX encoder whose latents the initial clustering runs on (None: pixels)."""
+    from edge_sdk.encoder import OnnxEncoder
+
+    return None if args.encoder == "none" else OnnxEncoder(args.encoder, threads=1)
+
+
+def print_seed(row: dict[str, Any]) -> None:
+    print(f"  seed {row['seed']}: acc {row['initial_acc']:.3f} -> {row['final_acc']:.3f}, {row['communities']} "
+          f"communities ({row['classes_shared']} digits shared, {row['digits_split']} split), wrong "
+          f"{row['wrong_association_edges']} edges, isolated {row['isolated_start']} -> {row['isolated_end']}, "
+          f"{row['iterations']} iterations ({row['stopped']}), {row['bytes_total']:.0f} MB, "
+          f"{row['wall_seconds']:.0f} s (clients: {row['client_train_seconds']:.0f} s training, "
+          f"{row['client_eval_seconds']:.0f} s evaluating); central K-means {row['central_kmeans_acc']:.3f}", flush=True)
+
+
+def run_rows(args, x, y, encoder, out: Path) -> list[dict[str, Any]]:
+    """One row per seed, in one process or (``--jobs`` above 1) in several; the first seed exports."""
+    if args.jobs > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = [pool.submit(_seed_worker, seed, args, args.export and k == 0) for k, seed in enumerate(args.seeds)]
+            rows = []
+            for f in futures:
+                rows.append(f.result())
+                print_seed(rows[-1])
+            return rows
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        tqdm = None
+    seeds = tqdm(args.seeds, desc="seeds", disable=not args.progress) if tqdm else args.seeds
+    rows = []
+    for k, seed in enumerate(seeds):
+        rows.append(run_seed(seed, x, y, args, encoder, out / "onnx" if args.export and k == 0 else None))
+        print_seed(rows[-1])
+    return rows
 
 
 def plot_trends(path: Path, rows: list[dict[str, Any]], title: str) -> None:
@@ -255,38 +309,22 @@ def plot_trends(path: Path, rows: list[dict[str, Any]], title: str) -> None:
 
 
 def run(args) -> dict[str, Any]:
-    from edge_sdk.encoder import OnnxEncoder
     from server_kit.report import write_json
 
     t_all = time.perf_counter()
     x, y = load_data(args)
     if args.encoder is None:
         args.encoder = "digits_encoder" if args.quick else "none"
-    encoder = None if args.encoder == "none" else OnnxEncoder(args.encoder, threads=1)
+    encoder = make_encoder(args)
     print(f"FedCRef on {'digits (8x8)' if args.quick else 'MNIST'}: {args.clients} clients x "
           f"{args.classes_per_client[0]}-{args.classes_per_client[1]} classes x {args.samples_per_class} samples, "
           f"init {args.init}{' (K estimated)' if args.estimate_k else ''} on "
           f"{'pixels' if encoder is None else args.encoder + ' latents'}, alpha {args.alpha}, theta {args.theta}, "
           f"tau {args.tau}, {args.normalization} differences, AE epochs {args.epochs}, "
-          f"{args.community_rounds} community rounds, seeds {args.seeds}", flush=True)
+          f"{args.community_rounds} community rounds, seeds {args.seeds}, {args.jobs} process(es)", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover
-        tqdm = None
-    seeds = tqdm(args.seeds, desc="seeds", disable=not args.progress) if tqdm else args.seeds
-    for k, seed in enumerate(seeds):
-        export_dir = out / "onnx" if args.export and k == 0 else None
-        row = run_seed(seed, x, y, args, encoder, export_dir)
-        rows.append(row)
-        print(f"  seed {seed}: acc {row['initial_acc']:.3f} -> {row['final_acc']:.3f}, {row['communities']} "
-              f"communities ({row['classes_shared']} digits shared, {row['digits_split']} split), wrong {row['wrong_association_edges']} edges, "
-              f"isolated {row['isolated_start']} -> {row['isolated_end']}, {row['iterations']} iterations "
-              f"({row['stopped']}), {row['bytes_total']:.0f} MB, {row['wall_seconds']:.0f} s (clients: "
-              f"{row['client_train_seconds']:.0f} s training, {row['client_eval_seconds']:.0f} s evaluating); "
-              f"central K-means {row['central_kmeans_acc']:.3f}", flush=True)
+    rows = run_rows(args, x, y, encoder, out)
     summary = {key: mean_ci([r.get(key) for r in rows]) for key, _, _ in METRICS}
     print(f"\n{'metric':36s} {'ours (mean +- 95% CI)':>24s}   paper (EMNIST, Table 4)")
     for key, label, fmt in METRICS:
@@ -336,7 +374,9 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", type=int, default=25)
     ap.add_argument("--classes-per-client", type=int, nargs=2, default=[2, 5], metavar=("MIN", "MAX"))
     ap.add_argument("--samples-per-class", type=int, default=500)
-    ap.add_argument("--init", choices=["kmeans", "dirty"], default="kmeans")
+    ap.add_argument("--init", choices=["kmeans", "ward", "dirty"], default="kmeans",
+                    help="the devices' initial clustering: K-means or Ward's hierarchical clustering on pixels "
+                         "(or --encoder latents), or the paper's simulated dirty labels")
     ap.add_argument("--encoder", default=None,
                     help="ONNX encoder whose latents K-means (and the baseline) cluster; 'none': raw pixels "
                          "(default: none; digits_encoder with --quick; fmnist_fc_encoder: the shipped "
@@ -363,7 +403,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="reports/fedcref_mnist")
     ap.add_argument("--quick", action="store_true", help="scikit-learn digits, 8 clients, 2 seeds")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
+    ap.add_argument("--jobs", type=int, default=1, help="seeds side by side in this many processes")
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.quick:
         args.clients, args.classes_per_client, args.samples_per_class = 8, [2, 3], 60
         args.epochs, args.batch_size, args.theta = 60, 16, 0.3

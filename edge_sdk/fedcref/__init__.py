@@ -10,7 +10,8 @@ the in-process driver) is :mod:`server_kit.fedcref`.
 
 What a device does (Algorithm 1 and 2 of the paper):
 
-1. Local initial clustering: K-means on the latent codes of an
+1. Local initial clustering: K-means or Ward's hierarchical clustering
+   (:func:`partition_points`) on the latent codes of an
    :class:`~edge_sdk.encoder.OnnxEncoder` (raw pixels without one), the
    number of clusters ``K_i`` given or chosen by silhouette
    (:func:`estimate_n_clusters`); or the paper's simulated "dirty"
@@ -74,6 +75,7 @@ from .clustering import (
     dirty_labels,
     estimate_n_clusters,
     hungarian_accuracy,
+    partition_points,
     refine_labels,
 )
 from .labeler import OnnxCommunityLabeler
@@ -110,6 +112,7 @@ __all__ = [
     "minmax_normalize",
     "node_key",
     "normalized_differences",
+    "partition_points",
     "reconstruction_errors",
     "refine_labels",
     "split_models",

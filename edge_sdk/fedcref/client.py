@@ -54,21 +54,23 @@ class FedCRefClient:
         Unlabelled samples, floating point in [0, 1] (8x8 or 28x28 images, or
         flat vectors of 64 or 784 values).
     n_clusters : int, optional
-        ``K_i``. None: chosen by silhouette over ``k_range`` (K-means init);
+        ``K_i``. None: chosen by silhouette over ``k_range`` (K-means or Ward init);
         the number of true categories (dirty init); the number of distinct
         labels (given init).
     k_range : (int, int)
         Range of ``K_i`` tried by silhouette.
-    init : {"kmeans", "dirty", "given"}
-        K-means on latent codes (or pixels); the paper's simulated dirty
-        initialisation from ``true_labels``; ``initial_labels`` as they are.
+    init : {"kmeans", "ward", "dirty", "given"}
+        K-means or Ward's hierarchical clustering on latent codes (or
+        pixels; :func:`~edge_sdk.fedcref.partition_points`); the paper's
+        simulated dirty initialisation from ``true_labels``;
+        ``initial_labels`` as they are.
     encoder : "auto", str, object or None
-        For K-means: an :class:`~edge_sdk.encoder.OnnxEncoder` (or any object
+        For K-means and Ward: an :class:`~edge_sdk.encoder.OnnxEncoder` (or any object
         with ``encode(x) -> (n, d)``), an artifact name, ``"auto"`` (the
         shipped ``digits_encoder`` for 64 features, ``fmnist_fc_encoder`` for
         784, pixels otherwise) or None (K-means on pixels).
     latents : array-like, optional
-        Precomputed latent codes for K-means (skips the encoder).
+        Precomputed latent codes for K-means or Ward (skips the encoder).
     true_labels : array-like of int, optional
         True categories, read only by ``init="dirty"``.
     initial_labels : array-like of int, optional
@@ -119,11 +121,11 @@ class FedCRefClient:
     n_clusters_ : int
         Current number of local clusters.
     latents_ : numpy.ndarray or None
-        The latent codes K-means ran on (None for dirty/given init).
+        The latent codes K-means or Ward ran on (None for dirty/given init).
     models_ : dict of int to dict
         Current model of each local cluster.
     silhouette_ : dict of int to float
-        Silhouette per K tried (K-means init with ``n_clusters=None``).
+        Silhouette per K tried (K-means or Ward init with ``n_clusters=None``).
     stability_ : float or None
         Hungarian-matched agreement of the labels before and after the last
         refinement.

@@ -1,7 +1,8 @@
 """A device's local clusterings in FedCRef: the initial one, the refined one, and their agreement.
 
-* Phase 0, the initial clustering (:func:`initial_clustering`): K-means on
-  latent codes (:func:`latent_codes`), ``K_i`` given or chosen by silhouette
+* Phase 0, the initial clustering (:func:`initial_clustering`): K-means or
+  Ward's hierarchical clustering (:func:`partition_points`) on latent codes
+  (:func:`latent_codes`), ``K_i`` given or chosen by silhouette
   (:func:`estimate_n_clusters`); the paper's simulated "dirty" clustering
   (:func:`dirty_labels`); or labels given as they are.
 * Phase 4, refinement: Algorithm 2 on a matrix of reconstruction errors
@@ -32,12 +33,19 @@ __all__ = [
     "hungarian_accuracy",
     "initial_clustering",
     "latent_codes",
+    "partition_points",
     "refine_candidates",
     "refine_labels",
 ]
 
 #: Initial clustering methods of :class:`~edge_sdk.fedcref.FedCRefClient`.
-INIT_METHODS: tuple[str, ...] = ("kmeans", "dirty", "given")
+INIT_METHODS: tuple[str, ...] = ("kmeans", "ward", "dirty", "given")
+
+#: The initial methods that cluster points (:func:`partition_points`); the others take labels.
+POINT_METHODS: tuple[str, ...] = ("kmeans", "ward")
+
+#: Ward's clustering keeps all pairwise distances: at most this many samples (100 MB of float64).
+WARD_MAX_SAMPLES = 5000
 
 #: Encoder artifact used by default for a flattened input size.
 DEFAULT_ENCODERS: dict[int, str] = {64: "digits_encoder", 784: "fmnist_fc_encoder"}
@@ -201,10 +209,49 @@ def dirty_labels(y_true: Any, dirtiness: float, seed: int | None = 0) -> np.ndar
     return out
 
 
+def partition_points(z: np.ndarray, k: int, method: str = "kmeans", *, seed: int | None = 0,
+                     n_init: int = 10) -> np.ndarray:
+    """``k`` clusters of the rows of ``z`` by K-means or by Ward's hierarchical clustering.
+
+    Parameters
+    ----------
+    z : numpy.ndarray, shape (n, d)
+        Points to cluster (latent codes or pixels).
+    k : int
+        Number of clusters, at most ``n``.
+    method : {"kmeans", "ward"}
+        ``"kmeans"``: Lloyd's K-means with ``n_init`` restarts from ``seed``.
+        ``"ward"``: agglomerative clustering with Ward's linkage cut at ``k``
+        clusters (deterministic; it holds all pairwise distances, so at most
+        :data:`WARD_MAX_SAMPLES` samples). K-means cuts a digit's
+        handwriting styles into spheres of equal spread; Ward merges the
+        densest neighbourhoods first and follows the classes' shapes better
+        on MNIST pixels (benchmarks/RESULTS.md, FedCRef on MNIST).
+    seed, n_init : int
+        K-means' seed and restarts (Ward ignores them).
+
+    Returns
+    -------
+    numpy.ndarray of int64, shape (n,)
+    """
+    check_choice(method, "method", POINT_METHODS, POINT_METHODS)
+    if method == "ward":
+        if z.shape[0] > WARD_MAX_SAMPLES:
+            raise ValueError(f"Ward's clustering holds every pairwise distance: {z.shape[0]} samples are more "
+                             f"than {WARD_MAX_SAMPLES}; use init='kmeans'")
+        from sklearn.cluster import AgglomerativeClustering
+
+        return AgglomerativeClustering(n_clusters=k, linkage="ward").fit_predict(z).astype(np.int64)
+    from sklearn.cluster import KMeans
+
+    return KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit_predict(z).astype(np.int64)
+
+
 def estimate_n_clusters(
-    z: Any, k_range: Sequence[int] = (2, 5), *, seed: int | None = 0, sample_size: int = 2000, n_init: int = 10
+    z: Any, k_range: Sequence[int] = (2, 5), *, seed: int | None = 0, sample_size: int = 2000, n_init: int = 10,
+    method: str = "kmeans",
 ) -> tuple[int, np.ndarray, dict[int, float]]:
-    """K-means for every ``K`` in ``k_range``; keep the one with the best silhouette.
+    """Cluster for every ``K`` in ``k_range``; keep the ``K`` with the best silhouette.
 
     Parameters
     ----------
@@ -219,17 +266,18 @@ def estimate_n_clusters(
         Silhouette on at most this many points (it is quadratic).
     n_init : int
         K-means restarts.
+    method : {"kmeans", "ward"}
+        How each ``K`` is clustered (:func:`partition_points`).
 
     Returns
     -------
     k : int
         The chosen number of clusters.
     labels : numpy.ndarray of int64
-        Its K-means labels.
+        Its labels.
     scores : dict
         Silhouette per ``K`` tried.
     """
-    from sklearn.cluster import KMeans
     from sklearn.metrics import silhouette_score
 
     lo, hi = check_k_range(k_range)
@@ -242,7 +290,7 @@ def estimate_n_clusters(
     best: tuple[float, int, np.ndarray] | None = None
     scores: dict[int, float] = {}
     for k in range(lo, hi + 1):
-        labels = KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit_predict(pts)
+        labels = partition_points(pts, k, method, seed=seed, n_init=n_init)
         if len(np.unique(labels)) < 2:
             continue
         s = float(silhouette_score(pts, labels, sample_size=min(sample_size, pts.shape[0]), random_state=seed))
@@ -250,7 +298,7 @@ def estimate_n_clusters(
         if best is None or s > best[0]:
             best = (s, k, labels)
     if best is None:
-        raise ValueError("K-means found a single cluster for every K: the points are all equal")
+        raise ValueError(f"{method} found a single cluster for every K: the points are all equal")
     return best[1], best[2].astype(np.int64), scores
 
 
@@ -313,9 +361,10 @@ def initial_clustering(
     ----------
     x : numpy.ndarray, shape (n, d)
         The device's flattened samples.
-    init : {"kmeans", "dirty", "given"}
-        K-means on :func:`latent_codes` (``n_clusters`` clusters, or chosen
-        by silhouette over ``k_range``); :func:`dirty_labels` of
+    init : {"kmeans", "ward", "dirty", "given"}
+        K-means or Ward (:func:`partition_points`) on :func:`latent_codes`
+        (``n_clusters`` clusters, or chosen by silhouette over ``k_range``);
+        :func:`dirty_labels` of
         ``true_labels``; or ``initial_labels`` as they are.
     n_clusters, k_range, encoder, latents, true_labels, initial_labels, dirtiness, seed
         As for :class:`~edge_sdk.fedcref.FedCRefClient`.
@@ -325,21 +374,18 @@ def initial_clustering(
     labels : numpy.ndarray of int
         One label per sample (not yet made consecutive).
     latents : numpy.ndarray of float32 or None
-        The codes K-means ran on (None for dirty and given labels).
+        The codes K-means or Ward ran on (None for dirty and given labels).
     silhouette : dict of int to float, or None
         Silhouette per ``K`` tried (None unless ``K`` was chosen by silhouette).
     """
-    if init == "kmeans":
+    if init in POINT_METHODS:
         z = latent_codes(x, latents, encoder)
         if n_clusters is None:
-            _, labels, scores = estimate_n_clusters(z, k_range, seed=seed)
+            _, labels, scores = estimate_n_clusters(z, k_range, seed=seed, method=init)
             return labels, z.astype(np.float32), scores
         if n_clusters > x.shape[0]:
             raise ValueError(f"n_clusters ({n_clusters}) exceeds the {x.shape[0]} samples")
-        from sklearn.cluster import KMeans
-
-        labels = KMeans(n_clusters=n_clusters, n_init=10, random_state=seed).fit_predict(z)
-        return labels, z.astype(np.float32), None
+        return partition_points(z, n_clusters, init, seed=seed), z.astype(np.float32), None
     if init == "dirty":
         if true_labels is None:
             raise ValueError("init='dirty' needs true_labels (it simulates a noisy clustering of them)")

@@ -363,7 +363,7 @@ def run_fedcref(
         the scores (and by ``init="dirty"``), never by the algorithm.
     n_clusters : int, sequence or mapping, optional
         ``K_i`` of every client, or per client; None estimates it by
-        silhouette (K-means init) or takes the number of true categories
+        silhouette (K-means or Ward init) or takes the number of true categories
         (dirty init).
     init, dirtiness, encoder, latents, k_range, alpha, normalization, link_communities, own_models, epochs, lr, \
     batch_size, community_epochs, warm_start, threads

@@ -22,6 +22,7 @@ from edge_sdk.fedcref import (
     join_models,
     minmax_normalize,
     normalized_differences,
+    partition_points,
     reconstruction_errors,
     refine_labels,
     split_models,
@@ -157,6 +158,26 @@ def test_estimate_n_clusters_finds_three_blobs():
         estimate_n_clusters(z, (1, 3))
 
 
+def test_ward_partition_and_its_silhouette_choice_of_k():
+    rng = np.random.default_rng(0)
+    z = np.concatenate([rng.normal(c, 0.3, (40, 3)) for c in (0, 6, 12)])
+    truth = np.repeat([0, 1, 2], 40)
+    ward = partition_points(z, 3, "ward")
+    assert ward.dtype == np.int64 and hungarian_accuracy(truth, ward) == 1.0
+    np.testing.assert_array_equal(partition_points(z, 3, "ward", seed=5), ward)  # no randomness
+    k, labels, scores = estimate_n_clusters(z, (2, 4), method="ward")
+    assert k == 3 and sorted(scores) == [2, 3, 4]
+    np.testing.assert_array_equal(labels, ward)
+
+
+def test_partition_points_refuses_an_unknown_method_and_too_many_samples_for_ward():
+    with pytest.raises(ValueError, match=r"method must be one of \('kmeans', 'ward'\), got 'dbscan'"):
+        partition_points(np.zeros((4, 2)), 2, "dbscan")
+    with pytest.raises(ValueError, match="Ward's clustering holds every pairwise distance: 5001 samples are more "
+                                         "than 5000; use init='kmeans'"):
+        partition_points(np.zeros((5001, 2)), 2, "ward")
+
+
 @pytest.mark.parametrize(
     ("check", "bad", "match"),
     [
@@ -270,6 +291,17 @@ def test_client_kmeans_init_estimates_k_on_digit_latents():
     assert client.latents_.shape == (180, 20)  # the shipped digits encoder
     assert set(client.silhouette_) == {2, 3, 4, 5}
     assert hungarian_accuracy(y, client.labels_) > 0.95
+
+
+def test_client_ward_init_estimates_k_on_digit_latents():
+    client, y = _client("c0", (0, 3, 6), seed=0, init="ward")
+    client.initialize()
+    assert client.n_clusters_ == 3
+    assert client.latents_.shape == (180, 20)
+    assert set(client.silhouette_) == {2, 3, 4, 5}
+    assert hungarian_accuracy(y, client.labels_) > 0.95
+    with pytest.raises(ValueError, match="init must be one of"):
+        FedCRefClient("c0", np.zeros((5, 64), dtype=np.float32), init="spectral")
 
 
 def test_client_objects_survive_the_wire_and_refinement_keeps_k():
