@@ -221,7 +221,7 @@ def _run_fedcref(args: argparse.Namespace) -> int:
         with np.load(args.data, allow_pickle=False) as f:
             x = f["x"]
         params = parse_params(args.params)
-        if str(params.get("encoder", "")).lower() == "none":  # TOML has no null: K-means on the pixels
+        if str(params.get("encoder", "")).lower() == "none":  # TOML has no null: K-means or Ward on the pixels
             params["encoder"] = None
         from .cpu import torch_threads
 

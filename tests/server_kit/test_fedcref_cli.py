@@ -40,7 +40,8 @@ def device_files(tmp_path_factory, digits_by_class_sets):
 def _client(url, i, path, out):
     cmd = [sys.executable, "-m", "edge_sdk.client_cli", "--broker", url, "--federation", "fc", "--client-id", f"c{i}",
            "--data", str(path), "--fedcref", "--set", "n_clusters=2", "--set", "encoder=none", "--set", "epochs=20",
-           "--set", "batch_size=16", "--seed", str(i), "--labels-out", str(out), "--max-idle", "60"]
+           "--set", "batch_size=16", "--seed", str(i), "--labels-out", str(out), "--max-idle", "60",
+           "--set", "init=ward" if i % 2 else "init=kmeans"]  # the odd devices start from Ward's clustering
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
 
