@@ -51,8 +51,7 @@ class FedCRefClient:
     cid : str
         Client id (a topic-safe word).
     x : array-like, shape (n, ...)
-        Unlabelled samples, floating point in [0, 1] (8x8 or 28x28 images, or
-        flat vectors of 64 or 784 values).
+        Unlabelled samples in [0, 1] (8x8 or 28x28 images, or 64 or 784 values).
     n_clusters : int, optional
         ``K_i``. None: chosen by silhouette over ``k_range`` (K-means or Ward init);
         the number of true categories (dirty init); the number of distinct
@@ -60,15 +59,14 @@ class FedCRefClient:
     k_range : (int, int)
         Range of ``K_i`` tried by silhouette.
     init : {"kmeans", "ward", "dirty", "given"}
-        K-means or Ward's hierarchical clustering on latent codes (or
-        pixels; :func:`~edge_sdk.fedcref.partition_points`); the paper's
-        simulated dirty initialisation from ``true_labels``;
+        K-means or Ward on latent codes or pixels (:func:`partition_points`);
+        the paper's simulated dirty initialisation from ``true_labels``;
         ``initial_labels`` as they are.
     encoder : "auto", str, object or None
         For K-means and Ward: an :class:`~edge_sdk.encoder.OnnxEncoder` (or any object
         with ``encode(x) -> (n, d)``), an artifact name, ``"auto"`` (the
         shipped ``digits_encoder`` for 64 features, ``fmnist_fc_encoder`` for
-        784, pixels otherwise) or None (K-means on pixels).
+        784, pixels otherwise) or None (pixels).
     latents : array-like, optional
         Precomputed latent codes for K-means or Ward (skips the encoder).
     true_labels : array-like of int, optional
