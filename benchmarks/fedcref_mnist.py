@@ -69,7 +69,7 @@ from _cli import seed_list
 from server_kit.metrics import mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = Path("/work/shared/data/mnist")
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "mnist"
 #: The paper's Table 4 (EMNIST digits, DEC initialisation, 25 clients, 5 runs, mean and 95 % CI).
 PAPER = {
     "initial_acc": "0.781 +- 0.045",
