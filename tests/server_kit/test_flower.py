@@ -110,7 +110,10 @@ class _LateGrid:
     def get_node_ids(self):
         ids = sorted(self.grid.get_node_ids())
         if len(ids) < self.n:
-            return ids  # the simulation has not registered its nodes yet
+            # the simulation is still registering its nodes: none yet, so that the strategy polls again and
+            # the hidden calls count from the first look at all of them (on a loaded machine the greeting
+            # went ahead with 11 of 12 registered, and round 2 was the second counted look)
+            return []
         self.calls += 1
         return ids[:-1] if self.calls <= self.hidden_calls else ids
 
