@@ -28,9 +28,8 @@ import numpy as np
 from _cli import csv_list, seed_list
 from fedcref_mnist import DEFAULT_DATA, load_data
 
+from edge_sdk.fedcref import POINT_METHODS
 from server_kit.metrics import mean_ci
-
-METHODS = ("kmeans", "ward")
 
 
 def impure_clusters(truth: np.ndarray, labels: np.ndarray, floor: float = 0.8) -> int:
@@ -81,7 +80,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with the MNIST IDX files")
     ap.add_argument("--seeds", type=seed_list, default=[0, 1, 2, 3],
                     help="a count (3: seeds 0, 1, 2) or a list (0,4,7; one seed: 5,)")
-    ap.add_argument("--methods", type=csv_list(str, METHODS), default=list(METHODS))
+    ap.add_argument("--methods", type=csv_list(str, POINT_METHODS), default=list(POINT_METHODS))
     ap.add_argument("--clients", type=int, default=25)
     ap.add_argument("--classes-per-client", type=int, nargs=2, default=[2, 5], metavar=("MIN", "MAX"))
     ap.add_argument("--samples-per-class", type=int, default=500)

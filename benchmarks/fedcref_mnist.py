@@ -66,6 +66,7 @@ from typing import Any
 import numpy as np
 from _cli import seed_list
 
+from edge_sdk.fedcref import INIT_METHODS
 from server_kit.metrics import mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,7 +180,7 @@ def run_seed(seed: int, x: np.ndarray, y: np.ndarray, args, encoder, export_dir:
     row["digits_split"] = res.history[-1]["audit"]["classes_split"]  # digits spread over communities
     row["final_global_acc"] = hungarian_accuracy(all_t, np.concatenate(glob))
     # the baseline: the same samples clustered centrally, K-means (K = 10) on the same latent codes
-    if args.init in ("kmeans", "ward"):
+    if all(c.latents_ is not None for c in clients):
         z = np.concatenate([c.latents_ for c in clients])
     else:  # the dirty init computes no latents: encode here
         z = np.concatenate([encoder.encode(c.x) if encoder is not None else c.x for c in clients])
@@ -231,8 +232,9 @@ def print_seed(row: dict[str, Any]) -> None:
           f"{row['client_eval_seconds']:.0f} s evaluating); central K-means {row['central_kmeans_acc']:.3f}", flush=True)
 
 
-def run_rows(args, x, y, encoder, out: Path) -> list[dict[str, Any]]:
-    """One row per seed, in one process or (``--jobs`` above 1) in several; the first seed exports."""
+def run_rows(args, out: Path) -> list[dict[str, Any]]:
+    """One row per seed, in one process or (``--jobs`` above 1) in several, each of which loads the data
+    and the encoder; the first seed exports."""
     if args.jobs > 1:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
@@ -248,6 +250,8 @@ def run_rows(args, x, y, encoder, out: Path) -> list[dict[str, Any]]:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover
         tqdm = None
+    x, y = load_data(args)
+    encoder = make_encoder(args)
     seeds = tqdm(args.seeds, desc="seeds", disable=not args.progress) if tqdm else args.seeds
     rows = []
     for k, seed in enumerate(seeds):
@@ -313,19 +317,17 @@ def run(args) -> dict[str, Any]:
     from server_kit.report import write_json
 
     t_all = time.perf_counter()
-    x, y = load_data(args)
     if args.encoder is None:
         args.encoder = "digits_encoder" if args.quick else "none"
-    encoder = make_encoder(args)
     print(f"FedCRef on {'digits (8x8)' if args.quick else 'MNIST'}: {args.clients} clients x "
           f"{args.classes_per_client[0]}-{args.classes_per_client[1]} classes x {args.samples_per_class} samples, "
           f"init {args.init}{' (K estimated)' if args.estimate_k else ''} on "
-          f"{'pixels' if encoder is None else args.encoder + ' latents'}, alpha {args.alpha}, theta {args.theta}, "
+          f"{'pixels' if args.encoder == 'none' else args.encoder + ' latents'}, alpha {args.alpha}, theta {args.theta}, "
           f"tau {args.tau}, {args.normalization} differences, AE epochs {args.epochs}, "
           f"{args.community_rounds} community rounds, seeds {args.seeds}, {args.jobs} process(es)", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = run_rows(args, x, y, encoder, out)
+    rows = run_rows(args, out)
     summary = {key: mean_ci([r.get(key) for r in rows]) for key, _, _ in METRICS}
     print(f"\n{'metric':36s} {'ours (mean +- 95% CI)':>24s}   paper (EMNIST, Table 4)")
     for key, label, fmt in METRICS:
@@ -375,7 +377,7 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", type=int, default=25)
     ap.add_argument("--classes-per-client", type=int, nargs=2, default=[2, 5], metavar=("MIN", "MAX"))
     ap.add_argument("--samples-per-class", type=int, default=500)
-    ap.add_argument("--init", choices=["kmeans", "ward", "dirty"], default="ward",
+    ap.add_argument("--init", choices=[m for m in INIT_METHODS if m != "given"], default="ward",
                     help="the devices' initial clustering: K-means or Ward's hierarchical clustering on pixels "
                          "(or --encoder latents), or the paper's simulated dirty labels")
     ap.add_argument("--encoder", default=None,

@@ -72,6 +72,7 @@ from .client import FedCRefClient
 from .clustering import (
     DEFAULT_ENCODERS,
     INIT_METHODS,
+    POINT_METHODS,
     dirty_labels,
     estimate_n_clusters,
     hungarian_accuracy,
@@ -95,6 +96,7 @@ __all__ = [
     "DEFAULT_ENCODERS",
     "FedCRefClient",
     "INIT_METHODS",
+    "POINT_METHODS",
     "NORMALIZATIONS",
     "OnnxCommunityLabeler",
     "architecture_for",

@@ -26,6 +26,7 @@ from .checks import check_dirtiness, check_k_range
 __all__ = [
     "DEFAULT_ENCODERS",
     "INIT_METHODS",
+    "POINT_METHODS",
     "candidate_groups",
     "check_init",
     "dirty_labels",
