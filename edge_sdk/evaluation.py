@@ -31,7 +31,7 @@ from .artifacts import models_dir as default_models_dir
 from .model_checks import ModelInfo, check_data, check_weights, state_spec
 from .torch_support import build_classifier, import_torch, torch_available, using_threads
 
-__all__ = ["EvalResult", "evaluate", "onnx_logits", "torch_logits"]
+__all__ = ["EvalResult", "OnnxClassifier", "evaluate", "onnx_classifier", "onnx_logits", "torch_logits"]
 
 
 @dataclass(frozen=True)
@@ -180,6 +180,71 @@ def _onnx_template(architecture: str, models_dir: str | os.PathLike[str] | None)
     return _onnx_template_cached(str(d.resolve()), architecture, stamp)
 
 
+class OnnxClassifier:
+    """One ONNX Runtime session of a classifier: a standalone ``.onnx`` file, or a template with weights.
+
+    Made by :func:`onnx_classifier`; :meth:`logits` runs it. The session is
+    thread-safe for :meth:`logits`; the arrays its overridden initializers
+    wrap are kept with it (ONNX Runtime does not copy them).
+    """
+
+    def __init__(self, session: Any, info: ModelInfo, input_name: str, output_name: str,
+                 keep: list[Any]) -> None:
+        self.session = session
+        self.info = info
+        self.input_name = input_name
+        self.output_name = output_name
+        self._keep = keep
+
+    def logits(self, xa: np.ndarray, batch_size: int = 256) -> np.ndarray:
+        """The ``(n, num_classes)`` logits of checked samples ``xa`` (float32, ``(n, *input_shape)``)."""
+        chunks = []
+        for start in range(0, xa.shape[0], batch_size):
+            chunk = xa[start : start + batch_size]
+            chunks.append(np.asarray(self.session.run([self.output_name], {self.input_name: chunk})[0]))
+        return np.concatenate(chunks).reshape(xa.shape[0], -1)
+
+
+def _session_options(threads: int | None) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    # Not ORT_ENABLE_ALL: its NCHWc layout transformer reorders convolution
+    # filters from the model file's own initializers, so overrides of
+    # convolution weights were silently ignored (onnxruntime 1.31.1).
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    if threads is not None:
+        opts.intra_op_num_threads = check_positive_int(threads, "threads")
+        opts.inter_op_num_threads = 1
+    return opts
+
+
+def onnx_classifier(architecture: str, weights: Mapping[str, np.ndarray] | None = None, *,
+                    models_dir: str | os.PathLike[str] | None = None, threads: int | None = None,
+                    onnx_file: str | os.PathLike[str] | None = None) -> OnnxClassifier:
+    """An ONNX Runtime session of ``architecture``: the shipped template with ``weights`` in it (checked),
+    or, with ``onnx_file``, that standalone classifier (its weights inside; ``weights`` then unused).
+    """
+    import onnxruntime as ort
+
+    tpl = _onnx_template(architecture, models_dir)
+    opts = _session_options(threads)
+    keep: list[Any] = []
+    if onnx_file is None:
+        if weights is None:
+            raise ValueError("onnx_classifier needs weights or an onnx_file")
+        w = check_weights(tpl.info, weights)
+        for key, init_name in tpl.initializers.items():
+            arr = np.asarray(w[key], order="C")
+            value = ort.OrtValue.ortvalue_from_numpy(arr)
+            keep.append((arr, value))
+            opts.add_initializer(init_name, value)
+    path = str(onnx_file if onnx_file is not None else tpl.path)
+    session = ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+    return OnnxClassifier(session, tpl.info, tpl.input_name, tpl.output_name, keep)
+
+
 def onnx_logits(
     architecture: str,
     weights: Mapping[str, np.ndarray],
@@ -211,37 +276,9 @@ def onnx_logits(
     tuple of numpy.ndarray
         The ``(n, num_classes)`` logits and the checked int64 labels.
     """
-    import onnxruntime as ort
-
-    tpl = _onnx_template(architecture, models_dir)
-    w = check_weights(tpl.info, weights)
-    xa, ya = check_data(tpl.info, x, y)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    # Not ORT_ENABLE_ALL: its NCHWc layout transformer reorders convolution
-    # filters from the model file's own initializers, so overrides of
-    # convolution weights were silently ignored (onnxruntime 1.31.1).
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    if threads is not None:
-        opts.intra_op_num_threads = check_positive_int(threads, "threads")
-        opts.inter_op_num_threads = 1
-    # The OrtValues wrap these arrays without copying: both must outlive the session.
-    keep: list[Any] = []
-    for key, init_name in tpl.initializers.items():
-        arr = np.asarray(w[key], order="C")
-        value = ort.OrtValue.ortvalue_from_numpy(arr)
-        keep.append((arr, value))
-        opts.add_initializer(init_name, value)
-    session = ort.InferenceSession(
-        str(tpl.path), sess_options=opts, providers=["CPUExecutionProvider"]
-    )
-    chunks = []
-    for start in range(0, xa.shape[0], batch_size):
-        chunk = xa[start : start + batch_size]
-        chunks.append(np.asarray(session.run([tpl.output_name], {tpl.input_name: chunk})[0]))
-    del session
-    keep.clear()
-    return np.concatenate(chunks).reshape(xa.shape[0], -1), ya
+    clf = onnx_classifier(architecture, weights, models_dir=models_dir, threads=threads)
+    xa, ya = check_data(clf.info, x, y)
+    return clf.logits(xa, batch_size), ya
 
 
 def evaluate(

@@ -19,7 +19,7 @@ import numpy as np
 from .artifacts import ArtifactSpec
 from .encoder import check_model_input
 
-__all__ = ["ModelInfo", "check_data", "check_weights", "state_spec"]
+__all__ = ["ModelInfo", "check_data", "check_samples", "check_weights", "state_spec"]
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,30 @@ def check_weights(info: ModelInfo, weights: Mapping[str, Any]) -> dict[str, np.n
     return out
 
 
+def check_samples(info: ModelInfo, x: Any) -> np.ndarray:
+    """Validate samples for a classifier: writeable float32 ``(n, *input_shape)``, at least one, in [0, 1].
+
+    Single-channel images may omit the channel axis. ValueError names what is wrong.
+    """
+    shape = info.input_shape
+    spec = ArtifactSpec(
+        name=info.architecture,
+        file="",
+        sha256="",
+        role="classifier",
+        input_shape=shape,
+        # a single-channel model also takes (n, H, W) images
+        image_shape=shape[1:] if len(shape) > 1 and shape[0] == 1 else None,
+        input_range=(0.0, 1.0),
+    )
+    xa = check_model_input(x, spec, "x")
+    if not xa.flags.writeable:  # see check_weights
+        xa = xa.copy()
+    if xa.shape[0] == 0:
+        raise ValueError("x holds no samples")
+    return xa
+
+
 def check_data(info: ModelInfo, x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
     """Validate samples and labels for a classifier.
 
@@ -154,22 +178,7 @@ def check_data(info: ModelInfo, x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]
         On a wrong shape, dtype or range, NaN or Inf, no samples, or labels
         out of range.
     """
-    shape = info.input_shape
-    spec = ArtifactSpec(
-        name=info.architecture,
-        file="",
-        sha256="",
-        role="classifier",
-        input_shape=shape,
-        # a single-channel model also takes (n, H, W) images
-        image_shape=shape[1:] if len(shape) > 1 and shape[0] == 1 else None,
-        input_range=(0.0, 1.0),
-    )
-    xa = check_model_input(x, spec, "x")
-    if not xa.flags.writeable:  # see check_weights
-        xa = xa.copy()
-    if xa.shape[0] == 0:
-        raise ValueError("x holds no samples")
+    xa = check_samples(info, x)
     ya = np.asarray(y)
     if ya.ndim != 1 or ya.shape[0] != xa.shape[0]:
         raise ValueError(
