@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from .client_commands import SERVER_STATUS, VIA, ClientCommands, DeviceDrift
+from .client_keep import KeepOutcome
 from .compress import Compression, ErrorFeedback
 from .held_models import HeldModel, ModelStore
+from .keeping import ModelKeeper
 from .protocol import SERVER_ID, Kind, Message, ProtocolError, Topics
 from .rejections import RejectionLog
 from .schema import check_meta
@@ -89,6 +91,13 @@ class EdgeClient(ClientCommands):
         A folder the device keeps across restarts: the error feedback of its
         compressed updates (what it has not sent yet) is saved there after
         every update and read back at start.
+    keeper : ModelKeeper, optional
+        The device's model folder: at the end of a run (the server's ``keep``
+        command) the model it was assigned is kept there, by its keep policy
+        (:mod:`edge_sdk.keeping`). None: the run's model is not kept.
+    get_model : bool
+        Leave once a ``keep`` command was done (``fedsketch-client --get-model``:
+        a cold start), exit code 0 with a kept model, 6 without.
     """
 
     def __init__(
@@ -107,6 +116,8 @@ class EdgeClient(ClientCommands):
         encoders: dict[str, Any] | None = None,
         bench: Mapping[str, Any] | None = None,
         state_dir: str | Path | None = None,
+        keeper: ModelKeeper | None = None,
+        get_model: bool = False,
     ) -> None:
         self.transport = transport
         self.worker = worker
@@ -124,6 +135,10 @@ class EdgeClient(ClientCommands):
         #: The part of each delta not sent yet (compression on), per model key; kept in ``state_dir`` if given.
         self.feedback = ErrorFeedback(Compression())
         self.state_dir = None if state_dir is None else Path(state_dir)
+        #: Where the run's model is kept (None: not kept), and what the last ``keep`` command came to.
+        self.keeper = keeper
+        self.kept: KeepOutcome | None = None
+        self.get_model = bool(get_model)
         #: Whether the state folder's feedback was read (at the first compressed update: its method is known then).
         self._feedback_read = False
         self.model_key: str | None = None

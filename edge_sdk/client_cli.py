@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .client import EdgeClient
+from .keeping import DEFAULT_MARGIN, KeepPolicy, ModelKeeper
 from .protocol import Kind, Message, Topics
 from .transport import BrokerConfig
 from .worker import LocalWorker
@@ -60,6 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", default=None, metavar="DIR",
                    help="a folder kept across restarts: what the device has not sent yet of its compressed "
                         "updates (its error feedback) is saved there")
+    p.add_argument("--model-dir", default=None, metavar="DIR",
+                   help="keep the model of each run here (DIR/current, DIR/previous; read by `fedsketch predict` "
+                        "and edge_sdk.LocalModel); default with --state-dir: STATE_DIR/model, else not kept")
+    p.add_argument("--keep-model", choices=[p_.value for p_ in KeepPolicy], default=KeepPolicy.BEST.value,
+                   help="best: a run's model replaces the kept one unless it is worse on this device's own test "
+                        "split (x_test, y_test) by more than --keep-margin; latest: always")
+    p.add_argument("--keep-margin", type=float, default=DEFAULT_MARGIN, metavar="ACC",
+                   help="with --keep-model best: how much lower an accuracy (in [0, 1]) still replaces the kept model")
+    p.add_argument("--get-model", action="store_true",
+                   help="cold start: say hello, get this device's model from a server that serves its trained models "
+                        "(fedsketch-server --serve-models), keep it in --model-dir and exit 0 (6: no model kept)")
     p.add_argument("--max-idle", type=float, default=None, help="leave after this many idle seconds")
     p.add_argument("--hello-jitter", type=float, default=3.0, metavar="S",
                    help="say hello after a random wait of up to S seconds after every (re)connection, so that a "
@@ -149,11 +161,32 @@ def _main(args: argparse.Namespace) -> int:
         print(f"fedsketch-client: error: --hello-jitter must be >= 0 seconds, got {args.hello_jitter:g}",
               file=sys.stderr)
         return 2
+    try:
+        keeper = _keeper(args)
+    except ValueError as e:
+        print(f"fedsketch-client: error: {e}", file=sys.stderr)
+        return 2
     client = EdgeClient(transport, worker, federation=args.federation, root=args.root, seed=args.seed,
-                        stay=args.stay, hello_jitter_s=args.hello_jitter, bench=bench, state_dir=args.state_dir)
+                        stay=args.stay, hello_jitter_s=args.hello_jitter, bench=bench, state_dir=args.state_dir,
+                        keeper=keeper, get_model=args.get_model)
     _stop_on_sigterm(client.stop)
     rc = _serve(args, lambda: client.run(max_idle_s=args.max_idle))
     return client.exit_code if rc == 0 else rc
+
+
+def _keeper(args: argparse.Namespace) -> ModelKeeper | None:
+    """The device's model folder: ``--model-dir``, else ``STATE_DIR/model``; None (said once) without either."""
+    folder = args.model_dir or (str(Path(args.state_dir) / "model") if args.state_dir else None)
+    if folder is None:
+        if args.get_model:
+            raise ValueError("--get-model needs --model-dir (or --state-dir): the folder the model is kept in")
+        log.info("no --model-dir: the models of the runs are not kept on this device")
+        return None
+    keeper = ModelKeeper(folder, args.keep_model, args.keep_margin)
+    kept = keeper.kept()
+    log.info("model folder %s (keep policy %s, margin %g): %s", folder, keeper.policy.value, keeper.margin,
+             f"keeps model {kept.key} of run {kept.run}" if kept else "no model kept yet")
+    return keeper
 
 
 def _bench_fields(args: argparse.Namespace) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from .bits import fresh_seed
 from .compress import Compression
 from .drift import DriftWatch
 from .install import install_hint
-from .protocol import Kind, Message, ProtocolError, sketch_body, tensors_body
+from .protocol import SERVER_ID, Kind, Message, ProtocolError, sketch_body, tensors_body
 from .protocol.commands import Op, parse
 from .sampling import in_sample
 from .schema import check_meta
@@ -49,6 +49,8 @@ SERVER_STATUS = "server-status"
 
 #: What a device outside ``--stay`` exits with when the server says it could not finish the run.
 SERVER_FAILED = 5
+#: What ``--get-model`` exits with when the device ends with no kept model.
+NO_MODEL = 6
 
 #: The commands after which the client may stop: op -> its method, called with the command's clean
 #: fields, which returns whether to keep serving.
@@ -62,6 +64,7 @@ HANDLERS: dict[str, str] = {
     Op.TRAIN: "_do_train",
     Op.TRAIN_AE: "_do_train_ae",
     Op.EVALUATE: "_do_evaluate",
+    Op.KEEP: "_do_keep",
 }
 
 
@@ -437,6 +440,25 @@ class ClientCommands:
         res = self.worker.evaluate(self._wait_model(key, r).weights)
         log.info("evaluated %s: accuracy %.4f on %d samples", key, res["accuracy"], res["n_test"])
         self._send(self.topics.metrics(self.cid), Kind.METRICS, r, {"round": r, "model_key": key, **res})
+
+    def _do_keep(self, m: Mapping[str, Any], rnd: int) -> None:
+        """Keep the run's model in the device's model folder (:mod:`edge_sdk.client_keep`)."""
+        from .client_keep import keep_from_command
+
+        self._use_architecture(m)
+        try:
+            out = keep_from_command(m, assigned=self.model_key, run_id=self.run_id, wait_model=self._wait_model,
+                                    worker=self.worker, keeper=self.keeper)
+        except ProtocolError as e:
+            self._rejections(e.reason, SERVER_ID, f"keep: {e}")
+            return
+        if out.refused is not None:
+            self._rejections("model-sha", SERVER_ID, out.refused)
+        if out.key is not None:
+            self.kept = out
+        if self.get_model and out.key is not None:  # --get-model: done, with a kept model or not
+            self.exit_code = 0 if out.has_model else NO_MODEL
+            self.stop()
 
     def _follow(self, keys: Sequence[str], *, confirm: bool = True) -> None:
         """Keep the model topics of ``keys`` ("+": every model), leave the others; say so on the status topic.

@@ -216,6 +216,12 @@ COMMANDS: dict[str, dict[str, Field]] = {
     # "fraction" drawn with "seed" (edge_sdk.sampling.in_sample); a device without a model ignores it
     "evaluate": {"round": _ROUND, "model_key": Field("id"), "architecture": _ARCH,
                  "fraction": Field("float", 0.0, 1.0), "seed": Field("int", -(2**53), 2**53)},
+    # keep a trained model (edge_sdk.keeping): the models of round "round" this command may name, each with
+    # what the server knows of it (edge_sdk.keep_offer.parse_offers checks each entry); without model_key
+    # (a broadcast), the device's assigned model; with choose, the one of lowest loss on a local batch
+    "keep": {"round": _ROUND, "run": Field("id"), "strategy": Field("str", max_len=64), "architecture": _ARCH,
+             "model_key": Field("id"), "choose": Field("bool", default=False),
+             "models": Field("object", max_len=256, required=True)},
 }
 
 _SCHEMAS: dict[Kind, dict[str, Field]] = {
@@ -238,6 +244,8 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "follow": _FOLLOW,  # the model topics it now follows (the answer to an assign's "follow")
         # the server's own status (retained on server/status): the run it serves ("online") or served
         "run": Field("id"),
+        # the server's own status: after its run it keeps serving its models to devices that ask (cold start)
+        "serving": Field("bool"),
     },
     # sent by a device whose data changed, without being asked (edge_sdk.client_commands: data_changed)
     Kind.SKETCH: {"unasked": Field("bool")},

@@ -163,6 +163,8 @@ class LocalWorker:
         if len(y) == 0:
             raise ValueError(f"client {self.cid!r} has no training samples")
         self.x, self.y = np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int64)
+        #: Whether the device has a test split of its own (else it is evaluated on its training data).
+        self.has_test = x_test is not None
         self.x_test = self.x if x_test is None else np.asarray(x_test, dtype=np.float32)
         self.y_test = self.y if y_test is None else np.asarray(y_test, dtype=np.int64)
 

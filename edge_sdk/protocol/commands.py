@@ -49,6 +49,8 @@ class Op(str, Enum):
     TRAIN_AE = "train_ae"
     #: Evaluate a model (``model_key``, or the assigned one if in the sample) and send the metrics.
     EVALUATE = "evaluate"
+    #: Keep a trained model of round ``round`` (the assigned one, ``model_key``, or the lowest-loss candidate).
+    KEEP = "keep"
 
 
 #: The fields of each command, by op: their type, range, default (:class:`edge_sdk.schema.Field`).
