@@ -2,9 +2,9 @@
 
 The folder (``fedsketch-client --model-dir DIR``)::
 
-    DIR/current  -> versions/<when>-<run>-<key>   the model the owner's application runs
+    DIR/current  -> versions/<run>-<key>          the model the owner's application runs
     DIR/previous -> versions/...                  the one it replaced
-    DIR/versions/<when>-<run>-<key>/              model folders (edge_sdk.model_folder)
+    DIR/versions/<run>-<key>/                     model folders (edge_sdk.model_folder)
 
 A new model is written whole into its own folder first, then ``current`` is
 switched to it in one step (:func:`~edge_sdk.model_folder.swap_link`), so an
@@ -150,8 +150,8 @@ class ModelKeeper:
         """Write the model into its own folder, then make it ``current`` (the old one ``previous``)."""
         versions = self.root / "versions"
         versions.mkdir(parents=True, exist_ok=True)
-        name = "-".join(re.sub(r"[^A-Za-z0-9_.-]", "_", str(p))[:40]
-                        for p in (time.strftime("%Y%m%dT%H%M%S", time.gmtime()), entry.run or "run", entry.key))
+        parts = (entry.run or time.strftime("%Y%m%dT%H%M%S", time.gmtime()), entry.key)
+        name = "-".join(re.sub(r"[^A-Za-z0-9_.-]", "_", str(p))[:40] for p in parts)
         folder = versions / name
         n = 1
         while folder.exists():

@@ -230,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _send_leave(args)
     try:
         config, strat, name, broker, report_dir = _server_settings(args)
+        if args.serve_models_from:
+            config, strat, name = _export_settings(args, config, strat)
         truth, robust = _checked_extras(args, name)
         if name == "fedcref":
             return _run_fedcref(args, config, broker, {**strat, **parse_params(args.params)}, report_dir)
@@ -247,14 +249,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         print(f"fedsketch-server: error: {e}", file=sys.stderr)
         return 2
+    if args.serve_models_from:
+        return _serve_export(args, config, strategy, bcfg)
+
+    def run(transport: Any) -> int:
+        orch = Orchestrator(strategy, transport, config, **scale_out.orchestrator_args())
+        result = orch.run(resume=args.resume)
+        _print_summary(args, result, orch, report_dir, truth)
+        if args.serve_models:
+            orch.serve(args.serve_for)
+        return 0
+
     # RuntimeError: the run cannot go on (every device refused, say); said in one line, traced with -v
     with scale_out:
-        result = _with_broker(args, config, bcfg, lambda t: Orchestrator(
-            strategy, t, config, **scale_out.orchestrator_args()).run(resume=args.resume))
-    if result is None:
-        return 3
-    _print_summary(args, result, strategy, report_dir, truth)
-    return 0
+        rc = _with_broker(args, config, bcfg, run)
+    return 3 if rc is None else 0
+
+
+def _serve_export(args: argparse.Namespace, config: Any, strategy: Any, bcfg: Any) -> int:
+    """``--serve-models-from DIR``: the export's server state restored, its models served; nothing trained."""
+    from .drivers.orchestrator import Orchestrator
+
+    def serve(transport: Any) -> int:
+        served = Orchestrator(strategy, transport, config).serve(args.serve_for, from_export=True)
+        print(json.dumps({"served": len(served), "models": dict(sorted(served.items()))}))
+        return 0
+
+    return 3 if _with_broker(args, config, bcfg, serve) is None else 0
 
 
 def _send_leave(args: argparse.Namespace) -> int:
@@ -316,6 +337,40 @@ def _server_settings(args: argparse.Namespace) -> tuple[Any, dict[str, Any], str
     if config.encoder is not None:
         _check_name("encoder", config.encoder, known_encoders())
     return config, strat, name, broker, report_dir
+
+
+def _export_settings(args: argparse.Namespace, config: Any, strat: dict[str, Any]) -> tuple[Any, dict[str, Any], str]:
+    """``--serve-models-from DIR``: the settings of the run that wrote the export, the options given overriding.
+
+    The strategy is the export's (``--strategy`` must agree when given); the server state is read from
+    ``DIR/server-state``. ValueError for a folder that is no export, or options that do not fit it.
+    """
+    from .drivers.config import ServerConfig
+    from .serving.export import SERVER_STATE, read_models_json
+
+    folder = Path(args.serve_models_from)
+    manifest = read_models_json(folder)
+    if args.resume or args.serve_models or args.leave:
+        raise ValueError("--serve-models-from serves an export: no --resume, --serve-models or --leave with it")
+    name = manifest["strategy"]
+    if args.strategy and args.strategy != name:
+        raise ValueError(f"--strategy {args.strategy} differs from the export's strategy {name}")
+    state_dir = folder / (manifest.get("server_state") or SERVER_STATE)
+    try:
+        state = json.loads((state_dir / "state.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{state_dir}: the export's server state cannot be read ({e})") from None
+    conf = dict(state.get("config") or {})
+    known = {f.name for f in dataclasses.fields(ServerConfig)}
+    conf = {k: v for k, v in conf.items() if k in known}
+    for key in SERVER_KEYS:
+        if getattr(args, key, None) is not None:
+            conf[key] = getattr(args, key)
+    conf["checkpoint_dir"] = str(state_dir)
+    meta = state.get("strategy") or {}
+    if "k" in meta:
+        strat["k"] = meta["k"]
+    return ServerConfig(**conf), strat, name
 
 
 def _checked_extras(args: argparse.Namespace, name: str) -> tuple[Any, dict[str, Any]]:
@@ -425,9 +480,10 @@ def _shared_prefixes(name: str, architecture: str | None) -> Any:
     return BASE_LAYERS[architecture]
 
 
-def _print_summary(args: argparse.Namespace, run: RunResult, strategy: Any, report_dir: str | None,
+def _print_summary(args: argparse.Namespace, run: RunResult, orch: Any, report_dir: str | None,
                    truth: Any) -> None:
-    """Print the run's one-line JSON summary; with ``--report-dir``, write the report first and name its page."""
+    """Print the run's one-line JSON summary; with ``--report-dir``, write the report and the models' export
+    first and name its page."""
     from .metrics import final_accuracy
     from .report import accuracy_per_round, clustering_against_truth
 
@@ -442,7 +498,12 @@ def _print_summary(args: argparse.Namespace, run: RunResult, strategy: Any, repo
         from .report import build_results, write_report
 
         results = build_results(result, target_accuracy=args.target_accuracy, truth=truth)
-        files = write_report(report_dir, results, strategy=strategy)
+        exported = orch.export_models(Path(report_dir) / "models")
+        if exported is not None:
+            results["models"] = {"folder": "models", "manifest": "models/models.json",
+                                 "models": exported.manifest["models"]}
+            summary["models"] = str(exported.link)
+        files = write_report(report_dir, results, strategy=orch.strategy)
         print(f"report: {files['report.html']}")
         if truth is not None:
             summary["ari"] = _round(results["clustering"]["ari"])

@@ -265,8 +265,18 @@ def _add_output_options(p: argparse.ArgumentParser, dflt: Callable[..., str]) ->
                         "leave the fleet, signed with --signing-key, then exit; a device in service mode exits 0 "
                         "(default: none)")
     p.add_argument("--report-dir", default=None, metavar="DIR",
-                   help="write results.json, accuracy.png, threshold_search.png (sketch strategies), bytes.png "
-                        "and report.html here (default: none)")
+                   help="write results.json, accuracy.png, threshold_search.png (sketch strategies), bytes.png, "
+                        "report.html and models/ (each trained model: ONNX, safetensors, models.json) here "
+                        "(default: none)")
+    p.add_argument("--serve-models", action="store_true",
+                   help="after the run, keep serving its models: a device that says hello (fedsketch-client "
+                        "--get-model) is placed from its sketch and sent its model (default: off)")
+    p.add_argument("--serve-models-from", default=None, metavar="DIR",
+                   help="train nothing: serve the models of an earlier run's export (REPORT_DIR/models) to the "
+                        "devices that say hello (default: none)")
+    p.add_argument("--serve-for", type=float, default=None, metavar="S",
+                   help="with --serve-models or --serve-models-from: stop serving after S seconds (default: "
+                        "until SIGTERM or Ctrl-C)")
     p.add_argument("--truth", default=None, metavar="JSON",
                    help="a JSON object client id -> true group (fedsketch-data split writes one): the final "
                         "clustering's ARI, AMI, completeness and homogeneity against it (default: none)")

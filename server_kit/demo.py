@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,13 +44,15 @@ ARCH = "digits_cnn_1x8x8_10"
 
 
 def _spawn_clients(url: str, federation: str, paths: list[tuple[str, Path]], seed: int, log_dir: Path,
-                   extra: list[str] | None = None) -> list[subprocess.Popen]:
+                   extra: list[str] | None = None, model_root: Path | None = None) -> list[subprocess.Popen]:
+    """One device process per (id, data file); with ``model_root``, each keeps its model in ``model_root/ID``."""
     procs = []
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     for i, (cid, path) in enumerate(paths):
+        keep = [] if model_root is None else ["--model-dir", str(model_root / cid)]
         cmd = [sys.executable, "-m", "edge_sdk.client_cli", "--broker", url, "--federation", federation,
                "--client-id", cid, "--data", str(path), "--architecture", ARCH, "--seed", str(seed * 1000 + i),
-               "--max-idle", "300", *(extra or [])]
+               "--max-idle", "300", *keep, *(extra or [])]
         out = open(log_dir / f"{cid}.log", "w")
         procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env))
     return procs
@@ -129,7 +132,7 @@ def _run_over_mqtt(args: argparse.Namespace, clients: list, settings: TrainSetti
 
         write_keypair(tmpdir / "server.key", tmpdir / "server.pub")
         procs = _spawn_clients(url, federation, paths, args.seed, log_dir,
-                               ["--server-key", str(tmpdir / "server.pub")])
+                               ["--server-key", str(tmpdir / "server.pub")], model_root=report / "devices")
         stack.callback(_reap, procs)
         print(f"started {len(procs)} client processes (logs in {log_dir})")
 
@@ -148,6 +151,10 @@ def _run_over_mqtt(args: argparse.Namespace, clients: list, settings: TrainSetti
                             on_round=lambda rec: _tick(bar, rec))
         result = orch.run()
         _close(bar)
+        orch.export_models(report / "models")
+        sample = report / "devices" / f"{paths[0][0]}.npz"  # one device's data, for `fedsketch predict`
+        sample.parent.mkdir(exist_ok=True)
+        shutil.copyfile(paths[0][1], sample)
     return result, strategy
 
 
@@ -229,6 +236,32 @@ def _write_report(report: Path, args: argparse.Namespace, result: RunResult, str
         "threshold": getattr(strategy.model_, "threshold_", None) if strategy.model_ is not None else None,
     })
     print(f"\nreport written to {report}/ (results.json, accuracy.png, threshold_search.png, bytes.png)")
+    _print_kept(report, result)
+
+
+def _print_kept(report: Path, result: RunResult) -> None:
+    """Which devices keep their cluster's model, bit for bit the export's (the sha256 of the weights)."""
+    from edge_sdk.model_folder import ModelFolderError, read_model_folder
+
+    from .serving.export import read_models_json
+
+    try:
+        exported = {m["key"]: m["files"][f"{m['key']}/weights.safetensors"]
+                    for m in read_models_json(report / "models")["models"]}
+    except ValueError as e:
+        print(f"models not exported: {e}")
+        return
+    same = 0
+    for cid, k in sorted(result.assignment.items()):
+        try:
+            entry, _ = read_model_folder((report / "devices" / cid / "current").resolve())
+        except ModelFolderError:
+            continue
+        same += entry.key == f"c{k}" and entry.files["weights.safetensors"] == exported.get(entry.key)
+    first = sorted(result.assignment)[0]
+    print(f"models: {len(exported)} exported to {report}/models/ (ONNX, safetensors, models.json); "
+          f"{same} of {len(result.assignment)} devices keep their cluster's model, the same bytes as the export")
+    print(f"  try: fedsketch predict --model {report}/devices/{first} --data {report}/devices/{first}.npz")
 
 
 def _reap(procs: list[subprocess.Popen]) -> None:

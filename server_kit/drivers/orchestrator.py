@@ -54,16 +54,21 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from edge_sdk.install import install_hint
+from edge_sdk.keep_offer import KeepOffer
 from edge_sdk.protocol import Kind, Message, Topics
 from edge_sdk.protocol.commands import Op
 from edge_sdk.rejections import RejectionLog
 from edge_sdk.schema import check_meta
 
+from ..serving.export import ExportedRun, export_models
+from ..serving.handover import hand_over, keep_all
+from ..serving.offers import final_accuracy_per_model, model_offers
 from ..strategies.base import Strategy
 from .ae_phase import pretrain_ae
 from .assignment import Assignments
@@ -130,6 +135,11 @@ class Orchestrator:
         self.refused: dict[str, str] = self.fleet.refused
         #: Admitted devices left out of training, with the reason.
         self.not_training: dict[str, str] = self.fleet.not_training
+        #: Each model's figures at the end of the run (sha256, accuracy...): what the keep commands and the
+        #: export give (:func:`~server_kit.serving.offers.model_offers`).
+        self.offers: dict[str, KeepOffer] = {}
+        #: Devices served a model while serving (cold start), with its key.
+        self.served: dict[str, str] = {}
         self.history: list[dict[str, Any]] = []
         self.timings: dict[str, float] = {}
         self.pretrain_history: list[dict[str, Any]] = []
@@ -236,6 +246,7 @@ class Orchestrator:
             if intake.phase.trains and not self.strategy.is_clustered(cid):
                 key = self.strategy.assign_late(cid, sk, state.info)
                 self.assignments.assign(cid, key)
+                self._hand_over(cid)
             elif intake.phase.trains:
                 self.resketch.collect(cid, sk, msg)  # for the next round (a run that follows drift)
         elif msg.kind == Kind.UPDATE and intake.phase is Phase.PRETRAIN:
@@ -269,6 +280,8 @@ class Orchestrator:
             self.assignments.admit_late(cid, info)
         elif phase.trains:
             self.assignments.assign(cid, self.strategy.model_key_for(cid))
+        if self.strategy.is_clustered(cid):  # placed now (no sketch needed), or known: its model, if serving
+            self._hand_over(cid)
 
     # -- phases -------------------------------------------------------------
     def _register(self) -> None:
@@ -402,12 +415,88 @@ class Orchestrator:
     def _checkpoint(self, rnd: int) -> None:
         if not self.config.checkpoint_dir:
             return
-        write_checkpoint(self.config.checkpoint_dir, rnd, self.strategy, history=self.history,
+        self._write_checkpoint(self.config.checkpoint_dir, rnd)
+        self.export_models(Path(self.config.checkpoint_dir) / "models", rnd=rnd)
+
+    def _write_checkpoint(self, folder: str | Path, rnd: int) -> None:
+        write_checkpoint(folder, rnd, self.strategy, history=self.history,
                          timings=self.timings, clients={c: s.info for c, s in self.clients.items()},
                          sketches=self.sketches, config=self.config, encoder=self.encoder_name,
                          architecture=self.architecture, latent_dim=self.run_models.latent,
                          pretrain_history=self.pretrain_history, fresh=self.resketch.pending(),
                          pace=self.pace.state(), run_id=self.run_id)
+
+    def export_models(self, folder: str | Path, *, rnd: int | None = None) -> ExportedRun | None:
+        """Export the run's models to ``folder`` (:mod:`server_kit.serving.export`); None if it failed (logged).
+
+        ``rnd``: a checkpoint's round (its models have no final evaluation yet); None: the finished run's.
+        """
+        final = rnd is None
+        last = self.config.rounds if final else int(rnd)
+        offers = self.offers if final and self.offers else model_offers(
+            self.strategy, rnd=last, clients={c: st.info for c, st in self.clients.items()})
+        try:
+            return export_models(folder, self.strategy, offers, run_id=self.run_id, architecture=str(self.architecture),
+                                 rnd=last, final=final, write_state=lambda d: self._write_checkpoint(d, last))
+        except (OSError, ValueError) as e:  # a full disk must not end the run: the last export stays
+            log.error("models not exported to %s: %s", folder, e)
+            return None
+
+    def _keep(self, final: Mapping[str, Any]) -> None:
+        """The end of the run: every assigned online device told to keep its model (:func:`keep_all`)."""
+        self.offers = model_offers(self.strategy, rnd=self.config.rounds,
+                                   clients={c: st.info for c, st in self.clients.items()},
+                                   accuracy=final_accuracy_per_model(final))
+        keys = {c: self.strategy.model_key_for(c) for c in self.fleet.online() if self.strategy.is_clustered(c)}
+        keep_all(self.strategy, self.offers, keys=keys, told=self.assignments.told,
+                 evaluated=set(final.get("per_client") or ()), link=self.link, delivery=self.delivery,
+                 rnd=self.intake.round, run_id=self.run_id, architecture=self.architecture)
+
+    def _hand_over(self, cid: str) -> None:
+        """While serving: the device just placed (or known) is sent its model and told to keep it."""
+        if self.intake.phase is not Phase.SERVE:
+            return
+        hand_over(cid, self.strategy, self.offers, link=self.link, delivery=self.delivery, rnd=self.intake.round,
+                  run_id=self.run_id, architecture=self.architecture)
+        self.served[cid] = self.strategy.model_key_for(cid)
+
+    def serve(self, seconds: float | None = None, *, from_export: bool = False) -> dict[str, str]:
+        """Serve the trained models to devices that arrive, for ``seconds`` (None: until interrupted).
+
+        After :meth:`run`; or, with ``from_export``, instead of it: the server's state is read from the
+        export's ``server-state`` (``config.checkpoint_dir``) and nothing is trained. Returns the devices
+        served, with the model key each got.
+        """
+        if from_export:
+            self.link.subscribe(("hello", "sketch", "status", "metrics"))
+            last = self._restore()
+            self.offers = model_offers(self.strategy, rnd=last, clients={c: st.info for c, st in self.clients.items()},
+                                       accuracy=self._exported_accuracy())
+            self.intake.run.enter(Phase.SERVE, rnd=last + 1)
+        else:
+            self.intake.run.enter(Phase.SERVE)
+        self.link.send(self.topics.server_status(), Kind.STATUS,
+                       meta={"state": "online", "run": self.run_id, "serving": True})
+        log.info("serving %d model(s) of run %s to the devices that ask (%s)", len(self.offers), self.run_id,
+                 f"for {seconds:g} s" if seconds is not None else "until interrupted")
+        try:
+            self.link.pump(lambda: False, float("inf") if seconds is None else float(seconds))
+        except KeyboardInterrupt:
+            log.info("serving ends (interrupted)")
+        self.link.announce(self.run_id, online=False)
+        self.intake.run.enter(Phase.DONE)
+        log.info("served %d device(s)", len(self.served))
+        return dict(self.served)
+
+    def _exported_accuracy(self) -> dict[str, tuple[float, int]]:
+        """The accuracies the export's ``models.json`` recorded (beside its server state), by key."""
+        from ..serving.export import read_models_json
+
+        try:
+            manifest = read_models_json(Path(self.config.checkpoint_dir or ".").parent)
+        except ValueError:
+            return {}
+        return {m["key"]: (m["accuracy"], m["evaluated"]) for m in manifest["models"] if m.get("accuracy") is not None}
 
     def _restore(self) -> int:
         ck = read_checkpoint(self.config.checkpoint_dir or "")
@@ -509,6 +598,9 @@ class Orchestrator:
                                  fleet=self.fleet, intake=self.intake, assignments=self.assignments,
                                  delivery=self.delivery)
         self.timings["training_s"] = time.monotonic() - t_train
+        self._keep(final)
+        if self.config.checkpoint_dir:  # the checkpoint's export, now with the final evaluation's accuracies
+            self.export_models(Path(self.config.checkpoint_dir) / "models")
         if self.config.stop_clients:
             self.link.broadcast(Op.STOP, reason="finished")
             self.link.announce(self.run_id, online=False)

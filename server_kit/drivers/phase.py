@@ -5,7 +5,11 @@ may be skipped: pre-training only for ``fedsketch-fedae``, clustering only
 for the strategies that cluster before training; a resumed run goes from
 registration straight to training):
 
-``REGISTER`` -> ``PRETRAIN`` -> ``CLUSTER`` -> ``TRAIN`` -> ``EVALUATE`` -> ``DONE``
+``REGISTER`` -> ``PRETRAIN`` -> ``CLUSTER`` -> ``TRAIN`` -> ``EVALUATE`` -> ``DONE`` (-> ``SERVE`` -> ``DONE``)
+
+``SERVE`` follows a finished run that keeps serving its models
+(``fedsketch-server --serve-models``), or comes straight after registration
+for a server that only serves an export (``--serve-models-from``).
 
 :class:`RunPhase` holds the phase and the round number the server stamps on
 what it sends; :meth:`RunPhase.enter` is the only way to change the phase,
@@ -37,11 +41,13 @@ class Phase(Enum):
     EVALUATE = "evaluate"
     #: Finished: the devices were told to stop (or to wait for the next run).
     DONE = "done"
+    #: After the run (or from an export, with no run): the trained models handed to devices that arrive.
+    SERVE = "serve"
 
     @property
     def trains(self) -> bool:
         """Whether the run is past its clustering: a device that comes now is placed as a late one."""
-        return self in (Phase.TRAIN, Phase.EVALUATE)
+        return self in (Phase.TRAIN, Phase.EVALUATE, Phase.SERVE)
 
     @property
     def registering(self) -> bool:
@@ -51,12 +57,13 @@ class Phase(Enum):
 
 #: The moves a run may make: from each phase, the phases it may enter next.
 MOVES: dict[Phase, frozenset[Phase]] = {
-    Phase.REGISTER: frozenset({Phase.PRETRAIN, Phase.CLUSTER, Phase.TRAIN, Phase.DONE}),
+    Phase.REGISTER: frozenset({Phase.PRETRAIN, Phase.CLUSTER, Phase.TRAIN, Phase.SERVE, Phase.DONE}),
     Phase.PRETRAIN: frozenset({Phase.CLUSTER, Phase.TRAIN, Phase.DONE}),
     Phase.CLUSTER: frozenset({Phase.TRAIN, Phase.DONE}),
     Phase.TRAIN: frozenset({Phase.EVALUATE, Phase.DONE}),
     Phase.EVALUATE: frozenset({Phase.DONE}),
-    Phase.DONE: frozenset(),
+    Phase.DONE: frozenset({Phase.SERVE}),
+    Phase.SERVE: frozenset({Phase.DONE}),
 }
 
 

@@ -165,6 +165,9 @@ class Strategy(ABC):
     refuses_compression: str | None = None
     #: Why the method cannot take partial sums from aggregators (None: it can; see :meth:`partials_refusal`).
     refuses_partials: str | None = None
+    #: Whether a device picks its model among all of them (IFCA: the lowest loss on a local batch), which a
+    #: device that arrives after training does too (:func:`server_kit.serving.handover.hand_over`).
+    devices_choose_model: bool = False
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)

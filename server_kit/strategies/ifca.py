@@ -73,6 +73,7 @@ class IFCA(Strategy):
     """
 
     name = "ifca"
+    devices_choose_model = True
 
     def __init__(self, *, k: int = 4, architecture: str | None = None, **kw: Any) -> None:
         super().__init__(**kw)
