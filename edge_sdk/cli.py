@@ -6,6 +6,8 @@
 ``fedsketch keygen DIR``      the server's signing key pair: ``server.key`` (private) and ``server.pub``
                              (``--name ID``: a site aggregator's, ``ID.key`` and ``ID.pub``)
 ``fedsketch bench``           time the sketch path, a training epoch, message sizes and the broker on this device
+``fedsketch predict``         run a kept or exported model on a local .npz file (``--model DIR --data FILE.npz``;
+                             ONNX Runtime only)
 """
 
 from __future__ import annotations
@@ -238,6 +240,13 @@ def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentPars
                        description=DESCRIPTION)
     add_arguments(b)
 
+    from .predict_cli import DESCRIPTION as PREDICT_DESCRIPTION
+    from .predict_cli import add_arguments as add_predict_arguments
+
+    pr = sub.add_parser("predict", help="run a kept or exported model on a local .npz file (ONNX Runtime)",
+                        description=PREDICT_DESCRIPTION)
+    add_predict_arguments(pr)
+
     for name, entry in sorted((_plugin_commands() if plugins is None else plugins).items()):  # export
         sub.add_parser(name, help=f"{_summary(entry)} (fedsketch {name} --help)", add_help=False)
     return p
@@ -264,6 +273,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .bench.command import run
 
             return run(args)
+        if args.command == "predict":
+            from .predict_cli import run as run_predict
+
+            return run_predict(args)
     except (ValueError, FileNotFoundError, KeyError, OSError) as e:
         print(f"fedsketch {args.command}: error: {e}", file=sys.stderr)
         return 2

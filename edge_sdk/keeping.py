@@ -104,47 +104,53 @@ class ModelKeeper:
 
     def offer(self, entry: ModelEntry, weights: Mapping[str, np.ndarray], evaluate: Evaluator) -> KeepDecision:
         """Keep ``weights`` (described by ``entry``) if the policy says so; see the module docstring."""
+        old_folder = self.current()
+        old = self._read_kept(old_folder)
+        if old is not None and (old[0].files.get(WEIGHTS) == weights_sha256(weights) and old[0].run == entry.run
+                                and old[0].key == entry.key):
+            return KeepDecision(False, f"model {entry.key} of run {entry.run} is already kept",
+                                old[0].device_accuracy, old[0].device_accuracy, old_folder)
         new_eval = evaluate(entry.architecture, weights)
         new_acc = None if new_eval is None else new_eval[0]
         entry = replace(entry, device_accuracy=new_acc, device_test_n=0 if new_eval is None else new_eval[1])
         old_acc = None
-        old_folder = self.current()
-        if old_folder is not None:
-            try:
-                old_entry, old_weights = read_model_folder(old_folder)
-            except ModelFolderError as e:
-                log.warning("the kept model is unusable (%s): the new one replaces it", e)
-            else:
-                if (old_entry.files.get(WEIGHTS) == weights_sha256(weights) and old_entry.run == entry.run
-                        and old_entry.key == entry.key):
-                    return KeepDecision(False, f"model {entry.key} of run {entry.run} is already kept",
-                                        new_acc, new_acc, old_folder)
-                if self.policy is KeepPolicy.BEST and new_acc is not None and \
-                        old_entry.architecture == entry.architecture:
-                    old_eval = evaluate(old_entry.architecture, old_weights)
-                    old_acc = None if old_eval is None else old_eval[0]
-                if old_acc is not None and new_acc is not None and new_acc < old_acc - self.margin:
-                    return KeepDecision(
-                        False, f"kept the previous model ({old_entry.key} of run {old_entry.run}, accuracy "
-                               f"{old_acc:.4f} on this device's test split): the new {entry.key} of run {entry.run} "
-                               f"scores {new_acc:.4f}, worse by more than the margin {self.margin:g}",
-                        new_acc, old_acc, old_folder)
+        if old is not None and self.policy is KeepPolicy.BEST and new_acc is not None \
+                and old[0].architecture == entry.architecture:
+            old_eval = evaluate(old[0].architecture, old[1])
+            old_acc = None if old_eval is None else old_eval[0]
+            if old_acc is not None and new_acc < old_acc - self.margin:
+                return KeepDecision(
+                    False, f"kept the previous model ({old[0].key} of run {old[0].run}, accuracy {old_acc:.4f} on "
+                           f"this device's test split): the new {entry.key} of run {entry.run} scores "
+                           f"{new_acc:.4f}, worse by more than the margin {self.margin:g}",
+                    new_acc, old_acc, old_folder)
         try:
             folder = self._install(entry, weights)
         except OSError as e:
             return KeepDecision(False, f"model {entry.key} of run {entry.run} not kept: cannot write in "
                                        f"{self.root} ({e.strerror or e}); the kept model stays",
                                 new_acc, old_acc, old_folder)
+        return KeepDecision(True, f"kept model {entry.key} of run {entry.run} "
+                                  f"({self._why(new_acc, old_acc, old_folder is not None)})", new_acc, old_acc, folder)
+
+    def _read_kept(self, folder: Path | None) -> tuple[ModelEntry, dict[str, np.ndarray]] | None:
+        if folder is None:
+            return None
+        try:
+            return read_model_folder(folder)
+        except ModelFolderError as e:
+            log.warning("the kept model is unusable (%s): a new one replaces it", e)
+            return None
+
+    def _why(self, new_acc: float | None, old_acc: float | None, had_one: bool) -> str:
+        """Why a new model was kept, for the log."""
         if new_acc is None:
-            why = "no test split on this device to compare with" if old_folder is not None else "first model"
+            why = "no test split on this device to compare with" if had_one else "first model"
         elif old_acc is None:
-            why = f"accuracy {new_acc:.4f} on this device's test split" + (
-                "" if old_folder is not None else "; first model")
+            why = f"accuracy {new_acc:.4f} on this device's test split" + ("" if had_one else "; first model")
         else:
             why = f"accuracy {new_acc:.4f} against {old_acc:.4f} for the one before (margin {self.margin:g})"
-        if self.policy is KeepPolicy.LATEST and old_folder is not None:
-            why = f"policy latest; {why}"
-        return KeepDecision(True, f"kept model {entry.key} of run {entry.run} ({why})", new_acc, old_acc, folder)
+        return f"policy latest; {why}" if self.policy is KeepPolicy.LATEST and had_one else why
 
     def _install(self, entry: ModelEntry, weights: Mapping[str, np.ndarray]) -> Path:
         """Write the model into its own folder, then make it ``current`` (the old one ``previous``)."""
@@ -157,22 +163,28 @@ class ModelKeeper:
         while folder.exists():
             n += 1
             folder = versions / f"{name}.{n}"
+        old = self.current()
         try:
             write_model_folder(folder, entry, weights)
+            swap_link(self.root / CURRENT, folder)  # the one step that changes what the owner runs
         except OSError:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        old = self.current()
         if old is not None:
-            swap_link(self.root / PREVIOUS, old)
-        swap_link(self.root / CURRENT, folder)
+            try:
+                swap_link(self.root / PREVIOUS, old)
+            except OSError as e:  # the new model is kept; only the link to the one before is stale
+                log.warning("the previous model's link not updated in %s: %s", self.root, e)
         self._tidy()
         return folder
 
     def _tidy(self) -> None:
-        """Remove the version folders neither link names."""
+        """Remove the version folders neither link names (a failure to is harmless: tried again next time)."""
         named = {p.resolve() for p in (self.root / CURRENT, self.root / PREVIOUS) if p.exists()}
-        for d in (self.root / "versions").iterdir():
-            if d.resolve() not in named:
-                shutil.rmtree(d, ignore_errors=True)
+        try:
+            for d in (self.root / "versions").iterdir():
+                if d.resolve() not in named:
+                    shutil.rmtree(d, ignore_errors=True)
+        except OSError as e:
+            log.debug("old model folders not removed from %s: %s", self.root, e)
 

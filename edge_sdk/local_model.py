@@ -46,6 +46,8 @@ def resolve_model_folder(path: str | os.PathLike[str]) -> Path:
         return p
     if (p / CURRENT).exists():
         return (p / CURRENT).resolve()
+    if (p / "weights.safetensors").is_file():
+        raise ModelFolderError(f"{p}: no {ENTRY} (not a model folder, or one still being written)")
     if p.is_dir():
         raise ModelFolderError(f"{p}: holds no model (neither {ENTRY} nor a {CURRENT!r} model)")
     raise ModelFolderError(f"{p}: no such model folder")
@@ -71,6 +73,12 @@ def _load(folder: Path, threads: int | None) -> _Loaded:
         raise
     except Exception as e:  # an unknown architecture, weights of another shape, an ONNX file ORT refuses
         raise ModelFolderError(f"{folder}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if onnx_file is not None:  # the file itself: its input and output as model.json says
+        inp, out = clf.session.get_inputs()[0], clf.session.get_outputs()[0]
+        if inp.name != entry.input_name or out.name != entry.output_name or \
+                [d if isinstance(d, int) else -1 for d in inp.shape[1:]] != list(entry.input_shape):
+            raise ModelFolderError(f"{folder / ONNX}: takes {inp.name} {inp.shape} and gives {out.name}, "
+                                   f"{ENTRY} says {entry.input_name} {list(entry.input_shape)} and {entry.output_name}")
     if tuple(clf.info.input_shape) != tuple(entry.input_shape) or clf.info.num_classes != entry.num_classes:
         raise ModelFolderError(
             f"{folder}: {ENTRY} says input {list(entry.input_shape)} and {entry.num_classes} classes, "

@@ -144,7 +144,7 @@ def now_iso() -> str:
 
 def write_model_folder(folder: str | Path, entry: ModelEntry, weights: Mapping[str, np.ndarray],
                        onnx: bytes | None = None) -> ModelEntry:
-    """Write a model folder (created; it must not hold another model) and return the entry it holds.
+    """Write a model folder (created, or overwritten file by file) and return the entry it holds.
 
     The weights and the ONNX file go first, ``model.json`` with their sha256 last: a folder without
     ``model.json`` is one being written. Raises OSError (a full or read-only disk) as it comes.
@@ -161,7 +161,7 @@ def write_model_folder(folder: str | Path, entry: ModelEntry, weights: Mapping[s
 
 def read_model_folder(folder: str | Path, *, check_onnx: bool = True
                       ) -> tuple[ModelEntry, dict[str, np.ndarray]]:
-    """The entry and weights of a model folder, every file checked against its sha256.
+    """The entry and weights of a model folder, its weights (and ONNX file) checked against their sha256.
 
     Raises
     ------

@@ -231,7 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config, strat, name, broker, report_dir = _server_settings(args)
         if args.serve_models_from:
-            config, strat, name = _export_settings(args, config, strat)
+            from .serving.settings import export_settings
+
+            config, strat, name = export_settings(args, strat, SERVER_KEYS)
         truth, robust = _checked_extras(args, name)
         if name == "fedcref":
             return _run_fedcref(args, config, broker, {**strat, **parse_params(args.params)}, report_dir)
@@ -337,40 +339,6 @@ def _server_settings(args: argparse.Namespace) -> tuple[Any, dict[str, Any], str
     if config.encoder is not None:
         _check_name("encoder", config.encoder, known_encoders())
     return config, strat, name, broker, report_dir
-
-
-def _export_settings(args: argparse.Namespace, config: Any, strat: dict[str, Any]) -> tuple[Any, dict[str, Any], str]:
-    """``--serve-models-from DIR``: the settings of the run that wrote the export, the options given overriding.
-
-    The strategy is the export's (``--strategy`` must agree when given); the server state is read from
-    ``DIR/server-state``. ValueError for a folder that is no export, or options that do not fit it.
-    """
-    from .drivers.config import ServerConfig
-    from .serving.export import SERVER_STATE, read_models_json
-
-    folder = Path(args.serve_models_from)
-    manifest = read_models_json(folder)
-    if args.resume or args.serve_models or args.leave:
-        raise ValueError("--serve-models-from serves an export: no --resume, --serve-models or --leave with it")
-    name = manifest["strategy"]
-    if args.strategy and args.strategy != name:
-        raise ValueError(f"--strategy {args.strategy} differs from the export's strategy {name}")
-    state_dir = folder / (manifest.get("server_state") or SERVER_STATE)
-    try:
-        state = json.loads((state_dir / "state.json").read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{state_dir}: the export's server state cannot be read ({e})") from None
-    conf = dict(state.get("config") or {})
-    known = {f.name for f in dataclasses.fields(ServerConfig)}
-    conf = {k: v for k, v in conf.items() if k in known}
-    for key in SERVER_KEYS:
-        if getattr(args, key, None) is not None:
-            conf[key] = getattr(args, key)
-    conf["checkpoint_dir"] = str(state_dir)
-    meta = state.get("strategy") or {}
-    if "k" in meta:
-        strat["k"] = meta["k"]
-    return ServerConfig(**conf), strat, name
 
 
 def _checked_extras(args: argparse.Namespace, name: str) -> tuple[Any, dict[str, Any]]:

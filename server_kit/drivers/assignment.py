@@ -12,6 +12,7 @@ when there is one).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from edge_sdk.protocol.commands import Op
@@ -28,6 +29,10 @@ from .models import RunModels
 __all__ = ["Assignments"]
 
 log = logging.getLogger(__name__)
+
+#: A late device's hello within this many seconds of its sketch request does not ask again (a device says
+#: hello on every connection, and may say it twice as it connects).
+ASK_AGAIN_S = 10.0
 
 
 class Assignments:
@@ -54,6 +59,8 @@ class Assignments:
         self.models = models
         #: The model key each device was last told in an assign (what a broadcast evaluate makes it evaluate).
         self.told: dict[str, str] = {}
+        #: When each late device was last asked for its sketch (``time.monotonic()``).
+        self.asked: dict[str, float] = {}
 
     def narrows(self) -> bool:
         """Whether assigned devices follow only their own cluster's topic (auto delivery, a clustering)."""
@@ -84,8 +91,11 @@ class Assignments:
             if cid in self.intake.sketches:
                 key = self.strategy.assign_late(cid, self.intake.sketches[cid], info)
                 self.assign(cid, key)
+            elif time.monotonic() - self.asked.get(cid, -ASK_AGAIN_S) < ASK_AGAIN_S:
+                log.debug("late client %s said hello again: its sketch request is under way", cid)
             else:
                 log.info("late client %s: asking for its sketch", cid)
+                self.asked[cid] = time.monotonic()
                 self.ask_sketch(cid)
         else:
             key = self.strategy.assign_late(cid, None, info)

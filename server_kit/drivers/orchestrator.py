@@ -460,8 +460,10 @@ class Orchestrator:
                   run_id=self.run_id, architecture=self.architecture)
         self.served[cid] = self.strategy.model_key_for(cid)
 
-    def serve(self, seconds: float | None = None, *, from_export: bool = False) -> dict[str, str]:
-        """Serve the trained models to devices that arrive, for ``seconds`` (None: until interrupted).
+    def serve(self, seconds: float | None = None, *, from_export: bool = False,
+              until: Callable[[], bool] | None = None) -> dict[str, str]:
+        """Serve the trained models to devices that arrive, for ``seconds`` (None: until interrupted) or until
+        ``until()`` says so.
 
         After :meth:`run`; or, with ``from_export``, instead of it: the server's state is read from the
         export's ``server-state`` (``config.checkpoint_dir``) and nothing is trained. Returns the devices
@@ -480,7 +482,7 @@ class Orchestrator:
         log.info("serving %d model(s) of run %s to the devices that ask (%s)", len(self.offers), self.run_id,
                  f"for {seconds:g} s" if seconds is not None else "until interrupted")
         try:
-            self.link.pump(lambda: False, float("inf") if seconds is None else float(seconds))
+            self.link.pump(until or (lambda: False), float("inf") if seconds is None else float(seconds))
         except KeyboardInterrupt:
             log.info("serving ends (interrupted)")
         self.link.announce(self.run_id, online=False)

@@ -34,6 +34,8 @@ EVERY_FIELD = {
               "compress": {"method": "topk", "fraction": 0.01}},
     "train_ae": {"round": 1, "architecture": "digits_ae", "epochs": 3, "lr": 0.002, "batch_size": 64},
     "evaluate": {"round": 3, "model_key": "c0", "architecture": ARCH, "fraction": 0.5, "seed": 7},
+    "keep": {"round": 4, "run": "r1", "strategy": "ifca", "architecture": ARCH, "model_key": "c0", "choose": True,
+             "models": {"c0": {"sha256": "ab" * 32, "round": 3, "accuracy": 0.9}}},
 }
 
 

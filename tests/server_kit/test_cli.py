@@ -211,7 +211,20 @@ def test_report_dir_run_prints_the_page_and_the_summary_with_ari(tmp_path, capsy
 
     import server_kit.cli as cli
 
-    monkeypatch.setattr(cli, "_with_broker", lambda *a, **k: _synthetic_result())
+    import server_kit.drivers.orchestrator as orchestrator
+
+    class Ran:  # the orchestrator of a run that returned the synthetic result and exports nothing
+        def __init__(self, strategy, transport, config, **kw):
+            self.strategy = strategy
+
+        def run(self, resume=False):
+            return _synthetic_result()
+
+        def export_models(self, folder):
+            return None
+
+    monkeypatch.setattr(orchestrator, "Orchestrator", Ran)
+    monkeypatch.setattr(cli, "_with_broker", lambda args, config, bcfg, run: run(None))
     truth = tmp_path / "truth.json"
     truth_groups = {"a": 0, "b": 0, "c": 1, "d": 2}
     truth.write_text(json.dumps(truth_groups))

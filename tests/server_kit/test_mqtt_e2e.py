@@ -6,6 +6,7 @@ a round, a server killed after a round and resumed from its checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -21,12 +22,15 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.client import EdgeClient
+from edge_sdk.keeping import ModelKeeper
+from edge_sdk.model_folder import read_model_folder
 from edge_sdk.protocol import Topics
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from edge_sdk.worker import LocalWorker, TrainSettings
 from server_kit.broker import EmbeddedBroker, MosquittoBroker, find_mosquitto
 from server_kit.data.partition import load_digits_images, rotation_partition, save_client
 from server_kit.drivers import Orchestrator, ServerConfig
+from server_kit.drivers.phase import Phase
 from server_kit.drivers.simulate import Simulator
 from server_kit.strategies.fedavg import FedAvg
 from server_kit.strategies.fedsketch import SketchClustered
@@ -48,18 +52,28 @@ def digits():
     return rotation_partition(images, labels, 12, groups=4, seed=0)
 
 
-def run_federation(url, clients, passwords=None, rounds=3, protocol="3.1.1", fraction=1.0, eval_fraction=1.0):
+def start_devices(url, clients, passwords=None, protocol="3.1.1", model_root=None, first_seed=0, **kw):
+    """One EdgeClient thread per client (its model kept in ``model_root/ID`` when given); (threads, clients)."""
     threads, edge = [], []
-    for i, c in enumerate(clients):
+    for i, c in enumerate(clients, start=first_seed):
         cfg = BrokerConfig.from_url(url, username=c.cid if passwords else None,
                                     password=(passwords or {}).get(c.cid), reconnect_min_s=0.1, protocol=protocol)
         w = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=i)
         t = MqttTransport(cfg, c.cid, federation=FED)
-        ec = EdgeClient(t, w, federation=FED, seed=i, model_timeout_s=30)
+        keeper = None if model_root is None else ModelKeeper(model_root / c.cid)
+        ec = EdgeClient(t, w, federation=FED, seed=i, model_timeout_s=30, keeper=keeper, **kw)
         th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 60}, daemon=True)
         th.start()
         threads.append(th)
         edge.append(ec)
+    return threads, edge
+
+
+def run_federation(url, clients, passwords=None, rounds=3, protocol="3.1.1", fraction=1.0, eval_fraction=1.0,
+                   model_root=None, newcomers=()):
+    """The clustered run; with ``model_root``, the devices keep their models there, the server exports its own
+    (``model_root/export``) and then serves them to ``newcomers`` (each with --get-model's behaviour)."""
+    threads, edge = start_devices(url, clients, passwords, protocol, model_root)
     cfg = BrokerConfig.from_url(url, username="server" if passwords else None,
                                 password=(passwords or {}).get("server"), protocol=protocol)
     server = MqttTransport(cfg, "server", federation=FED)
@@ -70,11 +84,32 @@ def run_federation(url, clients, passwords=None, rounds=3, protocol="3.1.1", fra
         config = ServerConfig(federation=FED, rounds=rounds, min_clients=len(clients), register_timeout_s=30,
                               sketch_timeout_s=30, round_timeout_s=60, eval_timeout_s=30,
                               encoder="digits_encoder", architecture=ARCH, seed=0, eval_fraction=eval_fraction)
-        result = Orchestrator(strategy, server, config).run()
+        orch = Orchestrator(strategy, server, config)
+        result = orch.run()
+        published = list(published)  # the run's; what serving sends is checked apart
+        if model_root is not None:
+            exported = orch.export_models(model_root / "export")
+            late: list = []
+            got: dict = {}
+            serving = threading.Thread(target=lambda: got.update(orch.serve(
+                60, until=lambda: len(late) == len(newcomers) and all(e.kept is not None for e in late))))
+            serving.start()
+            while orch.intake.phase is not Phase.SERVE:  # new devices come once the server serves
+                time.sleep(0.05)
+            late_threads, started = start_devices(url, newcomers, passwords, protocol, model_root,
+                                                  first_seed=100, get_model=True)
+            late.extend(started)
+            serving.join(timeout=60)
+            for th in late_threads:
+                th.join(timeout=30)
+            served = got
     finally:
         server.close()
     for th in threads:
         th.join(timeout=30)
+    if model_root is not None:
+        return SimpleNamespace(**result.to_dict(), exported=exported, served=served, late=late, edge=edge,
+                               published=published)
     # the run's result, and what the devices counted on their side
     return SimpleNamespace(**result.to_dict(),
                            edge_models=[e.transport.stats()["received"]["MODEL"] for e in edge],
@@ -109,11 +144,44 @@ def check_result(result, clients, rounds=3):
     assert result.final["asked"] == result.final["evaluated"] == len(clients)
 
 
-def test_federation_over_embedded_amqtt_broker(digits):
-    """amqtt speaks MQTT 3.1.1 only."""
+def test_federation_over_embedded_amqtt_broker_keeps_exports_and_serves_its_models(digits, tmp_path):
+    """amqtt speaks MQTT 3.1.1 only. Every device keeps its cluster's model, the same bytes as the server's
+    export; a new device of each group, never trained, gets its group's model from its sketch alone."""
+    images, labels = load_digits_images()
+    newcomers = []
+    for c in rotation_partition(images, labels, 8, groups=4, seed=5):
+        if c.group not in {n.group for n in newcomers}:
+            newcomers.append(dataclasses.replace(c, cid=f"new{c.group}"))
     with EmbeddedBroker() as broker:
-        result = run_federation(broker.url, digits)
+        result = run_federation(broker.url, digits, model_root=tmp_path, newcomers=newcomers)
+    result.edge_models = [e.transport.stats()["received"]["MODEL"] for e in result.edge]
     check_result(result, digits)
+    exported = {m["key"]: m for m in result.exported.manifest["models"]}
+    for c in digits:  # every device keeps the model it was assigned, bit for bit the export
+        entry, _ = read_model_folder(tmp_path / c.cid / "current")
+        key = f"c{result.assignment[c.cid]}"
+        assert entry.key == key and entry.run == result.run_id, (c.cid, entry)
+        assert entry.files["weights.safetensors"] == exported[key]["files"][f"{key}/weights.safetensors"]
+        assert entry.server_accuracy == pytest.approx(result.final["per_model"][key])
+    group_key = {c.group: f"c{result.assignment[c.cid]}" for c in digits}
+    for n, e in zip(newcomers, result.late):  # cold start: one sketch up, one model down, kept; exit 0
+        entry, _ = read_model_folder(tmp_path / n.cid / "current")
+        assert entry.key == group_key[n.group] == result.served[n.cid], (n.cid, entry)
+        assert entry.files["weights.safetensors"] == exported[entry.key]["files"][f"{entry.key}/weights.safetensors"]
+        assert e.exit_code == 0 and e.transport.stats()["received"]["MODEL"]["messages"] == 1
+        sent = e.transport.stats()["sent"]
+        assert sent["SKETCH"]["messages"] == 1 and "UPDATE" not in sent, (sent, e.handled)
+    # the export runs alone in ONNX Runtime, as the torch model does
+    onnx_path = result.exported.link / "c0" / "model.onnx"
+    import onnxruntime as ort
+    from edge_sdk.evaluation import torch_logits
+    from edge_sdk.model_folder import read_model_folder as read
+
+    _, weights = read(result.exported.link / "c0")
+    x = digits[0].x_test.reshape(-1, 1, 8, 8).astype(np.float32)
+    got = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(["logits"], {"x": x})[0]
+    want, _ = torch_logits(ARCH, weights, x, digits[0].y_test, 64, "cpu", 1)
+    assert np.abs(got - want).max() < 1e-5
 
 
 @needs_mosquitto

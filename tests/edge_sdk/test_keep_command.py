@@ -1,0 +1,113 @@
+"""The ``keep`` command on a device: the model kept only if it is the server's, by the keep policy; cold start."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from edge_sdk.client import EdgeClient
+from edge_sdk.held_models import HeldModel
+from edge_sdk.keep_offer import KeepOffer
+from edge_sdk.keeping import ModelKeeper
+from edge_sdk.local_model import LocalModel
+from edge_sdk.model_folder import read_model_folder, weights_sha256
+from edge_sdk.protocol import Kind, Message, decode_message, encode_message
+from edge_sdk.protocol.commands import Op, build
+from edge_sdk.transport import MemoryBroker, MemoryTransport
+from edge_sdk.worker import LocalWorker
+from server_kit.data.partition import load_digits_images
+
+from helpers import ARCH
+
+pytest.importorskip("torch")
+FED = "keep"
+
+
+@pytest.fixture(scope="module")
+def data():
+    from edge_sdk.trainer import initial_weights, train_local
+
+    x, y = load_digits_images()
+    x = x.reshape(-1, 8, 8).astype(np.float32)
+    good = train_local(ARCH, initial_weights(ARCH, 0), x[:600], y[:600], epochs=3, lr=1e-2, batch_size=32,
+                       seed=0).weights
+    bad = initial_weights(ARCH, 1)
+    return x, y, good, bad
+
+
+def device(tmp_path, data, **kw):
+    x, y, _, _ = data
+    w = LocalWorker("d1", x[600:800], y[600:800], x[800:900], y[800:900], architecture=ARCH, seed=0)
+    t = MemoryTransport(MemoryBroker(), "d1", federation=FED)
+    return EdgeClient(t, w, federation=FED, keeper=ModelKeeper(tmp_path / "model", **kw), model_timeout_s=2)
+
+
+def keep(client, offers, rnd=3, **fields):
+    fields = {"run": "run-a", "strategy": "fedsketch", "architecture": ARCH, **fields}
+    meta = build(Op.KEEP, round=rnd, models={o.key: o.to_wire() for o in offers}, **fields)
+    client.handle(decode_message(encode_message(Message(Kind.CMD, FED, "server", rnd, meta))))
+
+
+def test_the_assigned_model_is_kept_bit_for_bit_and_runs_without_torch_code(tmp_path, data):
+    x, y, good, _ = data
+    c = device(tmp_path, data)
+    c.model_key = "c1"
+    c.store.put("c1", HeldModel(3, good))
+    keep(c, [KeepOffer("c1", weights_sha256(good), round=2, accuracy=0.9, evaluated=4, members=5)])
+    entry, weights = read_model_folder(tmp_path / "model" / "current")
+    assert entry.key == "c1" and entry.run == "run-a" and entry.server_accuracy == 0.9 and entry.members == 5
+    assert entry.files["weights.safetensors"] == weights_sha256(good)
+    assert entry.device_test_n == 100 and entry.device_accuracy >= 0.75
+    assert np.mean(LocalModel.load(tmp_path / "model").predict(x[800:900]) == y[800:900]) == entry.device_accuracy
+    assert c.kept.has_model and c.kept.decision.kept_new
+
+
+def test_weights_other_than_the_servers_are_refused_and_counted(tmp_path, data):
+    _, _, good, bad = data
+    c = device(tmp_path, data)
+    c.model_key = "c0"
+    c.store.put("c0", HeldModel(3, bad))
+    keep(c, [KeepOffer("c0", weights_sha256(good), round=3)])
+    assert c.rejected == {"model-sha": 1}
+    assert not (tmp_path / "model" / "current").exists()
+    keep(c, [KeepOffer("c0", "not-a-sha", round=3)])
+    assert c.rejected == {"model-sha": 1, "meta-field": 1}
+
+
+def test_a_worse_model_does_not_replace_the_kept_one_unless_the_policy_says_latest(tmp_path, data, caplog):
+    _, _, good, bad = data
+    c = device(tmp_path, data)
+    c.model_key = "c0"
+    c.store.put("c0", HeldModel(3, good))
+    keep(c, [KeepOffer("c0", weights_sha256(good), round=3)])
+    before = (tmp_path / "model" / "current").resolve()
+    c.store.put("c0", HeldModel(4, bad))
+    with caplog.at_level(logging.INFO, logger="edge_sdk.client"):
+        keep(c, [KeepOffer("c0", weights_sha256(bad), round=4)], rnd=4, run="run-b")
+    assert (tmp_path / "model" / "current").resolve() == before
+    assert not c.kept.decision.kept_new and c.kept.decision.old_accuracy > c.kept.decision.new_accuracy + 0.5
+    assert "kept the previous model (c0 of run run-a" in caplog.text
+    latest = device(tmp_path, data, policy="latest")
+    latest.model_key = "c0"
+    latest.store.put("c0", HeldModel(4, bad))
+    keep(latest, [KeepOffer("c0", weights_sha256(bad), round=4)], rnd=4, run="run-b")
+    assert read_model_folder(tmp_path / "model" / "current")[0].run == "run-b"
+    assert (tmp_path / "model" / "previous").resolve() == before
+
+
+def test_cold_start_chooses_the_lowest_loss_model_keeps_it_and_leaves(tmp_path, data):
+    _, _, good, bad = data
+    c = device(tmp_path, data)
+    c.get_model = True
+    c.store.put("m0", HeldModel(5, bad))
+    c.store.put("m1", HeldModel(5, good))
+    keep(c, [KeepOffer("m0", weights_sha256(bad)), KeepOffer("m1", weights_sha256(good))], rnd=5, choose=True)
+    assert read_model_folder(tmp_path / "model" / "current")[0].key == "m1"
+    assert c._stop.is_set() and c.exit_code == 0
+    refused = device(tmp_path / "other", data)
+    refused.get_model = True
+    refused.store.put("c0", HeldModel(5, bad))
+    keep(refused, [KeepOffer("c0", weights_sha256(good))], rnd=5, model_key="c0")
+    assert refused.exit_code == 6 and refused._stop.is_set()
