@@ -210,7 +210,6 @@ def test_report_dir_run_prints_the_page_and_the_summary_with_ari(tmp_path, capsy
     import json
 
     import server_kit.cli as cli
-
     import server_kit.drivers.orchestrator as orchestrator
 
     class Ran:  # the orchestrator of a run that returned the synthetic result and exports nothing

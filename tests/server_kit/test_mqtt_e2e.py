@@ -174,6 +174,7 @@ def test_federation_over_embedded_amqtt_broker_keeps_exports_and_serves_its_mode
     # the export runs alone in ONNX Runtime, as the torch model does
     onnx_path = result.exported.link / "c0" / "model.onnx"
     import onnxruntime as ort
+
     from edge_sdk.evaluation import torch_logits
     from edge_sdk.model_folder import read_model_folder as read
 
