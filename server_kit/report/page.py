@@ -78,7 +78,8 @@ def write_html(path: str | Path, results: Mapping[str, Any], files: Sequence[str
     present = {Path(f).name for f in files if (p.parent / Path(f).name).is_file()}
     defs = results.get("definitions") or {}
     parts = [_head(results), _summary(results, present), _plots(present), _per_round(results, defs),
-             _per_cluster(results, defs), _bytes(results, defs), _devices(results), _refusals(results),
+             _per_cluster(results, defs), _models(results), _bytes(results, defs), _devices(results),
+             _refusals(results),
              _truth(results),
              "</body>\n</html>\n"]
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -182,6 +183,24 @@ def _bytes(results: Mapping[str, Any], defs: Mapping[str, str]) -> str:
     return ("<h2>Bytes</h2>\n" + _note(defs, "bytes")
             + _table(["kind", "sent by server (bytes)", "messages", "received by server (bytes)", "messages",
                       "downloaded by devices (bytes)"], rows))
+
+
+def _models(results: Mapping[str, Any]) -> str:
+    """The trained models as exported (``models/``): where each one is, what it scored, its weights' sha256."""
+    exported = results.get("models") or {}
+    if not exported.get("models"):
+        return ""
+    folder = escape(str(exported.get("folder", "models")))
+    rows = [[m["key"], m.get("cluster"), m.get("members"), m.get("samples"), m.get("accuracy"), m.get("evaluated"),
+             m["files"].get(f"{m['key']}/weights.safetensors", "")[:16] + "..."] for m in exported["models"]]
+    return ("<h2>Trained models</h2>\n<p class=\"note\">Each model the run trained, in "
+            f'<a href="{folder}/models.json"><code>{folder}/</code></a>: a standalone ONNX file (ONNX Runtime runs '
+            "it alone), its weights (safetensors) and <code>model.json</code>. <code>fedsketch predict --model "
+            f"{folder}/KEY --data FILE.npz</code> predicts with one; every device of the run keeps its own "
+            "(<code>fedsketch-client --model-dir</code>). Accuracy: the final evaluation's mean over the "
+            "devices that evaluated it.</p>\n"
+            + _table(["model", "cluster", "devices", "samples", "accuracy", "evaluated by", "weights sha256"], rows,
+                     left=1))
 
 
 def _devices(results: Mapping[str, Any]) -> str:
