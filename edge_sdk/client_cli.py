@@ -63,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "updates (its error feedback) is saved there")
     p.add_argument("--model-dir", default=None, metavar="DIR",
                    help="keep the model of each run here (DIR/current, DIR/previous; read by `fedsketch predict` "
-                        "and edge_sdk.LocalModel); default with --state-dir: STATE_DIR/model, else not kept")
+                        "and edge_sdk.LocalModel); default: STATE_DIR/model with --state-dir; with --serve, "
+                        "$STATE_DIRECTORY/model under systemd, else ~/.local/state/fedsketch/CLIENT_ID/model; "
+                        "otherwise not kept")
     p.add_argument("--keep-model", choices=[p_.value for p_ in KeepPolicy], default=KeepPolicy.BEST.value,
                    help="best: a run's model replaces the kept one unless it is worse on this device's own test "
                         "split (x_test, y_test) by more than --keep-margin; latest: always")
@@ -174,9 +176,24 @@ def _main(args: argparse.Namespace) -> int:
     return client.exit_code if rc == 0 else rc
 
 
+def default_model_dir(args: argparse.Namespace) -> str | None:
+    """Where a device keeps its models without ``--model-dir``: ``STATE_DIR/model`` with ``--state-dir``; in
+    service mode, ``$STATE_DIRECTORY/model`` under systemd (the unit's ``StateDirectory``), else
+    ``~/.local/state/fedsketch/CLIENT_ID/model``; otherwise nowhere (None)."""
+    if args.state_dir:
+        return str(Path(args.state_dir) / "model")
+    if not args.stay:
+        return None
+    systemd = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if systemd:
+        return str(Path(systemd) / "model")
+    home = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return str(home / "fedsketch" / re.sub(r"[^A-Za-z0-9_.-]", "_", args.client_id)[:64] / "model")
+
+
 def _keeper(args: argparse.Namespace) -> ModelKeeper | None:
-    """The device's model folder: ``--model-dir``, else ``STATE_DIR/model``; None (said once) without either."""
-    folder = args.model_dir or (str(Path(args.state_dir) / "model") if args.state_dir else None)
+    """The device's model folder (``--model-dir`` or :func:`default_model_dir`); None (said once) without one."""
+    folder = args.model_dir or default_model_dir(args)
     if folder is None:
         if args.get_model:
             raise ValueError("--get-model needs --model-dir (or --state-dir): the folder the model is kept in")

@@ -63,6 +63,12 @@ def test_readme_walkthrough_runs_as_pasted(tmp_path):
         text = log.read_text()
         assert "admitted: architecture digits_cnn_1x8x8_10, encoder digits_encoder" in text, text[-2000:]
         assert "the server has finished (finished)" in text and "Traceback" not in text, text[-2000:]
+        assert re.search(r"kept model c\d of run \S+ \(accuracy [01]\.\d{4} on this device's test split; first "
+                         r"model\)", text), text[-2000:]
+    exported = json.loads((report / "models" / "models.json").read_text())
+    assert summary["models"] == "reports/lab/models" and exported["strategy"] == "fedsketch"
+    assert {m["key"] for m in exported["models"]} == {f"c{k}" for k in range(summary["clusters"])}
+    assert re.search(r"^accuracy (0\.\d{4}|1\.0000) on \d+ samples$", run.stdout, re.M), run.stdout[-2000:]
 
 
 def _hide_torch(folder: Path) -> str:
