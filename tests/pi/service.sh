@@ -17,8 +17,8 @@ for i in 0 1 2; do
   "$V/fedsketch-client" --serve --broker $URL --federation pisvc --client-id c0$i --data "$PI/data/c0$i.npz" --seed $i \
     --hello-jitter 0 --server-key "$OUT/server.pub" > "$OUT/c0$i.log" 2>&1 & PIDS+=($!)
 done
-in_nogcc "fedsketch-client --serve --broker $URL --federation pisvc --client-id c03 --data data/c03.npz --seed 3 \
-  --hello-jitter 0 --server-key server.pub" > "$OUT/c03-arm64.log" 2>&1 & ARM=$!
+in_nogcc "rm -rf model-c03; fedsketch-client --serve --broker $URL --federation pisvc --client-id c03 --data data/c03.npz \
+  --seed 3 --hello-jitter 0 --server-key server.pub --model-dir model-c03" > "$OUT/c03-arm64.log" 2>&1 & ARM=$!
 ok=0
 for run in 1 2; do
   t0=$(date +%s)
@@ -58,4 +58,24 @@ PY
 )
 log "arm64 device: exit $arm_rc after the signed leave; runs joined: $joined; log lines:"
 grep -v MIDR_EL1 "$OUT/c03-arm64.log" | grep -E "announces run|trained|sketch|assigned|finished|leave|ERROR|Traceback" | cut -c1-200
-[ "$arm_rc" = 0 ] && [ "${joined%% *}" = 2 ] && [ $ok = 0 ]
+# The model the arm64 device kept at the end of its last run, predicted with there (ONNX Runtime, no torch) and here
+in_nogcc "fedsketch predict --model model-c03 --data data/c03.npz --proba --json pred-arm64.json" \
+  > "$OUT/predict-arm64.log" 2>&1; prc=$?
+"$V/fedsketch" predict --model "$NOGCC/root/root/work/model-c03" --data "$PI/data/c03.npz" --proba \
+  --json "$OUT/pred-x86.json" > "$OUT/predict-x86.log" 2>&1
+same=$(python3 - "$NOGCC/root/root/work/pred-arm64.json" "$OUT/pred-x86.json" <<'PY'
+import json, sys
+try:
+    a, b = (json.load(open(p)) for p in sys.argv[1:3])
+except (OSError, ValueError) as e:
+    print(f"no (cannot read the predictions: {e})")
+    sys.exit()
+gap = max(abs(x - y) for pa, pb in zip(a["probabilities"], b["probabilities"]) for x, y in zip(pa, pb))
+ok = a["predictions"] == b["predictions"] and a["model"]["key"] == b["model"]["key"] and gap < 1e-5
+print(("yes" if ok else "no") + f" (model {a['model']['key']} of run {a['model']['run']}; {a['n']} samples, labels "
+      f"{'identical' if a['predictions'] == b['predictions'] else 'DIFFERENT'}, largest probability gap {gap:.2e}, "
+      f"accuracy {a['accuracy']})")
+PY
+)
+log "the arm64 device's kept model: fedsketch predict there rc=$prc; the same as x86: $same"
+[ "$arm_rc" = 0 ] && [ "${joined%% *}" = 2 ] && [ $ok = 0 ] && [ $prc = 0 ] && [ "${same%% *}" = yes ]
