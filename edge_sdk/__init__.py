@@ -6,6 +6,10 @@ for local training. The public API::
     from edge_sdk import OnnxEncoder, Sketcher
     sketcher = Sketcher(OnnxEncoder("digits_encoder"), num_classes=10, flip_prob=0.1)
     sketch = sketcher.sketch(x, y)      # Sketch: .bits (bytes), .n_bits, .unpack()
+
+    from edge_sdk import LocalModel
+    model = LocalModel.load("/var/lib/fedsketch/model")   # the model this device keeps after a run
+    labels = model.predict(x)
 """
 
 from ._version import __version__
@@ -22,6 +26,8 @@ from .bits import (
 from .client import EdgeClient
 from .encoder import OnnxEncoder
 from .info import info
+from .local_model import LocalModel
+from .model_folder import ModelFolderError
 from .protocol import SERVER_ID, Kind, Message, ProtocolError, Topics
 from .sketch import Sketch, Sketcher, pairwise_hamming, stack_sketches
 from .transport import BrokerConfig, MemoryBroker, MemoryTransport, MqttTransport, NetworkLoop
@@ -33,10 +39,12 @@ __all__ = [
     "BrokerConfig",
     "EdgeClient",
     "Kind",
+    "LocalModel",
     "LocalWorker",
     "MemoryBroker",
     "MemoryTransport",
     "Message",
+    "ModelFolderError",
     "MqttTransport",
     "NetworkLoop",
     "OnnxEncoder",
