@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .evaluation import OnnxClassifier, onnx_classifier
-from .model_checks import check_samples
+from .model_checks import ModelInfo, check_samples
 from .model_folder import ENTRY, ONNX, ModelEntry, ModelFolderError, read_model_folder
 
 __all__ = ["LocalModel", "resolve_model_folder"]
@@ -115,6 +115,11 @@ class LocalModel:
     def info(self) -> ModelEntry:
         """What the model's ``model.json`` says: run, key, version, accuracies, architecture, input."""
         return self._loaded.entry
+
+    @property
+    def classifier_info(self) -> ModelInfo:
+        """The classifier's architecture, input shape, classes and weights' names (what its data is checked against)."""
+        return self._loaded.classifier.info
 
     @property
     def folder(self) -> Path:

@@ -19,7 +19,7 @@ import numpy as np
 from .artifacts import ArtifactSpec
 from .encoder import check_model_input
 
-__all__ = ["ModelInfo", "check_data", "check_samples", "check_weights", "state_spec"]
+__all__ = ["ModelInfo", "check_data", "check_labels", "check_samples", "check_weights", "state_spec"]
 
 
 @dataclass(frozen=True)
@@ -154,6 +154,22 @@ def check_samples(info: ModelInfo, x: Any) -> np.ndarray:
     return xa
 
 
+def check_labels(info: ModelInfo, y: Any, n: int) -> np.ndarray:
+    """Validate ``n`` integer class labels for a classifier: int64 ``(n,)`` in ``[0, num_classes)``."""
+    ya = np.asarray(y)
+    if ya.ndim != 1 or ya.shape[0] != n:
+        raise ValueError(f"y has shape {ya.shape}; expected ({n},), one label per sample of x")
+    if not np.issubdtype(ya.dtype, np.integer):
+        raise ValueError(f"y must hold integer class labels, got dtype {ya.dtype}")
+    lo, hi = int(ya.min()), int(ya.max())
+    if lo < 0 or hi >= info.num_classes:
+        raise ValueError(
+            f"labels must lie in [0, {info.num_classes - 1}] for {info.architecture!r}, "
+            f"got values in [{lo}, {hi}]"
+        )
+    return ya.astype(np.int64)
+
+
 def check_data(info: ModelInfo, x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
     """Validate samples and labels for a classifier.
 
@@ -179,17 +195,4 @@ def check_data(info: ModelInfo, x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]
         out of range.
     """
     xa = check_samples(info, x)
-    ya = np.asarray(y)
-    if ya.ndim != 1 or ya.shape[0] != xa.shape[0]:
-        raise ValueError(
-            f"y has shape {ya.shape}; expected ({xa.shape[0]},), one label per sample of x"
-        )
-    if not np.issubdtype(ya.dtype, np.integer):
-        raise ValueError(f"y must hold integer class labels, got dtype {ya.dtype}")
-    lo, hi = int(ya.min()), int(ya.max())
-    if lo < 0 or hi >= info.num_classes:
-        raise ValueError(
-            f"labels must lie in [0, {info.num_classes - 1}] for {info.architecture!r}, "
-            f"got values in [{lo}, {hi}]"
-        )
-    return xa, ya.astype(np.int64)
+    return xa, check_labels(info, y, xa.shape[0])

@@ -89,27 +89,6 @@ def load_arrays(path: str, x_key: str, y_key: Optional[str]) -> tuple[Any, Any]:
             raise ValueError(f"{path}: not a readable .npz archive ({e})") from None
 
 
-def check_labels(y: Any, n: int, num_classes: int) -> Any:
-    """``y`` as int64 ``(n,)`` labels in ``[0, num_classes)``.
-
-    Raises
-    ------
-    ValueError
-        Labels of another length than the ``n`` samples, not integers, or out of range (one line).
-    """
-    import numpy as np
-
-    ya = np.asarray(y)
-    if ya.ndim != 1 or ya.shape[0] != n:
-        raise ValueError(f"y has shape {ya.shape}; expected ({n},), one label per sample of x")
-    if not np.issubdtype(ya.dtype, np.integer):
-        raise ValueError(f"y must hold integer class labels, got dtype {ya.dtype}")
-    lo, hi = int(ya.min()), int(ya.max())
-    if lo < 0 or hi >= num_classes:
-        raise ValueError(f"labels must lie in [0, {num_classes - 1}] for this model, got values in [{lo}, {hi}]")
-    return ya.astype(np.int64)
-
-
 def _model_dict(model: Any) -> dict[str, Any]:
     e = model.info
     return {"key": e.key, "run": e.run, "version": e.version, "architecture": e.architecture,
@@ -121,6 +100,7 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
     from .local_model import LocalModel
+    from .model_checks import check_labels
 
     model = LocalModel.load(args.model)
     x, y = load_arrays(args.data, args.x_key, args.y_key)
@@ -128,7 +108,7 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     labels = np.argmax(proba, axis=1)  # softmax keeps the order: LocalModel.predict's classes
     accuracy = None
     if y is not None:
-        ya = check_labels(y, len(labels), model.info.num_classes)
+        ya = check_labels(model.classifier_info, y, len(labels))
         accuracy = float(np.mean(labels == ya))
     return {"model": _model_dict(model), "predictions": [int(v) for v in labels],
             "probabilities": proba.tolist(), "accuracy": accuracy, "n": int(len(labels))}

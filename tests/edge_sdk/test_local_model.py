@@ -288,7 +288,7 @@ def test_fedsketch_predict_errors_are_one_line_and_exit_2(tmp_path, capsys, digi
     bad[1, 2, 3] = np.nan
     assert error(folder, npz("n.npz", x=bad)) == f"x contains NaN or Inf; model '{ARCH}' expects finite values"
     assert error(folder, npz("r.npz", x=x, y=np.arange(80) % 11)) == \
-        "labels must lie in [0, 9] for this model, got values in [0, 10]"
+        "labels must lie in [0, 9] for 'digits_cnn_1x8x8_10', got values in [0, 10]"
     assert error(folder, npz("l.npz", x=x, y=np.zeros(79, np.int64))) == \
         "y has shape (79,); expected (80,), one label per sample of x"
     assert error(folder, data, "--x-key", "images").startswith(f"{data} lacks arrays ['images']; it holds [")
