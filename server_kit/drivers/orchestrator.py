@@ -138,8 +138,8 @@ class Orchestrator:
         #: Each model's figures at the end of the run (sha256, accuracy...): what the keep commands and the
         #: export give (:func:`~server_kit.serving.offers.model_offers`).
         self.offers: dict[str, KeepOffer] = {}
-        #: Devices served a model while serving (cold start), with its key.
-        self.served: dict[str, str] = {}
+        #: Devices served while serving (cold start), with the model keys sent (several: the device chooses).
+        self.served: dict[str, list[str]] = {}
         self.history: list[dict[str, Any]] = []
         self.timings: dict[str, float] = {}
         self.pretrain_history: list[dict[str, Any]] = []
@@ -456,18 +456,17 @@ class Orchestrator:
         """While serving: the device just placed (or known) is sent its model and told to keep it."""
         if self.intake.phase is not Phase.SERVE:
             return
-        hand_over(cid, self.strategy, self.offers, link=self.link, delivery=self.delivery, rnd=self.intake.round,
-                  run_id=self.run_id, architecture=self.architecture)
-        self.served[cid] = self.strategy.model_key_for(cid)
+        self.served[cid] = hand_over(cid, self.strategy, self.offers, link=self.link, delivery=self.delivery,
+                                     rnd=self.intake.round, run_id=self.run_id, architecture=self.architecture)
 
     def serve(self, seconds: float | None = None, *, from_export: bool = False,
-              until: Callable[[], bool] | None = None) -> dict[str, str]:
+              until: Callable[[], bool] | None = None) -> dict[str, list[str]]:
         """Serve the trained models to devices that arrive, for ``seconds`` (None: until interrupted) or until
         ``until()`` says so.
 
         After :meth:`run`; or, with ``from_export``, instead of it: the server's state is read from the
         export's ``server-state`` (``config.checkpoint_dir``) and nothing is trained. Returns the devices
-        served, with the model key each got.
+        served, with the model keys each was sent (one, or all of them where the device chooses).
         """
         if from_export:
             self.link.subscribe(("hello", "sketch", "status", "metrics"))

@@ -111,3 +111,41 @@ def test_cold_start_chooses_the_lowest_loss_model_keeps_it_and_leaves(tmp_path, 
     refused.store.put("c0", HeldModel(5, bad))
     keep(refused, [KeepOffer("c0", weights_sha256(good))], rnd=5, model_key="c0")
     assert refused.exit_code == 6 and refused._stop.is_set()
+
+
+def test_an_unsigned_model_keep_or_serving_announcement_is_ignored_and_counted(tmp_path, data):
+    from edge_sdk.protocol import Topics, tensors_body
+    from edge_sdk.signing import Signer, Verifier, generate_key
+
+    _, _, good, _ = data
+    key = generate_key()
+    c = device(tmp_path, data)
+    c.transport.verify_with(Verifier(key.public_key()))
+    c.model_key = "c0"
+    c.start()
+    topics = Topics("fedsketch", FED)
+    server = MemoryTransport(c.transport.broker, "server", federation=FED)
+    server.connect()
+    forged = [  # what an intruder sends in the server's name, unsigned
+        (topics.cmd("d1"), Message(Kind.MODEL, FED, "server", 3, {"key": "c0"}, tensors_body(good))),
+        (topics.cmd("d1"), Message(Kind.CMD, FED, "server", 3, build(
+            Op.KEEP, round=3, model_key="c0", models={"c0": KeepOffer("c0", weights_sha256(good)).to_wire()}))),
+        (topics.server_status(), Message(Kind.STATUS, FED, "server", 0, {"state": "online", "run": "evil",
+                                                                         "serving": True})),
+    ]
+    for topic, msg in forged:
+        server.publish(topic, msg)
+    while c.step():
+        if c._cmds.empty():
+            break
+    assert c.transport.rejected == {"unsigned": 3}
+    assert c.store.get("c0") is None and c.kept is None and c.run_id is None
+    assert not (tmp_path / "model" / "current").exists()
+    signed = MemoryTransport(c.transport.broker, "server", federation=FED)
+    signed.sign_with(Signer(key))
+    signed.connect()
+    for topic, msg in forged[:2]:  # the same, signed by the server: kept
+        signed.publish(topic, msg)
+    while c.step() and not c._cmds.empty():
+        pass
+    assert read_model_folder(tmp_path / "model" / "current")[0].key == "c0"

@@ -166,7 +166,7 @@ def test_federation_over_embedded_amqtt_broker_keeps_exports_and_serves_its_mode
     group_key = {c.group: f"c{result.assignment[c.cid]}" for c in digits}
     for n, e in zip(newcomers, result.late):  # cold start: one sketch up, one model down, kept; exit 0
         entry, _ = read_model_folder(tmp_path / n.cid / "current")
-        assert entry.key == group_key[n.group] == result.served[n.cid], (n.cid, entry)
+        assert [entry.key] == [group_key[n.group]] == result.served[n.cid], (n.cid, entry)
         assert entry.files["weights.safetensors"] == exported[entry.key]["files"][f"{entry.key}/weights.safetensors"]
         assert e.exit_code == 0 and e.transport.stats()["received"]["MODEL"]["messages"] == 1
         sent = e.transport.stats()["sent"]

@@ -8,6 +8,7 @@ one sketch, gets one model, keeps it (the export's bytes) and exits 0.
 from __future__ import annotations
 
 import json
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +104,64 @@ def test_an_export_that_is_not_one_and_a_get_model_without_a_folder_are_one_line
                    "--broker", "mqtt://127.0.0.1:1"]) == 2
     assert capsys.readouterr().err.strip() == ("fedsketch-client: error: --get-model needs --model-dir (or "
                                                "--state-dir): the folder the model is kept in")
+
+
+@pytest.mark.parametrize("name", ["ifca", "fedavg"])
+def test_ifca_devices_choose_their_model_and_fedavg_serves_its_one(tmp_path, name):
+    """IFCA: the new device gets all K models and keeps the one of lowest loss on its data (here the one
+    trained on its group); FedAvg: the global model."""
+    import threading
+
+    from edge_sdk.client import EdgeClient
+    from edge_sdk.keeping import ModelKeeper
+    from edge_sdk.trainer import train_local
+    from edge_sdk.transport import BrokerConfig, MqttTransport
+    from edge_sdk.worker import LocalWorker
+    from server_kit.drivers import Orchestrator
+    from server_kit.drivers.phase import Phase
+    from server_kit.strategies import make_strategy
+
+    images, labels = load_digits_images()
+    clients = rotation_partition(images, labels, 8, groups=4, seed=0)
+    fleet, new = clients[:4], next(c for c in clients[4:] if c.group == 0)
+    infos = {c.cid: ClientInfo(c.cid, len(c.y_train), 10, ("sketch",)) for c in fleet}
+    params = {"k": 2} if name == "ifca" else {}
+    strategy = make_strategy(name, seed=0, architecture=ARCH, **params)
+    strategy.setup(list(infos.values()), initial_weights(ARCH, 0))
+    trained = train_local(ARCH, initial_weights(ARCH, 0), images[:500], labels[:500], epochs=3,
+                          lr=1e-2, batch_size=32, seed=0).weights  # upright digits: group 0's
+    strategy.models[sorted(strategy.models)[-1]] = trained
+    config = ServerConfig(federation=FED, rounds=1, min_clients=1, architecture=ARCH,
+                          checkpoint_dir=str(tmp_path / "models" / "server-state"))
+
+    def state(folder: Path) -> None:
+        write_checkpoint(folder, 1, strategy, history=[], timings={}, clients=infos, sketches={}, config=config,
+                         encoder=None, architecture=ARCH, latent_dim=None, pretrain_history=[], run_id="run-y")
+
+    run = export_models(tmp_path / "models", strategy, model_offers(strategy, rnd=1, clients=infos), run_id="run-y",
+                        architecture=ARCH, rnd=1, final=False, write_state=state)
+    with MosquittoBroker() as broker:
+        server = MqttTransport(BrokerConfig.from_url(broker.url), "server", federation=FED)
+        server.connect(timeout=10)
+        device: list = []
+        orch = Orchestrator(make_strategy(name, seed=0, architecture=ARCH, **params), server, config)
+        got: dict = {}
+        serving = threading.Thread(target=lambda: got.update(orch.serve(30, from_export=True, until=lambda: bool(
+            device) and device[0].kept is not None)))
+        serving.start()
+        while orch.intake.phase is not Phase.SERVE:
+            time.sleep(0.05)
+        w = LocalWorker("newcomer", new.x_train, new.y_train, new.x_test, new.y_test, architecture=ARCH, seed=0)
+        ec = EdgeClient(MqttTransport(BrokerConfig.from_url(broker.url), "newcomer", federation=FED), w,
+                        federation=FED, keeper=ModelKeeper(tmp_path / "kept"), get_model=True, model_timeout_s=20)
+        device.append(ec)
+        ec.run(max_idle_s=20)
+        serving.join(timeout=30)
+        server.close()
+    entry, _ = read_model_folder(tmp_path / "kept" / "current")
+    keys = sorted(strategy.models)
+    assert got == {"newcomer": keys} and ec.exit_code == 0
+    assert entry.key == keys[-1] and entry.run == "run-y" and entry.strategy == name
+    assert entry.files["weights.safetensors"] == next(
+        m for m in run.manifest["models"] if m["key"] == keys[-1])["files"][f"{keys[-1]}/weights.safetensors"]
+    assert ec.transport.stats()["received"]["MODEL"]["messages"] == len(keys)
