@@ -40,7 +40,10 @@ from .rejections import RejectionLog
 from .schema import check_meta
 from .worker import LocalWorker
 
-__all__ = ["EdgeClient"]
+__all__ = ["KEEPS_MODELS", "EdgeClient"]
+
+#: The capability a device's hello names when it keeps the model of each run (``--model-dir``).
+KEEPS_MODELS = "keep-model"
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +275,10 @@ class EdgeClient(ClientCommands):
         """
         with self._hello_lock:
             self._hello_due = None
-        self._send(self.topics.hello(self.cid), Kind.HELLO, meta={**self.worker.hello(), **self.bench})
+        meta = {**self.worker.hello(), **self.bench}
+        if self.keeper is not None:  # the server sends the run's last model only to devices that keep it
+            meta["capabilities"] = [*meta["capabilities"], KEEPS_MODELS]
+        self._send(self.topics.hello(self.cid), Kind.HELLO, meta=meta)
 
     @property
     def hello_due(self) -> float | None:

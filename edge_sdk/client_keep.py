@@ -74,6 +74,10 @@ def keep_from_command(m: Mapping[str, Any], *, assigned: str | None, run_id: str
     """
     offers = parse_offers(m["models"])
     r = m["round"]
+    run = m.get("run") or run_id
+    if keeper is None:  # nothing to wait for: the server sends the last model only to devices that keep it
+        log.info("the models of run %s are not kept: this device has no model folder (--model-dir)", run)
+        return KeepOutcome(None)
     key = m.get("model_key") or assigned
     if m["choose"] and offers:  # IFCA: the lowest loss on one local batch, as in training
         held = {k: wait_model(k, r).weights for k in sorted(offers)}
@@ -88,10 +92,6 @@ def keep_from_command(m: Mapping[str, Any], *, assigned: str | None, run_id: str
     if sha != offer.sha256:
         return KeepOutcome(key, refused=f"model {key} of round {r}: its weights have sha256 {sha[:16]}..., the "
                                         f"server's export {offer.sha256[:16]}...: not kept")
-    run = m.get("run") or run_id
-    if keeper is None:
-        log.info("model %s of run %s not kept: this device has no model folder (--model-dir)", key, run)
-        return KeepOutcome(key)
     arch = m.get("architecture") or worker.architecture
     entry = ModelEntry(key=key, architecture=arch, **classifier_io(arch), run=run, strategy=m.get("strategy"),
                        cluster=offer.cluster, round=offer.round, version=offer.version, members=offer.members,

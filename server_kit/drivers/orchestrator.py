@@ -59,6 +59,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from edge_sdk.client import KEEPS_MODELS
 from edge_sdk.install import install_hint
 from edge_sdk.keep_offer import KeepOffer
 from edge_sdk.protocol import Kind, Message, Topics
@@ -443,11 +444,15 @@ class Orchestrator:
             return None
 
     def _keep(self, final: Mapping[str, Any]) -> None:
-        """The end of the run: every assigned online device told to keep its model (:func:`keep_all`)."""
+        """The end of the run: every assigned online device that keeps models told to keep its own (:func:`keep_all`)."""
         self.offers = model_offers(self.strategy, rnd=self.config.rounds,
                                    clients={c: st.info for c, st in self.clients.items()},
                                    accuracy=final_accuracy_per_model(final))
-        keys = {c: self.strategy.model_key_for(c) for c in self.fleet.online() if self.strategy.is_clustered(c)}
+        keys = {c: self.strategy.model_key_for(c) for c in self.fleet.online()
+                if self.strategy.is_clustered(c) and KEEPS_MODELS in self.clients[c].info.capabilities}
+        if not keys:
+            log.info("keep: no device of the run keeps its model (none said %r in its hello)", KEEPS_MODELS)
+            return
         keep_all(self.strategy, self.offers, keys=keys, told=self.assignments.told,
                  evaluated=set(final.get("per_client") or ()), link=self.link, delivery=self.delivery,
                  rnd=self.intake.round, run_id=self.run_id, architecture=self.architecture)

@@ -8,9 +8,9 @@ one sketch, gets one model, keeps it (the export's bytes) and exits 0.
 from __future__ import annotations
 
 import json
-import time
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
