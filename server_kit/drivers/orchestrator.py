@@ -67,7 +67,7 @@ from edge_sdk.protocol.commands import Op
 from edge_sdk.rejections import RejectionLog
 from edge_sdk.schema import check_meta
 
-from ..serving.export import ExportedRun, export_models
+from ..serving.export import ExportedRun, export_models, exported_accuracy
 from ..serving.handover import hand_over, keep_all
 from ..serving.offers import final_accuracy_per_model, model_offers
 from ..strategies.base import Strategy
@@ -477,7 +477,7 @@ class Orchestrator:
             self.link.subscribe(("hello", "sketch", "status", "metrics"))
             last = self._restore()
             self.offers = model_offers(self.strategy, rnd=last, clients={c: st.info for c, st in self.clients.items()},
-                                       accuracy=self._exported_accuracy())
+                                       accuracy=exported_accuracy(Path(self.config.checkpoint_dir or ".").parent))
             self.intake.run.enter(Phase.SERVE, rnd=last + 1)
         else:
             self.intake.run.enter(Phase.SERVE)
@@ -493,16 +493,6 @@ class Orchestrator:
         self.intake.run.enter(Phase.DONE)
         log.info("served %d device(s)", len(self.served))
         return dict(self.served)
-
-    def _exported_accuracy(self) -> dict[str, tuple[float, int]]:
-        """The accuracies the export's ``models.json`` recorded (beside its server state), by key."""
-        from ..serving.export import read_models_json
-
-        try:
-            manifest = read_models_json(Path(self.config.checkpoint_dir or ".").parent)
-        except ValueError:
-            return {}
-        return {m["key"]: (m["accuracy"], m["evaluated"]) for m in manifest["models"] if m.get("accuracy") is not None}
 
     def _restore(self) -> int:
         ck = read_checkpoint(self.config.checkpoint_dir or "")

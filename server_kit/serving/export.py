@@ -38,7 +38,7 @@ from edge_sdk.model_folder import ENTRY, ModelEntry, now_iso, swap_link, write_m
 from ..strategies.base import Strategy
 from .onnx_model import standalone_onnx
 
-__all__ = ["MODELS_FORMAT", "SERVER_STATE", "ExportedRun", "export_models", "read_models_json"]
+__all__ = ["MODELS_FORMAT", "SERVER_STATE", "ExportedRun", "export_models", "exported_accuracy", "read_models_json"]
 
 log = logging.getLogger(__name__)
 
@@ -133,3 +133,13 @@ def read_models_json(folder: str | Path) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != MODELS_FORMAT:
         raise ValueError(f"{path}: not a FedSketch models export ({MODELS_FORMAT})")
     return manifest
+
+
+def exported_accuracy(folder: str | Path) -> dict[str, tuple[float, int]]:
+    """The accuracies an export's ``models.json`` recorded, by key (mean, devices); empty if it has none."""
+    try:
+        manifest = read_models_json(folder)
+    except ValueError:
+        return {}
+    return {m["key"]: (float(m["accuracy"]), int(m["evaluated"])) for m in manifest["models"]
+            if m.get("accuracy") is not None}
