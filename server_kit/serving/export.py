@@ -90,6 +90,8 @@ def export_models(link: str | Path, strategy: Strategy, offers: Mapping[str, Kee
     swap_link(link, folder)
     if old is not None and old != folder.resolve():
         shutil.rmtree(old, ignore_errors=True)
+    log.info("%d model(s) of round %d exported to %s (ONNX, safetensors, models.json%s)", len(offers), rnd, link,
+             ", the server state" if write_state is not None else "")
     return ExportedRun(link, folder, manifest)
 
 
