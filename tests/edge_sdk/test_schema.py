@@ -124,6 +124,10 @@ def test_every_command_the_server_sends_passes_the_schema():
                   "evaluate_first": True, "epochs": 3, "lr": 0.01, "batch_size": 16, "optimizer": "adam"},
         "train_ae": {"round": 2, "architecture": "digits_ae", "epochs": 2, "lr": 1e-3, "batch_size": 32},
         "evaluate": {"round": 11, "model_key": "c1", "architecture": "digits_cnn_1x8x8_10"},
+        "keep": {"round": 11, "strategy": "fedsketch", "models": {"c1": {"sha256": "0f" * 32, "round": 10,
+                                                                       "accuracy": 0.93, "evaluated": 4}},
+                 "run": "20261125T021800-3fa9c1", "architecture": "digits_cnn_1x8x8_10", "model_key": "c1",
+                 "choose": False},
     }
     broadcasts = {"evaluate": {"round": 11, "architecture": "digits_cnn_1x8x8_10", "fraction": 0.5, "seed": 3}}
     for op, fields in broadcasts.items():
@@ -131,6 +135,8 @@ def test_every_command_the_server_sends_passes_the_schema():
     assert check_meta(Message(Kind.STATUS, FED, "c1", 0, {"follow": ["+"]})) == {"state": "online", "follow": ["+"]}
     announce = {"state": "online", "run": "20261125T021800-3fa9c1"}  # the server's run announcement
     assert check_meta(Message(Kind.STATUS, FED, "server", 0, announce)) == announce
+    serving = {**announce, "serving": True}  # after the run: the server serves its models (cold start)
+    assert check_meta(Message(Kind.STATUS, FED, "server", 0, serving)) == serving
     assert set(samples) == set(COMMANDS)
     for op, fields in samples.items():
         assert check_meta(Message(Kind.CMD, FED, "server", 0, {"op": op, **fields})) == {"op": op, **fields}
