@@ -232,6 +232,8 @@ class ClientCommands:
 
     def _on_welcome(self, m: Mapping[str, Any], rnd: int) -> None:
         self._welcomed = True
+        if m.get("run"):  # its announcement, if it comes later (another topic), is of a run joined already
+            self.run_id = m["run"]
         self._use_architecture(m)
         if m.get("num_classes"):
             self.worker.num_classes = m["num_classes"]

@@ -183,6 +183,8 @@ COMMANDS: dict[str, dict[str, Field]] = {
         "num_classes": Field("int", 1, 0xFFFF),
         "train": Field("bool", default=True),
         "reason": Field("str", max_len=300),
+        # the run the device is admitted to (its announcement may reach the device after this welcome)
+        "run": Field("id"),
     },
     # not admitted: the device says why and exits non-zero
     "refused": {"reason": Field("str", max_len=300, required=True)},

@@ -175,6 +175,8 @@ class Fleet:
         welcome: dict[str, Any] = {"num_classes": self.num_classes, "train": trains, **models.welcome()}
         if why:
             welcome["reason"] = why
+        if self.link.run_id is not None:
+            welcome["run"] = self.link.run_id
         self.link.command(cid, Op.WELCOME, **welcome)
         if known is None:
             self._log_admission(cid, info, trains, why, registering)

@@ -117,6 +117,8 @@ class ServerLink:
         self.explain = explain
         self.rejections = rejections
         self.on_refused = on_refused
+        #: The run last announced online (None before the first announcement).
+        self.run_id: str | None = None
         #: What arrived and is not handled yet: (topic, message), or (topic, a refusal by the transport).
         self.inbox: queue.Queue[tuple[str, Union[Message, Refused]]] = queue.Queue(maxsize=inbox_size)
         self._listening = False
@@ -142,17 +144,24 @@ class ServerLink:
         """
         return self.send(self.topics.broadcast(), Kind.CMD, meta=build(op, **meta))
 
-    def announce(self, run_id: str, *, online: bool = True) -> int:
-        """Say on the server's status topic that run ``run_id`` is on, or that the server left it.
+    def announce(self, run_id: str, *, online: bool = True, serving: bool = False) -> int:
+        """Say on the server's status topic that run ``run_id`` is on (``serving``: its trained models are
+        served), or that the server left it.
 
         A device in service mode joins each run announced online (see
         :meth:`edge_sdk.client_commands.ClientCommands._on_server_status`). Not
         retained: the shipped broker allows no retained message (a device could
         otherwise retain its own), and a device connecting later says hello on
-        connecting anyway.
+        connecting anyway. The run announced online is :attr:`run_id`, which every
+        welcome names too (an announcement that reaches a device after its welcome
+        is then of a run it is in already).
         """
-        return self.send(self.topics.server_status(), Kind.STATUS,
-                         meta={"state": "online" if online else "offline", "run": run_id})
+        if online:
+            self.run_id = run_id
+        meta: dict[str, Any] = {"state": "online" if online else "offline", "run": run_id}
+        if serving:
+            meta["serving"] = True
+        return self.send(self.topics.server_status(), Kind.STATUS, meta=meta)
 
     # -- receiving ----------------------------------------------------------
     def subscribe(self, leaves: Iterable[str]) -> None:

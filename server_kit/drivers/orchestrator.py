@@ -72,7 +72,7 @@ from ..serving.handover import hand_over, keep_all
 from ..serving.offers import final_accuracy_per_model, model_offers
 from ..strategies.base import Strategy
 from .ae_phase import pretrain_ae
-from .assignment import Assignments
+from .assignment import ASK_AGAIN_S, Assignments
 from .checkpoint import read_checkpoint, read_encoder, write_checkpoint
 from .closing import ClosePolicy, wait_round
 from .config import ServerConfig
@@ -141,6 +141,7 @@ class Orchestrator:
         self.offers: dict[str, KeepOffer] = {}
         #: Devices served while serving (cold start), with the model keys sent (several: the device chooses).
         self.served: dict[str, list[str]] = {}
+        self._served_at: dict[str, float] = {}
         self.history: list[dict[str, Any]] = []
         self.timings: dict[str, float] = {}
         self.pretrain_history: list[dict[str, Any]] = []
@@ -461,6 +462,10 @@ class Orchestrator:
         """While serving: the device just placed (or known) is sent its model and told to keep it."""
         if self.intake.phase is not Phase.SERVE:
             return
+        if time.monotonic() - self._served_at.get(cid, -ASK_AGAIN_S) < ASK_AGAIN_S:
+            log.debug("%s said hello again: its model is on its way", cid)  # a hello on connecting, one on the
+            return  # announcement: one model each
+        self._served_at[cid] = time.monotonic()
         self.served[cid] = hand_over(cid, self.strategy, self.offers, link=self.link, delivery=self.delivery,
                                      rnd=self.intake.round, run_id=self.run_id, architecture=self.architecture)
 
@@ -481,8 +486,7 @@ class Orchestrator:
             self.intake.run.enter(Phase.SERVE, rnd=last + 1)
         else:
             self.intake.run.enter(Phase.SERVE)
-        self.link.send(self.topics.server_status(), Kind.STATUS,
-                       meta={"state": "online", "run": self.run_id, "serving": True})
+        self.link.announce(self.run_id, serving=True)
         log.info("serving %d model(s) of run %s to the devices that ask (%s)", len(self.offers), self.run_id,
                  f"for {seconds:g} s" if seconds is not None else "until interrupted")
         try:

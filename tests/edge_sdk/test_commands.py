@@ -25,7 +25,7 @@ EVERY_FIELD = {
     "stop": {"reason": "the server stopped", "failed": True},
     "leave": {"reason": "retired"},
     "assign": {"model_key": "c1", "follow": ["c1"]},
-    "welcome": {"architecture": ARCH, "encoder": "digits_encoder", "num_classes": 10, "train": False,
+    "welcome": {"architecture": ARCH, "encoder": "digits_encoder", "num_classes": 10, "train": False, "run": "r1",
                 "reason": "no torch on the device"},
     "refused": {"reason": "too few samples"},
     "sketch": {"encoder": "fedae", "num_classes": 10, "flip_prob": 0.2, "summary": "sketch", "params": {"w": 3}},
