@@ -172,6 +172,13 @@ class ClientCommands:
 
     # -- the commands that may end the service -------------------------------
     def _on_stop(self, m: Mapping[str, Any]) -> bool:
+        run = m.get("run")
+        if (not m["failed"] and run is not None and run != self.run_id
+                and (self.run_id is not None or not self._welcomed)):
+            # the end of a run this device is not in (it arrived as that run ended): not its stop. A failed
+            # run's stop is heeded whatever it names: the device may have said hello to it, unanswered
+            log.info("the server's run %s has ended; this device was not in it: waiting for its own", run)
+            return True
         if m["failed"]:
             log.error("the server could not finish the run: %s%s", m["reason"],
                       "; staying for the next run" if self.stay else "")

@@ -171,7 +171,9 @@ _FOLLOW = Field("keys", max_len=64)
 COMMANDS: dict[str, dict[str, Field]] = {
     "hello": {},
     # failed: the server could not finish the run (the reason says why); a device outside --stay exits 5
-    "stop": {"reason": Field("str", max_len=300, default="finished"), "failed": Field("bool", default=False)},
+    # run: the run that ended (a device in no run, or in another one, goes on: it arrived as that one ended)
+    "stop": {"reason": Field("str", max_len=300, default="finished"), "failed": Field("bool", default=False),
+             "run": Field("id")},
     # the owner retires the device from the fleet: it exits 0, service mode or not
     "leave": {"reason": Field("str", max_len=300, default="the server asked this device to leave")},
     # the device's model; with "follow", the model topics it keeps (it unsubscribes from the others)

@@ -572,7 +572,7 @@ class Orchestrator:
         reason = (f"the server could not finish the run ({self.intake.phase.value} phase, round "
                   f"{self.intake.round}): {why}")[:300]
         try:
-            self.link.broadcast(Op.STOP, reason=reason, failed=True)
+            self.link.broadcast(Op.STOP, reason=reason, failed=True, run=self.run_id)
             self.link.announce(self.run_id, online=False)
             log.error("told the devices: %s", reason)
         except Exception as e:  # the transport itself failed: nothing more to tell
@@ -602,7 +602,7 @@ class Orchestrator:
         if self.config.checkpoint_dir:  # the checkpoint's export, now with the final evaluation's accuracies
             self.export_models(Path(self.config.checkpoint_dir) / "models")
         if self.config.stop_clients:
-            self.link.broadcast(Op.STOP, reason="finished")
+            self.link.broadcast(Op.STOP, reason="finished", run=self.run_id)
             self.link.announce(self.run_id, online=False)
         self.intake.run.enter(Phase.DONE)
         self.timings["total_s"] = time.monotonic() - t0

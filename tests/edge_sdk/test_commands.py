@@ -22,7 +22,7 @@ FED = "cmds"
 #: Every field of every command, with a value the device accepts.
 EVERY_FIELD = {
     "hello": {},
-    "stop": {"reason": "the server stopped", "failed": True},
+    "stop": {"reason": "the server stopped", "failed": True, "run": "r1"},
     "leave": {"reason": "retired"},
     "assign": {"model_key": "c1", "follow": ["c1"]},
     "welcome": {"architecture": ARCH, "encoder": "digits_encoder", "num_classes": 10, "train": False, "run": "r1",
@@ -87,7 +87,7 @@ def test_the_builder_refuses_unknown_commands_and_fields():
     ops = re.escape(str(sorted(COMMANDS)))
     with pytest.raises(ValueError, match=f"^unknown command 'nope'; the commands are {ops}$"):
         build("nope")
-    with pytest.raises(ValueError, match=r"^command 'stop' has no field 'why'; its fields are \['failed', 'reason'\]$"):
+    with pytest.raises(ValueError, match=r"^command 'stop' has no field 'why'; its fields are \['failed', 'reason', 'run'\]$"):
         build(Op.STOP, why="done")
     with pytest.raises(ValueError, match=r"^command 'assign' has no field 'op'; its fields are "
                                          r"\['follow', 'model_key'\]$"):

@@ -149,3 +149,13 @@ def test_an_unsigned_model_keep_or_serving_announcement_is_ignored_and_counted(t
     while c.step() and not c._cmds.empty():
         pass
     assert read_model_folder(tmp_path / "model" / "current")[0].key == "c0"
+
+
+def test_a_device_in_no_run_goes_on_past_the_end_of_another_run(tmp_path, data):
+    """A device that arrived as a run ended (its stop still on its way) waits for its own run, or its model."""
+    c = device(tmp_path, data)
+    c.get_model = True
+    stop = {"reason": "finished", "run": "run-a"}
+    assert c.handle(decode_message(encode_message(Message(Kind.CMD, FED, "server", 3, build(Op.STOP, **stop)))))
+    c.run_id = "run-a"  # in that run (welcomed, or told by its announcement): its stop
+    assert not c.handle(decode_message(encode_message(Message(Kind.CMD, FED, "server", 3, build(Op.STOP, **stop)))))

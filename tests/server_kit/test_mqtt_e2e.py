@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -144,9 +145,10 @@ def check_result(result, clients, rounds=3):
     assert result.final["asked"] == result.final["evaluated"] == len(clients)
 
 
-def test_federation_over_embedded_amqtt_broker_keeps_exports_and_serves_its_models(digits, tmp_path):
+def test_federation_over_embedded_amqtt_broker_keeps_exports_and_serves_its_models(digits, tmp_path, caplog):
     """amqtt speaks MQTT 3.1.1 only. Every device keeps its cluster's model, the same bytes as the server's
     export; a new device of each group, never trained, gets its group's model from its sketch alone."""
+    caplog.set_level(logging.INFO)  # what the devices and the server said, if it fails
     images, labels = load_digits_images()
     newcomers = []
     for c in rotation_partition(images, labels, 8, groups=4, seed=5):
@@ -165,6 +167,7 @@ def test_federation_over_embedded_amqtt_broker_keeps_exports_and_serves_its_mode
         assert entry.server_accuracy == pytest.approx(result.final["per_model"][key])
     group_key = {c.group: f"c{result.assignment[c.cid]}" for c in digits}
     for n, e in zip(newcomers, result.late):  # cold start: one sketch up, one model down, kept; exit 0
+        assert (tmp_path / n.cid / "current").exists(), (n.cid, e.handled, e.rejected, e.kept, e.exit_code)
         entry, _ = read_model_folder(tmp_path / n.cid / "current")
         assert [entry.key] == [group_key[n.group]] == result.served[n.cid], (n.cid, entry)
         assert entry.files["weights.safetensors"] == exported[entry.key]["files"][f"{entry.key}/weights.safetensors"]

@@ -74,7 +74,7 @@ def test_clustering_that_fails_tells_the_devices(monkeypatch):
     with pytest.raises(RuntimeError, match="^boom$"):
         orch.run()
     assert stops(broker) == [{"op": "stop", "reason": "the server could not finish the run (cluster phase, round 0): "
-                                                      "boom", "failed": True}]
+                                                      "boom", "failed": True, "run": orch.run_id}]
 
 
 def test_no_sketch_before_the_deadline_tells_the_devices():
@@ -126,7 +126,7 @@ def announcements(broker) -> list[dict]:
 def test_a_clean_run_ends_with_one_stop_that_did_not_fail():
     orch, broker = orchestrator(FedAvg(seed=0))
     result = orch.run()
-    assert stops(broker) == [{"op": "stop", "reason": "finished"}]
+    assert stops(broker) == [{"op": "stop", "reason": "finished", "run": result.run_id}]  # the run that ended
     # the run announced on, then off, under its id; not retained (the shipped broker allows none)
     run = result.run_id
     assert announcements(broker) == [{"state": "online", "run": run}, {"state": "offline", "run": run}]
