@@ -31,7 +31,7 @@ from .artifacts import models_dir as default_models_dir
 from .model_checks import ModelInfo, check_data, check_weights, state_spec
 from .torch_support import build_classifier, import_torch, torch_available, using_threads
 
-__all__ = ["EvalResult", "OnnxClassifier", "classifier_io", "evaluate", "onnx_classifier", "onnx_logits", "torch_logits"]
+__all__ = ["EvalResult", "OnnxClassifier", "classifier_io", "classifier_template", "evaluate", "onnx_classifier", "onnx_logits", "torch_logits"]
 
 
 @dataclass(frozen=True)
@@ -178,6 +178,11 @@ def _onnx_template(architecture: str, models_dir: str | os.PathLike[str] | None)
     d = Path(models_dir) if models_dir is not None else default_models_dir()
     stamp = (d / "manifest.json").stat().st_mtime_ns
     return _onnx_template_cached(str(d.resolve()), architecture, stamp)
+
+
+def classifier_template(architecture: str, models_dir: str | os.PathLike[str] | None = None) -> _OnnxTemplate:
+    """``architecture``'s shipped ONNX classifier (sha256 checked): its path, info and initializer names."""
+    return _onnx_template(architecture, models_dir)
 
 
 def classifier_io(architecture: str, models_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:

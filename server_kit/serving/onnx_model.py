@@ -16,23 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk.artifacts import artifact_path, load_manifest
+from edge_sdk.evaluation import classifier_template
 from edge_sdk.model_checks import check_weights
 from edge_sdk.model_folder import ModelEntry
 
 __all__ = ["standalone_onnx"]
-
-
-def _template(architecture: str) -> tuple[Any, dict[str, str]]:
-    """The template's ONNX path and its state_dict key -> initializer name map."""
-    for spec in load_manifest().values():
-        if spec.role == "classifier" and (spec.extra or {}).get("architecture") == architecture:
-            path, spec = artifact_path(spec.name)  # checks the sha256
-            names = (spec.extra or {}).get("initializer_names")
-            if not names:
-                raise ValueError(f"classifier template {spec.name!r} maps no weights to ONNX initializers")
-            return path, dict(names)
-    raise ValueError(f"no shipped classifier template has architecture {architecture!r}")
 
 
 def standalone_onnx(entry: ModelEntry, weights: Mapping[str, np.ndarray], info: Any) -> bytes:
@@ -47,7 +35,8 @@ def standalone_onnx(entry: ModelEntry, weights: Mapping[str, np.ndarray], info: 
     from onnx import numpy_helper
 
     w = check_weights(info, weights)
-    path, names = _template(entry.architecture)
+    tpl = classifier_template(entry.architecture)  # the shipped template, its sha256 checked
+    path, names = tpl.path, tpl.initializers
     model = onnx.load(str(path))
     by_init = {init: key for key, init in names.items()}
     found = set()
