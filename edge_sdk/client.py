@@ -175,6 +175,8 @@ class EdgeClient(ClientCommands):
         self.runs_seen = 0
         #: Whether the server's last status said it is online (None: no status seen yet).
         self.server_online: bool | None = None
+        #: The network thread's own record that the server said it was away (:meth:`ModelStore.rewind` on its return).
+        self._server_was_away = False
         #: Why the server refused this device (None while admitted or not yet answered).
         self.refused_reason: str | None = None
         self._connections = 0
@@ -326,6 +328,13 @@ class EdgeClient(ClientCommands):
         if msg.kind != Kind.STATUS or msg.sender != SERVER_ID:
             self._rejections("sender", msg.sender, f"ignoring {msg.kind.name} on {topic}")
             return
+        state = msg.meta.get("state")
+        if state == "offline":
+            self._server_was_away = True
+        elif state == "online" and self._server_was_away:
+            # here, before the models the server sends next: a resumed run's rounds may be below the ones held
+            self._server_was_away = False
+            self.store.rewind()
         self._enqueue(msg, SERVER_STATUS)
 
     def _forget_run(self) -> None:

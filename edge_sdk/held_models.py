@@ -8,6 +8,13 @@ to the server's. A chain that starts after the version held (the device missed
 more than the server knew) cannot be applied: it is refused with reason
 ``model-base`` and the model stays as it was (the command that needs it times
 out; the server sends the whole model once the device says which version it holds).
+
+A model of an earlier round than the one held is a late copy (a broker that
+redelivers an unacknowledged QoS 1 message, a NATS cluster among them): it is
+refused with reason ``model-stale``, so it cannot replace the newer model a
+command waits for. A server that comes back to its run (resumed from a
+checkpoint, its rounds possibly below the ones held) is the exception:
+:meth:`ModelStore.rewind` lets the next model of each key in, whatever its round.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ class ModelStore:
             raise ValueError(f"max_models must be a positive integer, got {max_models!r}")
         self.max_models = int(max_models)
         self._models: dict[str, HeldModel] = {}
+        #: The keys whose next model is taken whatever its round (:meth:`rewind`).
+        self._rewound: set[str] = set()
         self.cv = threading.Condition()
 
     def receive(self, key: str, msg: Message, meta: Mapping[str, Any]) -> HeldModel:
@@ -60,6 +69,11 @@ class ModelStore:
             reasons), or ``model-base``: the chain starts after the version held.
         """
         version = meta.get("version")
+        with self.cv:
+            have = self._models.get(key)
+            if have is not None and msg.round < have.round and key not in self._rewound:
+                raise ProtocolError("model-stale", f"model {key!r} of round {msg.round} came after the one of "
+                                                   f"round {have.round}: a late copy, ignored")
         if "base" not in meta:
             held = HeldModel(msg.round, parse_tensors(msg.body), version)
         else:
@@ -84,6 +98,7 @@ class ModelStore:
     def put(self, key: str, held: HeldModel) -> None:
         """Hold ``held`` as model ``key`` (it replaces the one held)."""
         with self.cv:
+            self._rewound.discard(key)
             self._models.pop(key, None)
             self._models[key] = held
             while len(self._models) > self.max_models:  # forget the oldest round first
@@ -114,6 +129,11 @@ class ModelStore:
                     raise TimeoutError(f"model {key!r} for round {rnd} did not arrive within {timeout_s:g} s")
                 self.cv.wait(timeout=min(left, 0.5))
 
+    def rewind(self) -> None:
+        """The run's server is back (resumed): the next model of each key held replaces it, whatever its round."""
+        with self.cv:
+            self._rewound = set(self._models)
+
     def keys(self) -> list[str]:
         """The keys of the models held."""
         with self.cv:
@@ -122,6 +142,7 @@ class ModelStore:
     def clear(self) -> None:
         with self.cv:
             self._models.clear()
+            self._rewound.clear()
 
     def __len__(self) -> int:
         with self.cv:

@@ -95,3 +95,22 @@ def test_a_chain_of_changes_brings_the_held_model_to_the_servers_bits():
         ec.store.receive("c9", model_msg(5, {"key": "c9", "version": 1, "base": 0, "codec": "stc"},
                                          chain_body(steps[:1])), {"key": "c9", "version": 1, "base": 0,
                                                                   "codec": "stc"})
+
+
+def test_a_late_copy_of_an_earlier_rounds_model_is_refused_until_the_server_comes_back():
+    """A QoS 1 redelivery of round 2's model after round 3's must not replace it (the evaluation waits for 3)."""
+    w0 = template()
+    w1 = {n: a + 1 for n, a in w0.items()}
+    ec, _ = device()
+    ec._on_model("t", model_msg(3, {"key": "c0"}, tensors_body(w1)))
+    ec._on_model("t", model_msg(2, {"key": "c0"}, tensors_body(w0)))
+    assert ec.rejected == {"model-stale": 1}
+    held = ec.store.wait("c0", 3, 0.1)
+    assert held.round == 3 and model_digest(held.weights) == model_digest(w1)
+    # the run's server goes away and comes back (resumed from a checkpoint of round 1): its models go in again
+    for state in ("offline", "online"):
+        ec._on_server_status_msg("s", Message(Kind.STATUS, FED, SERVER_ID, 0, {"state": state, "run": "r1"}))
+    ec._on_model("t", model_msg(2, {"key": "c0"}, tensors_body(w0)))
+    assert ec.store.get("c0").round == 2 and model_digest(ec.store.get("c0").weights) == model_digest(w0)
+    ec._on_model("t", model_msg(1, {"key": "c0"}, tensors_body(w1)))  # the rewind lets one model in, not more
+    assert ec.rejected == {"model-stale": 2} and ec.store.get("c0").round == 2
