@@ -57,5 +57,10 @@ def final_evaluation(config: ServerConfig, strategy: Strategy, *, architecture: 
              len(keys), config.eval_fraction, len(extra), deliveries["cluster_topic"], deliveries["per_device"])
     link.pump(lambda: not awaited.left, config.eval_timeout_s)
     intake.eval_keys = {}
+    unanswered = sorted(set(asked) - set(intake.metrics))
+    if unanswered:
+        log.warning("final evaluation: %d asked device(s) sent no accuracy within %g s: %s", len(unanswered),
+                    config.eval_timeout_s, ", ".join(unanswered[:10]) + (" ..." if len(unanswered) > 10 else ""))
     return eval_result(intake.metrics, keys, eval_fraction=config.eval_fraction, asked=len(asked),
-                       delivered=delivered, deliveries=deliveries, broadcast=bool(sampled), per_device=len(extra))
+                       delivered=delivered, deliveries=deliveries, broadcast=bool(sampled), per_device=len(extra),
+                       unanswered=unanswered)

@@ -59,8 +59,12 @@ def eval_sample(keys: Mapping[str, str], fraction: float, seed: int) -> tuple[li
 
 def eval_result(metrics: Mapping[str, Mapping[str, Any]], keys: Mapping[str, str], *, eval_fraction: float,
                 asked: int, delivered: int, deliveries: Mapping[str, int], broadcast: bool,
-                per_device: int) -> dict[str, Any]:
-    """The final evaluation's result from the ``metrics`` the devices sent (``keys``: each device's model)."""
+                per_device: int, unanswered: Sequence[str] = ()) -> dict[str, Any]:
+    """The final evaluation's result from the ``metrics`` the devices sent (``keys``: each device's model).
+
+    ``unanswered``: the devices asked that sent no accuracy before the deadline (offline, or their model
+    or command lost on the way), by name.
+    """
     per_client = {c: float(m["accuracy"]) for c, m in metrics.items() if "accuracy" in m}
     per_model: dict[str, list[float]] = {}
     for c, a in per_client.items():
@@ -73,6 +77,7 @@ def eval_result(metrics: Mapping[str, Mapping[str, Any]], keys: Mapping[str, str
         "model_per_client": {c: keys[c] for c in per_client},
         "eval_fraction": eval_fraction,
         "asked": asked, "evaluated": len(per_client),
+        "unanswered": sorted(set(unanswered) - set(per_client)),
         "model_bytes_delivered": delivered, "deliveries": deliveries,
         "commands": {"broadcast": int(broadcast), "per_device": per_device},
     }

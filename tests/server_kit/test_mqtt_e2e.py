@@ -142,7 +142,7 @@ def check_result(result, clients, rounds=3):
     # one evaluate command for the fleet, one sketch request
     for op in ("evaluate", "sketch"):
         assert [t for t, what in result.published if what == op] == [topics.broadcast()], op
-    assert result.final["asked"] == result.final["evaluated"] == len(clients)
+    assert result.final["asked"] == result.final["evaluated"] == len(clients) and result.final["unanswered"] == []
 
 
 def test_federation_over_embedded_amqtt_broker_keeps_exports_and_serves_its_models(digits, tmp_path, caplog):

@@ -472,14 +472,16 @@ def check_accounted(result, clients, rounds: int) -> None:
         accounted = h["reported"] + len(h["refused"]) + len(h["stragglers"]) + len(h["offline"])
         assert h["selected"] == len(clients) == accounted, h
         assert h["updates"] == h["reported"]
-    final = result.final
-    assert set(final["per_client"]) | set(result.dropped) == cids, (final, result.dropped)
+    final = result.final  # like a round's stragglers, a device whose model or command the cluster delayed past
+    # the deadline is named (a loaded machine: NATS's JetStream fell behind); every cluster is still evaluated
+    assert set(final["per_client"]) | set(final["unanswered"]) | set(result.dropped) == cids, (final, result.dropped)
+    assert set(final["per_model"]) == {f"c{k}" for k in set(result.assignment.values())}, final
 
 
 def test_federation_over_three_nats_nodes(digits, caplog):
     """12 devices, 4 on each node, the server on node 1: the run ends with ARI 1.0, every update in."""
-    # a QoS 1 message the cluster failed to hand over comes again after 5 s, not NATS's 30 s (one red CI run:
-    # a model that reached a device on another node past the 30 s evaluation deadline, on a loaded machine)
+    # a QoS 1 message not acknowledged comes again after 5 s, not NATS's 30 s (a late copy of an older model
+    # must not replace a newer one: ModelStore's model-stale)
     with NatsCluster(3, ack_wait_s=5) as cluster:
         urls = cluster.urls
         with caplog.at_level(logging.INFO, logger="edge_sdk.transport.mqtt"):
