@@ -271,7 +271,7 @@ def run_one(label: str, spec: dict[str, Any], clients, aux, args, architecture: 
     With ``record`` (a list), every round's updates are appended to it, so
     that :func:`replay_one` can replay the same warm-up for another variant.
     """
-    from edge_sdk.worker import TrainSettings
+    from edge_sdk.tasks import TrainSettings
     from server_kit.drivers.simulate import Simulator
 
     settings = TrainSettings(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, optimizer=args.optimizer)
@@ -336,8 +336,8 @@ def replay_one(label: str, spec: dict[str, Any], clients, aux, args, architectur
     round. Returns None (run it for real) if it has not clustered by the
     last recorded round.
     """
+    from edge_sdk.tasks import TrainSettings
     from edge_sdk.trainer import initial_weights
-    from edge_sdk.worker import TrainSettings
     from server_kit.strategies.base import ClientInfo
 
     settings = TrainSettings(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, optimizer=args.optimizer)

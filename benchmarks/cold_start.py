@@ -159,7 +159,7 @@ def _ours_class():
 def make_strategy(args, name: str):
     """``fedsketch`` (ours, as :mod:`paper_mnist` runs it) or ``fedavg``, with the paper's plain FedAvg."""
     from edge_sdk.nets import BASE_LAYERS
-    from edge_sdk.worker import TrainSettings
+    from edge_sdk.tasks import TrainSettings
     from server_kit.strategies.fedavg import FedAvg
 
     settings = TrainSettings(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size)

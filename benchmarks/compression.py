@@ -49,7 +49,7 @@ def run_one(label: str, args) -> dict:
     """One run (``ours:<method>`` or ``ifca:<method>``): accuracy per round and cumulative bytes per round."""
     from edge_sdk import OnnxEncoder
     from edge_sdk.nets import BASE_LAYERS
-    from edge_sdk.worker import TrainSettings
+    from edge_sdk.tasks import TrainSettings
     from server_kit.drivers.simulate import Simulator
     from server_kit.metrics import final_accuracy, rounds_to_target
     from server_kit.strategies.fedsketch import SketchClustered

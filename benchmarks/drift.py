@@ -66,7 +66,7 @@ def build(args):
 
 
 def make(name, args, arch):
-    from edge_sdk.worker import TrainSettings
+    from edge_sdk.tasks import TrainSettings
     from server_kit.strategies.fedavg import FedAvg
     from server_kit.strategies.fedsketch import SketchClustered
     from server_kit.strategies.ifca import IFCA

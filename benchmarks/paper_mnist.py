@@ -83,7 +83,7 @@ def make_method(name, args, clients, arch, tmp):
     """(strategy, encoder, extra) for a method; extra holds the pre-training phase's costs."""
     from edge_sdk import OnnxEncoder
     from edge_sdk.nets import BASE_LAYERS
-    from edge_sdk.worker import TrainSettings
+    from edge_sdk.tasks import TrainSettings
     from server_kit.strategies.fedavg import FedAvg
     from server_kit.strategies.fedsketch import SketchClustered
     from server_kit.strategies.ifca import IFCA

@@ -116,7 +116,7 @@ LAST = 3  # rounds averaged for the victims' accuracy
 
 def setup(args) -> dict[str, Any]:
     """Clients, held-out images, architecture, encoder name and training settings."""
-    from edge_sdk.worker import TrainSettings
+    from edge_sdk.tasks import TrainSettings
     from server_kit.data.partition import load_digits_images, rotation_groups, rotation_partition
 
     if args.quick:

@@ -30,8 +30,9 @@ from .local_model import LocalModel
 from .model_folder import ModelFolderError
 from .protocol import SERVER_ID, Kind, Message, ProtocolError, Topics
 from .sketch import Sketch, Sketcher, pairwise_hamming, stack_sketches
+from .tasks import Task, TrainSettings, Update
 from .transport import BrokerConfig, MemoryBroker, MemoryTransport, MqttTransport, NetworkLoop
-from .worker import LocalWorker, Task, TrainSettings, Update
+from .worker import LocalWorker
 
 __all__ = [
     "ArtifactHashError",

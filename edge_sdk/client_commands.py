@@ -32,8 +32,8 @@ from .protocol.commands import Op, parse
 from .sampling import in_sample
 from .schema import check_meta
 from .sketch import Sketch, Sketcher
+from .tasks import Task, TrainSettings
 from .uplink import update_body
-from .worker import Task, TrainSettings
 
 __all__ = ["ENDINGS", "HANDLERS", "LOCAL", "SERVER_STATUS", "VIA", "ClientCommands", "DeviceDrift"]
 

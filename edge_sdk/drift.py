@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._validation import check_positive
 from .sketch import Sketch, Sketcher
+from .validation import check_positive
 
 __all__ = ["DriftWatch", "noise_margin_bits"]
 

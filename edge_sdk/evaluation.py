@@ -25,11 +25,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ._validation import check_positive_int
 from .artifacts import artifact_path, load_manifest, sha256_file
 from .artifacts import models_dir as default_models_dir
 from .model_checks import ModelInfo, check_data, check_weights, state_spec
 from .torch_support import build_classifier, import_torch, torch_available, using_threads
+from .validation import check_positive_int
 
 __all__ = ["EvalResult", "OnnxClassifier", "classifier_io", "classifier_template", "evaluate", "onnx_classifier", "onnx_logits", "torch_logits"]
 

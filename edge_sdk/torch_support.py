@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ._validation import check_positive_int
 from .install import install_hint
 from .model_checks import ModelInfo, state_spec
+from .validation import check_positive_int
 
 __all__ = [
     "build_classifier",

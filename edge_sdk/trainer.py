@@ -33,7 +33,6 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ._validation import check_choice, check_positive_int
 from .artifacts import ArtifactSpec
 from .encoder import check_model_input
 from .evaluation import EvalResult, evaluate
@@ -47,6 +46,7 @@ from .torch_support import (
     using_threads,
 )
 from .train_loop import run_epochs
+from .validation import check_choice, check_positive_int
 
 __all__ = [
     "OPTIMIZERS",

@@ -13,7 +13,7 @@ import numpy as np
 
 from .compress import Compression, ErrorFeedback
 from .protocol import tensors_body
-from .worker import Update
+from .tasks import Update
 
 __all__ = ["update_body"]
 

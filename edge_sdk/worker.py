@@ -6,104 +6,25 @@ evaluation. The MQTT edge client (:mod:`edge_sdk.client`) and the in-process
 simulator (:mod:`server_kit.drivers.simulate`) both call it, so a simulated run and a
 real fleet execute the same client code.
 
-:class:`Task` and :class:`Update` are what cross between a strategy and a
-client: the models offered (one for most methods, K for IFCA, where the client
-keeps the one with the lowest loss on a local batch), the training settings,
-and what comes back.
+It turns a :class:`~edge_sdk.tasks.Task` into an
+:class:`~edge_sdk.tasks.Update` (:mod:`edge_sdk.tasks`: what crosses between a
+strategy and a device).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .sketch import Sketch, Sketcher
+from .tasks import Task, Update, Weights
 
-__all__ = ["LocalWorker", "Task", "TrainSettings", "Update"]
+__all__ = ["LocalWorker"]
 
 log = logging.getLogger(__name__)
-
-Weights = Mapping[str, np.ndarray]
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """Local training settings a strategy sends with a task."""
-
-    epochs: int = 1
-    lr: float = 1e-3
-    batch_size: int = 32
-    optimizer: str = "adam"
-
-    def __post_init__(self) -> None:
-        if int(self.epochs) < 1:
-            raise ValueError(f"epochs must be a positive integer, got {self.epochs!r}")
-        if not float(self.lr) > 0:
-            raise ValueError(f"lr must be positive, got {self.lr!r}")
-        if int(self.batch_size) < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {self.batch_size!r}")
-        if self.optimizer not in ("adam", "sgd"):
-            raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"epochs": int(self.epochs), "lr": float(self.lr),
-                "batch_size": int(self.batch_size), "optimizer": self.optimizer}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TrainSettings:
-        return cls(epochs=int(d.get("epochs", 1)), lr=float(d.get("lr", 1e-3)),
-                   batch_size=int(d.get("batch_size", 32)), optimizer=str(d.get("optimizer", "adam")))
-
-
-@dataclass(frozen=True)
-class Task:
-    """One client's work for one round.
-
-    ``models`` maps a model key (``"global"``, ``"c0"``, ...) to its weights.
-    With several models the client evaluates each on one local batch and
-    trains the one with the lowest loss (IFCA's selection).
-    """
-
-    cid: str
-    round: int
-    models: Mapping[str, Weights]
-    settings: TrainSettings = field(default_factory=TrainSettings)
-    evaluate_first: bool = True
-    #: Over-selected: a margin over what the round needs, so that a slow device does not hold it open.
-    spare: bool = False
-
-    @property
-    def group(self) -> tuple[str, ...]:
-        """The model keys offered, sorted: the tasks of a round that offer the same models form one group."""
-        return tuple(sorted(self.models))
-
-
-@dataclass(frozen=True)
-class Update:
-    """A client's answer to a :class:`Task`.
-
-    A compressed update arrives as ``delta`` (decoded: the change from the
-    model it was trained from, version ``version``), with ``weights`` empty
-    until the server's aggregation adds it to that model. A partial sum from
-    an aggregator is one too: its ``weights`` the weighted mean of its
-    ``members``' updates, ``n_samples`` their total.
-    """
-
-    cid: str
-    round: int
-    model_key: str
-    weights: dict[str, np.ndarray]
-    n_samples: int
-    loss: float
-    metrics: Mapping[str, float] = field(default_factory=dict)
-    delta: Mapping[str, np.ndarray] | None = None
-    version: int | None = None
-    #: A partial sum (an aggregator's weighted mean of several devices' updates): the devices it speaks for.
-    members: tuple[str, ...] = ()
 
 
 class LocalWorker:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from edge_sdk._validation import check_choice
+from edge_sdk.validation import check_choice
 
 if TYPE_CHECKING:
     import torch

@@ -19,7 +19,8 @@ import dataclasses
 
 import numpy as np
 
-from edge_sdk.worker import LocalWorker, Task, Update
+from edge_sdk.tasks import Task, Update
+from edge_sdk.worker import LocalWorker
 
 __all__ = ["ATTACKS", "HostileWorker", "SurvivingWorker", "other_key"]
 

@@ -361,7 +361,7 @@ def _checked_extras(args: argparse.Namespace, name: str) -> tuple[Any, dict[str,
 def _build_strategy(args: argparse.Namespace, name: str, config: Any, strat: dict[str, Any],
                     robust: dict[str, Any]) -> Any:
     """The strategy ``name`` with the ``[strategy]`` table and the options; a bad setting raises here."""
-    from edge_sdk.worker import TrainSettings
+    from edge_sdk.tasks import TrainSettings
 
     from .strategies import make_strategy
 

@@ -71,7 +71,7 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 def _defaults() -> dict[str, Any]:
     """Every option's default as --help shows it (those of ServerConfig, TrainSettings and the strategies)."""
-    from edge_sdk.worker import TrainSettings
+    from edge_sdk.tasks import TrainSettings
 
     from .drivers.config import ServerConfig
     from .pretrain.settings import PRETRAIN_DEFAULTS

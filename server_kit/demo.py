@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from .cli_options import DEFAULT_COMPRESS
 
 if TYPE_CHECKING:
-    from edge_sdk.worker import TrainSettings
+    from edge_sdk.tasks import TrainSettings
 
     from .drivers.result import RunResult
     from .strategies.fedsketch import SketchClustered
@@ -62,7 +62,7 @@ def run_demo(args: argparse.Namespace) -> dict:
     """Run the federation over MQTT and the FedAvg baseline; print both, write the report, return the summary."""
     from sklearn.metrics import adjusted_rand_score
 
-    from edge_sdk.worker import TrainSettings
+    from edge_sdk.tasks import TrainSettings
 
     from .data.partition import load_digits_images, rotation_partition
     from .report import accuracy_per_round

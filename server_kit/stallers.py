@@ -24,7 +24,8 @@ from typing import Any
 
 from edge_sdk.client import EdgeClient
 from edge_sdk.protocol import MAGIC, PROTOCOL_VERSION, Kind, Message
-from edge_sdk.worker import LocalWorker, Task, Update
+from edge_sdk.tasks import Task, Update
+from edge_sdk.worker import LocalWorker
 
 __all__ = ["STALLERS", "ClaimsForever", "MalformedUpdates", "SlowWorker", "raw_update", "run_and_release",
            "start_devices"]

@@ -64,7 +64,7 @@ def test_fedsketch_export_comes_from_the_server_side_through_an_entry_point(caps
 
 
 def test_one_definition_of_each_setting_check():
-    """The validators live in edge_sdk/_validation.py; no module defines a private copy again."""
+    """The validators live in edge_sdk/validation.py; no module defines a private copy again."""
     import re
 
     copies = re.compile(r"^def (_check_int|check_int|_check_positive_int|_positive_int|_check_positive|_positive|"
@@ -72,7 +72,7 @@ def test_one_definition_of_each_setting_check():
     found = {str(p.relative_to(ROOT)): copies.findall(p.read_text(encoding="utf-8"))
              for p in sorted([*(ROOT / "edge_sdk").rglob("*.py"), *(ROOT / "server_kit").rglob("*.py")])}
     assert {p: names for p, names in found.items() if names} == {
-        "edge_sdk/_validation.py": ["check_int", "check_number"],
+        "edge_sdk/validation.py": ["check_int", "check_number"],
         # a different contract, kept: two messages ("must be an integer", "must be >= N"), name first
         "server_kit/data/partition.py": ["_check_int"],
         # an argparse type: text in, not a value
@@ -84,7 +84,7 @@ def test_the_shared_checks_say_what_they_refuse():
     import numpy as np
     import pytest
 
-    from edge_sdk._validation import check_choice, check_int, check_positive, check_positive_int
+    from edge_sdk.validation import check_choice, check_int, check_positive, check_positive_int
 
     assert check_int(np.int64(3), "n", 0) == 3 and type(check_int(np.int64(3), "n", 0)) is int
     for bad in (True, np.bool_(True), 2.0, "2", -1):

@@ -22,9 +22,9 @@ from typing import Callable, Optional
 import numpy as np
 
 from .. import bits
-from .._validation import check_positive, check_positive_int
 from ..protocol import ProtocolError, check_id
 from ..transport import BrokerConfig
+from ..validation import check_positive, check_positive_int
 from .broker import probe_broker
 from .errors import BenchError
 from .inputs import (

@@ -57,8 +57,8 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_choice, check_int, check_number
 from ..protocol import ProtocolError
+from ..validation import check_choice, check_int, check_number
 
 __all__ = ["Compression", "Method", "decode_delta", "encode_delta", "keep_count"]
 

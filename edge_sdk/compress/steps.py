@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._validation import check_choice, check_int
 from ..protocol import ProtocolError
+from ..validation import check_choice, check_int
 from .codec import _CODES, Method, decode_delta
 
 __all__ = ["Step", "apply_steps", "chain_body", "parse_chain"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_choice
+from ..validation import check_choice
 from .checks import check_alpha
 
 __all__ = [

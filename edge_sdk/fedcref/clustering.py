@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .._validation import check_choice, check_int
+from ..validation import check_choice, check_int
 from .checks import check_dirtiness, check_k_range
 
 __all__ = [

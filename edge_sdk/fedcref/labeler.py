@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .._validation import check_int
+from ..validation import check_int
 from .models import as_inputs
 
 __all__ = ["OnnxCommunityLabeler"]

@@ -19,9 +19,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .._validation import check_int, check_positive
 from ..torch_support import using_threads
 from ..train_loop import run_epochs
+from ..validation import check_int, check_positive
 
 __all__ = [
     "ARCHITECTURES",

@@ -39,7 +39,8 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from ..sketch import Sketcher
-from ..worker import LocalWorker, Task, TrainSettings, Update
+from ..tasks import Task, TrainSettings, Update
+from ..worker import LocalWorker
 from . import records as rec
 
 __all__ = ["EVALUATE", "TRAIN", "NodeData", "TrainFn", "add_fedsketch", "client_app"]

@@ -51,7 +51,7 @@ from ..protocol import (
 )
 from ..schema import check_fields
 from ..sketch import Sketch
-from ..worker import Task, TrainSettings, Update
+from ..tasks import Task, TrainSettings, Update
 
 __all__ = [
     "HELLO",
@@ -215,7 +215,7 @@ def _record(key: str, weights: Mapping[str, np.ndarray], cache: dict[str, ArrayR
 
 
 def read_task(cid: str, content: RecordDict) -> tuple[Task, str]:
-    """A train message as the :class:`~edge_sdk.worker.Task` a worker fits, and the architecture."""
+    """A train message as the :class:`~edge_sdk.tasks.Task` a worker fits, and the architecture."""
     rec = _get(content, "config", ConfigRecord, "train message")
     keys = model_keys(content)
     if not keys:

@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from .._validation import check_choice
 from ..protocol import (
     DEFAULT_CHUNK_DEADLINE,
     DEFAULT_CHUNK_MEMORY,
     DEFAULT_CHUNK_PENDING_PER_SENDER,
     DEFAULT_CHUNK_TIMEOUT,
 )
+from ..validation import check_choice
 
 __all__ = ["BrokerConfig"]
 

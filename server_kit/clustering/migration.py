@@ -64,8 +64,8 @@ from typing import Any
 import numpy as np
 
 from edge_sdk import bits as _bits
-from edge_sdk._validation import check_int, check_number, check_positive
 from edge_sdk.sketch import Sketch
+from edge_sdk.validation import check_int, check_number, check_positive
 
 from .params import check_packed
 from .sketch import SketchClustering

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk._validation import check_choice, check_int
+from edge_sdk.validation import check_choice, check_int
 
 from .threshold import ACQ_FUNCS
 

@@ -37,7 +37,7 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from sklearn.utils import check_random_state
 
 from edge_sdk import bits as _bits
-from edge_sdk._validation import check_int
+from edge_sdk.validation import check_int
 
 from .centroids import NearestCentroids
 from .dendrogram import (

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from edge_sdk._validation import check_int
+from edge_sdk.validation import check_int
 
 from .clients import ClientData
 

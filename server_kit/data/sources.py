@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_sdk._validation import check_choice
+from edge_sdk.validation import check_choice
 from server_kit.data.clients import load_digits_images
 from server_kit.data.idx import load_fashion_mnist, load_idx_dataset, load_mnist
 

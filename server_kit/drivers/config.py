@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edge_sdk._validation import check_choice
+from edge_sdk.validation import check_choice
 
 __all__ = ["MODEL_DELIVERY", "ServerConfig"]
 

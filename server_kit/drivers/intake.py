@@ -33,7 +33,7 @@ from edge_sdk.protocol import (
     parse_tensors,
 )
 from edge_sdk.sketch import Sketch
-from edge_sdk.worker import Task, Update
+from edge_sdk.tasks import Task, Update
 
 from ..pretrain.rounds import AEPretraining
 from ..strategies.base import Strategy

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from edge_sdk.sampling import in_sample, sample_point
-from edge_sdk.worker import Update
+from edge_sdk.tasks import Update
 
 __all__ = ["eval_result", "eval_sample", "round_record"]
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from edge_sdk.protocol import Kind, Message, ProtocolError, parse_tensors, tensors_body
 from edge_sdk.schema import check_meta
-from edge_sdk.worker import Update
+from edge_sdk.tasks import Update
 
 from ..robust import Verdict
 from ..strategies.base import Strategy

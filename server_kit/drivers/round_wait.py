@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable
 
-from edge_sdk.worker import Task
+from edge_sdk.tasks import Task
 
 __all__ = ["Awaited", "CloseReason", "DeviceOutcome", "RoundClose", "RoundGroup", "RoundWait"]
 

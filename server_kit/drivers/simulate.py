@@ -23,8 +23,9 @@ from edge_sdk.compress import ErrorFeedback
 from edge_sdk.protocol import Kind, sketch_body
 from edge_sdk.protocol.commands import Op, build
 from edge_sdk.sketch import Sketch, Sketcher
+from edge_sdk.tasks import Task, Update
 from edge_sdk.uplink import update_body
-from edge_sdk.worker import LocalWorker, Task, Update
+from edge_sdk.worker import LocalWorker
 
 from ..data.partition import ClientData
 from ..metrics import (

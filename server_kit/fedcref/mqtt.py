@@ -43,7 +43,6 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from edge_sdk._validation import check_positive
 from edge_sdk.fedcref import initial_ae_weights, node_key, split_models
 from edge_sdk.fedcref.client import Payload
 from edge_sdk.protocol import (
@@ -55,6 +54,7 @@ from edge_sdk.protocol import (
     parse_tensors,
     tensors_body,
 )
+from edge_sdk.validation import check_positive
 
 from ..drivers.link import ServerLink
 from .server import FedCRefServer

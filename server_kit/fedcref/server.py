@@ -14,7 +14,6 @@ from typing import Any, Optional
 
 import numpy as np
 
-from edge_sdk._validation import check_int
 from edge_sdk.fedcref import (
     ARCHITECTURES,
     check_tau,
@@ -24,6 +23,7 @@ from edge_sdk.fedcref import (
     split_models,
 )
 from edge_sdk.fedcref.client import Payload
+from edge_sdk.validation import check_int
 
 from ..aggregate import fedavg
 from .graph import association_edges, connected_components, stop_rule_met

@@ -109,7 +109,7 @@ def _toml_params(text: object) -> dict[str, Any]:
 def build_strategy(cfg: FlowerRunConfig, truth: Mapping[str, int] | None = None,
                    on_round: Callable[[dict[str, Any]], None] | None = None) -> FlowerStrategy:
     """The adapter around ``make_strategy(cfg.strategy, ...)``: a bad name or setting raises here."""
-    from edge_sdk.worker import TrainSettings
+    from edge_sdk.tasks import TrainSettings
 
     from ..strategies import make_strategy
 

@@ -19,9 +19,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from edge_sdk._validation import check_positive_int
 from edge_sdk.protocol import SERVER_ID, decode_message, parse_tensors
 from edge_sdk.trainer import initial_weights, train_autoencoder_local
+from edge_sdk.validation import check_positive_int
 
 from ..report import progress_bar
 from .rounds import AEPretraining

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk._validation import check_choice
+from edge_sdk.validation import check_choice
 
 from ..aggregate import StreamingFedAvg
 from .coordinate import DEFAULT_TRIM_FRACTION, CoordinateAggregator

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk.worker import Update
+from edge_sdk.tasks import Update
 
 __all__ = ["ScreenReport", "Verdict", "apply_verdicts", "cap_samples", "clip_update", "delta_norm", "judge_norms",
            "screen_updates", "update_norms"]

@@ -35,7 +35,7 @@ import numpy as np
 
 from edge_sdk.compress import Compression
 from edge_sdk.sketch import Sketch
-from edge_sdk.worker import Task, TrainSettings, Update
+from edge_sdk.tasks import Task, TrainSettings, Update
 
 from ..aggregate import StreamingFedAvg
 from ..downstream import ModelVersions

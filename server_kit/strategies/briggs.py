@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk._validation import check_choice, check_int, check_number
-from edge_sdk.worker import Update
+from edge_sdk.tasks import Update
+from edge_sdk.validation import check_choice, check_int, check_number
 
 from ..clustering.hierarchy import cut_tree
 from ..clustering.updates import (

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk.worker import Task, TrainSettings, Update
+from edge_sdk.tasks import Task, TrainSettings, Update
 
 from .base import Strategy, add_updates, copy_weights
 

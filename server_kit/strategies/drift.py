@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk._validation import check_int
 from edge_sdk.bits import hamming_cdist, unpack_bits
+from edge_sdk.validation import check_int
 
 __all__ = ["WARMUP_EPOCHS", "WARMUP_ROUNDS", "DriftReport", "DriftTracker"]
 

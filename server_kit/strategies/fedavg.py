@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from edge_sdk.worker import Task, Update
+from edge_sdk.tasks import Task, Update
 
 from .base import Strategy, add_updates
 

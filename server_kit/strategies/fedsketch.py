@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from edge_sdk.sketch import Sketch, stack_sketches
-from edge_sdk.worker import TrainSettings
+from edge_sdk.tasks import TrainSettings
 
 from ..pretrain.settings import pretrain_config
 from .base import ClientInfo, copy_weights

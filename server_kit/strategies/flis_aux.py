@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk._validation import check_choice, check_number
-from edge_sdk.worker import Update
+from edge_sdk.tasks import Update
+from edge_sdk.validation import check_choice, check_number
 
 from .base import ClientInfo, Weights
 from .flis_math import PREDICTIONS, inference_similarity, prediction_matrix, softmax

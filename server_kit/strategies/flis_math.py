@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edge_sdk._validation import check_choice
+from edge_sdk.validation import check_choice
 
 from ..clustering.hierarchy import cut_tree
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk._validation import check_positive_int
+from edge_sdk.tasks import Task, Update
 from edge_sdk.trainer import state_spec
-from edge_sdk.worker import Task, Update
+from edge_sdk.validation import check_positive_int
 
 from .base import ClientInfo, Strategy, Weights, add_updates
 from .clustered import ClusteredFedAvg

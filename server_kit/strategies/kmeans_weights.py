@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk._validation import check_int, check_number
-from edge_sdk.worker import Update
+from edge_sdk.tasks import Update
+from edge_sdk.validation import check_int, check_number
 
 from ..clustering.updates import CHUNK, delta_chunks, delta_l1_distances
 from .update_clustered import UpdateClustered

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk._validation import check_int, check_number
-from edge_sdk.worker import Task, Update
+from edge_sdk.tasks import Task, Update
+from edge_sdk.validation import check_int, check_number
 
 from .base import ClientInfo
 from .clustered import ClusteredFedAvg

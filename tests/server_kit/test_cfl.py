@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
+from edge_sdk.tasks import TrainSettings, Update
 from edge_sdk.transport import MemoryBroker
-from edge_sdk.worker import TrainSettings, Update
 from server_kit.clustering.updates import delta_gram, mean_update_norm, update_norms
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edge_sdk.compress import Compression, Method, apply_steps, parse_chain
-from edge_sdk.worker import TrainSettings, Update
+from edge_sdk.tasks import TrainSettings, Update
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.downstream import ModelVersions
 from server_kit.drivers.simulate import Simulator

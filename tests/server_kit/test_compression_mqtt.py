@@ -16,8 +16,9 @@ from sklearn.metrics import adjusted_rand_score
 from edge_sdk.client import EdgeClient
 from edge_sdk.compress import Compression, encode_delta
 from edge_sdk.protocol import Kind, Topics
+from edge_sdk.tasks import TrainSettings
 from edge_sdk.transport import BrokerConfig, MqttTransport
-from edge_sdk.worker import LocalWorker, TrainSettings
+from edge_sdk.worker import LocalWorker
 from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from edge_sdk.protocol import Kind, sketch_body
-from edge_sdk.worker import TrainSettings
+from edge_sdk.tasks import TrainSettings
 from server_kit.data.drift import DriftEvent, DriftSchedule, rotate_images, rotation_drift
 from server_kit.drivers.simulate import Simulator
 from server_kit.metrics import message_bytes

@@ -18,8 +18,9 @@ import time
 import pytest
 
 from edge_sdk.client import EdgeClient
+from edge_sdk.tasks import TrainSettings
 from edge_sdk.transport import BrokerConfig, MqttTransport
-from edge_sdk.worker import LocalWorker, TrainSettings
+from edge_sdk.worker import LocalWorker
 from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.data.drift import rotation_drift
 from server_kit.drivers import Orchestrator, ServerConfig

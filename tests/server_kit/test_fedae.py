@@ -15,8 +15,9 @@ import pytest
 
 from edge_sdk.client import EdgeClient
 from edge_sdk.protocol import Kind, Message, Topics
+from edge_sdk.tasks import TrainSettings
 from edge_sdk.transport import MemoryBroker, MemoryTransport
-from edge_sdk.worker import LocalWorker, TrainSettings
+from edge_sdk.worker import LocalWorker
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.pretrain.settings import pretrain_config

@@ -16,9 +16,10 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.protocol import Kind, Message, Topics
+from edge_sdk.tasks import TrainSettings
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from edge_sdk.transport.netloop import NetworkLoop
-from edge_sdk.worker import LocalWorker, TrainSettings
+from edge_sdk.worker import LocalWorker
 from server_kit.broker import DEPLOY_CONF, MosquittoBroker, adapt_deploy_conf, find_mosquitto
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.emulate import EmulatedFleet, fleet_partition

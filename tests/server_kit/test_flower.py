@@ -22,7 +22,7 @@ from edge_sdk.flower import NodeData, client_app  # noqa: E402
 from edge_sdk.flower import records as rec  # noqa: E402
 from edge_sdk.protocol import ProtocolError  # noqa: E402
 from edge_sdk.sketch import Sketch  # noqa: E402
-from edge_sdk.worker import Update  # noqa: E402
+from edge_sdk.tasks import Update  # noqa: E402
 from server_kit.flower import FlowerRunConfig, FlowerStrategy, build_strategy, message_bytes  # noqa: E402
 from server_kit.strategies import make_strategy  # noqa: E402
 

@@ -32,8 +32,9 @@ from edge_sdk.protocol import (
     tensors_body,
 )
 from edge_sdk.signing import Signer, Verifier, generate_key
+from edge_sdk.tasks import Task, TrainSettings
 from edge_sdk.transport import BrokerConfig, MemoryBroker, MemoryTransport, MqttTransport
-from edge_sdk.worker import LocalWorker, Task, TrainSettings
+from edge_sdk.worker import LocalWorker
 from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from edge_sdk.features import ladd_features
+from edge_sdk.tasks import TrainSettings, Update
 from edge_sdk.transport import MemoryBroker
-from edge_sdk.worker import LocalWorker, TrainSettings, Update
+from edge_sdk.worker import LocalWorker
 from server_kit.data.partition import ClientData
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.drivers.simulate import Simulator

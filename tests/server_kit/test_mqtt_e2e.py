@@ -26,8 +26,9 @@ from edge_sdk.client import EdgeClient
 from edge_sdk.keeping import ModelKeeper
 from edge_sdk.model_folder import read_model_folder
 from edge_sdk.protocol import Topics
+from edge_sdk.tasks import TrainSettings
 from edge_sdk.transport import BrokerConfig, MqttTransport
-from edge_sdk.worker import LocalWorker, TrainSettings
+from edge_sdk.worker import LocalWorker
 from server_kit.broker import EmbeddedBroker, MosquittoBroker, find_mosquitto
 from server_kit.data.partition import load_digits_images, rotation_partition, save_client
 from server_kit.drivers import Orchestrator, ServerConfig

@@ -419,7 +419,8 @@ def run_federation(cluster, clients, *, rounds: int = 2, on_publish=None):
     """``test_mqtt_e2e.run_federation`` over a cluster: client ``i`` on node ``i % 3`` (its list starts there),
     the server on node 1. ``on_publish(topic, msg)`` sees each of the server's messages after it went."""
     from edge_sdk.client import EdgeClient
-    from edge_sdk.worker import LocalWorker, TrainSettings
+    from edge_sdk.tasks import TrainSettings
+    from edge_sdk.worker import LocalWorker
     from server_kit.drivers import Orchestrator, ServerConfig
     from server_kit.strategies.fedsketch import SketchClustered
 

@@ -11,8 +11,8 @@ from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.protocol import Kind, Message, Topics, encode_message, sketch_body, tensors_body
 from edge_sdk.sketch import Sketch
+from edge_sdk.tasks import TrainSettings
 from edge_sdk.transport import MemoryBroker, MemoryTransport
-from edge_sdk.worker import TrainSettings
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.strategies.fedavg import FedAvg
 from server_kit.strategies.fedsketch import SketchClustered

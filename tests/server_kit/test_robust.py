@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from edge_sdk.worker import TrainSettings, Update
+from edge_sdk.tasks import TrainSettings, Update
 from server_kit.attacks import HostileWorker, SurvivingWorker
 from server_kit.robust import (
     DEFAULT_NORM_BOUND,

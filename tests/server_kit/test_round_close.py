@@ -13,8 +13,8 @@ import threading
 import numpy as np
 import pytest
 
+from edge_sdk.tasks import Task, TrainSettings
 from edge_sdk.transport import BrokerConfig, MqttTransport
-from edge_sdk.worker import Task, TrainSettings
 from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.drivers.closing import ClosePolicy, wait_round

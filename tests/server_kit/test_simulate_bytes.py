@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edge_sdk.protocol import Kind, sketch_body
-from edge_sdk.worker import TrainSettings
+from edge_sdk.tasks import TrainSettings
 from server_kit.data.partition import load_digits_images, rotation_groups
 from server_kit.drivers.simulate import RoundRecord, SimulationResult, Simulator
 from server_kit.metrics import message_bytes, weights_message_bytes

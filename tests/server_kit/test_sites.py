@@ -27,8 +27,9 @@ from edge_sdk.client import EdgeClient
 from edge_sdk.compress import Compression
 from edge_sdk.protocol import Kind, Message, Topics, tensors_body
 from edge_sdk.signing import load_signer, load_verifier, write_keypair
+from edge_sdk.tasks import TrainSettings
 from edge_sdk.transport import BrokerConfig, MqttTransport
-from edge_sdk.worker import LocalWorker, TrainSettings
+from edge_sdk.worker import LocalWorker
 from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig

@@ -8,8 +8,8 @@ from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.protocol import Kind
 from edge_sdk.sketch import Sketch
+from edge_sdk.tasks import TrainSettings, Update
 from edge_sdk.transport import MemoryBroker
-from edge_sdk.worker import TrainSettings, Update
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.drivers.simulate import Simulator

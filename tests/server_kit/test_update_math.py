@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.spatial.distance import cdist
 
-from edge_sdk.worker import Update
+from edge_sdk.tasks import Update
 from server_kit.clustering.updates import (
     clustering_temperature,
     cosine_distances_from_gram,

@@ -11,7 +11,7 @@ import pytest
 from scipy.spatial.distance import cdist
 from sklearn.metrics import adjusted_rand_score
 
-from edge_sdk.worker import TrainSettings, Update
+from edge_sdk.tasks import TrainSettings, Update
 from server_kit.clustering.updates import (
     clustering_temperature,
     cosine_distances_from_gram,
