@@ -344,7 +344,7 @@ class EdgeClient(ClientCommands):
         self.refused_reason = None
         self._follow(["+"], confirm=False)
         self.feedback.reset()  # what was not sent belongs to the last run's models
-        self._save_feedback()
+        self.save_feedback()
         with self._models_cv:
             self.store.clear()
             for name in self.encoder_dirs:

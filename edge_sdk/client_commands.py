@@ -25,6 +25,7 @@ import numpy as np
 
 from .bits import fresh_seed
 from .compress import Compression
+from .compress.update_codec import update_codec
 from .drift import DriftWatch
 from .install import install_hint
 from .protocol import SERVER_ID, Kind, Message, ProtocolError, sketch_body, tensors_body
@@ -33,7 +34,6 @@ from .sampling import in_sample
 from .schema import check_meta
 from .sketch import Sketch, Sketcher
 from .tasks import Task, TrainSettings
-from .uplink import update_body
 
 __all__ = ["ENDINGS", "HANDLERS", "LOCAL", "SERVER_STATUS", "VIA", "ClientCommands", "DeviceDrift"]
 
@@ -253,7 +253,7 @@ class ClientCommands:
             log.info("moved from model %s to %s: the unsent part of its updates is dropped", self.model_key,
                      m["model_key"])
             self.feedback.reset()
-            self._save_feedback()
+            self.save_feedback()
         self.model_key = m["model_key"]
         log.info("assigned to model %s", self.model_key)
         if "follow" in m:
@@ -388,23 +388,18 @@ class ClientCommands:
             done.set()
         meta = {"round": r, "model_key": upd.model_key, "n_samples": upd.n_samples, "loss": upd.loss,
                 "metrics": dict(upd.metrics)}
-        comp = Compression.from_meta(m["compress"]) if "compress" in m else None
+        codec = update_codec(Compression.from_meta(m["compress"]) if "compress" in m else None)
         # the model it started from (a worker that names a model it was not sent is refused by the server)
         start = held.get(upd.model_key) or held[keys[0]]
-        if comp is not None and comp.enabled and start.version is None:
-            raise ValueError(f"round {r}: compressed updates asked, but model {upd.model_key!r} came without a "
-                             "version")
-        if comp is not None and comp.enabled:
-            self._read_feedback(comp)
-        body, _ = update_body(upd, start.weights, self.feedback, comp)
-        if comp is not None and comp.enabled:
-            meta["version"] = start.version
-            self._save_feedback()
-        self._send(self.topics.update(self.cid), Kind.UPDATE, r, meta, body)
-        log.info("round %d: trained %s on %d samples, loss %.4f; update sent (%d bytes%s)", r, upd.model_key,
-                 upd.n_samples, upd.loss, len(body), f", {comp}" if comp is not None and comp.enabled else "")
+        try:
+            body, extra, _ = codec.encode(upd.model_key, upd.weights, start.weights, start.version, self)
+        except ValueError as e:
+            raise ValueError(f"round {r}: {e}") from None
+        self._send(self.topics.update(self.cid), Kind.UPDATE, r, {**meta, **extra}, body)
+        log.info("round %d: trained %s on %d samples, loss %.4f; update sent (%d bytes, %s)", r, upd.model_key,
+                 upd.n_samples, upd.loss, len(body), codec.compression)
 
-    def _read_feedback(self, comp: Compression) -> None:
+    def load_feedback(self, comp: Compression) -> None:
         """Once, at the first compressed update: the error feedback the state folder kept, if of this method."""
         if self._feedback_read or self.state_dir is None:
             return
@@ -414,7 +409,7 @@ class ClientCommands:
             log.info("error feedback of %s restored from %s", ", ".join(self.feedback.keys) or "no model",
                      self.state_dir)
 
-    def _save_feedback(self) -> None:
+    def save_feedback(self) -> None:
         """Keep the error feedback in the state folder, if the device has one (a failure is logged, not fatal)."""
         if self.state_dir is None:
             return

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from edge_sdk.compress import decode_delta
+from edge_sdk.compress.update_codec import update_codec
 from edge_sdk.protocol import (
     Kind,
     Message,
@@ -36,6 +36,7 @@ from edge_sdk.sketch import Sketch
 from edge_sdk.tasks import Task, Update
 
 from ..pretrain.rounds import AEPretraining
+from ..rounds.admission import admit_update
 from ..strategies.base import Strategy
 from .link import ServerLink
 from .models import RunModels
@@ -70,6 +71,8 @@ class Intake:
         self.models = models
         self.num_classes = num_classes
         self.pace = pace or Pace()
+        #: How the run's updates come up (chosen once: whole weights, or compressed deltas).
+        self.codec = update_codec(strategy.compression)
         #: The run's phase and round (:meth:`RunPhase.enter` is the one way to change them).
         self.run = RunPhase()
         #: The clients the current phase waits for.
@@ -185,21 +188,10 @@ class Intake:
                              cid)
             return None
         wait = self.wait
-        if wait is None or rnd != self.round or cid not in self.tasked:
-            # a tasked device that names another round than the open one is refused for this round too
-            raise ProtocolError("stale-update", f"update for round {rnd} (current {self.round}, "
-                                                f"tasked: {cid in self.tasked})")
-        key = meta.get("model_key")
-        if key not in self.allowed.get(cid, ()):
-            raise ProtocolError("wrong-model", f"update for model {key!r} in round {rnd}; this client was sent "
-                                               f"{sorted(self.allowed.get(cid, ()))}")
-        if self.strategy.compression.enabled:
-            have = self.strategy.versions.version.get(key)
-            if meta.get("version") != have:
-                raise ProtocolError("wrong-version", f"update from model {key!r} version {meta.get('version')}; "
-                                                     f"the round's is version {have}")
-        if cid in self.updates or cid in self.held_elsewhere:
-            raise ProtocolError("duplicate-update", f"a second update from {cid} in round {rnd}")
+        # a tasked device that names another round than the open one is refused for this round too
+        admit_update(cid, meta, open_round=None if wait is None else self.round, tasked=cid in self.tasked,
+                     allowed=self.allowed.get(cid, frozenset()), version_of=self.strategy.versions.version.get,
+                     codec=self.codec, held=cid in self.updates or cid in self.held_elsewhere)
         return wait
 
     def on_update(self, cid: str, msg: Message) -> Update | None:
@@ -215,13 +207,9 @@ class Intake:
             return None
         key, n = m["model_key"], m["n_samples"]  # Strategy.aggregate weighs n by the count registered, never more
         # bad tensors raise: the link counts the refusal and tells the round (refuse_update)
-        comp = self.strategy.compression
-        if comp.enabled:
-            upd = Update(cid, m["round"], key, {}, n, m.get("loss", float("nan")), m["metrics"],
-                         delta=decode_delta(msg.body, self.models.spec, comp.method), version=m["version"])
-        else:
-            upd = Update(cid, m["round"], key, parse_tensors(msg.body, spec=self.models.spec), n,
-                         m.get("loss", float("nan")), m["metrics"])
+        body = self.codec.decode(msg.body, self.models.spec, m.get("version"))
+        upd = Update(cid, m["round"], key, body.weights, n, m.get("loss", float("nan")), m["metrics"],
+                     delta=body.delta, version=body.version)
         self.updates[cid] = upd
         wait.answer("update", cid)
         self.pace.note_update(wait, cid)

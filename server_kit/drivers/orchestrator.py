@@ -356,9 +356,7 @@ class Orchestrator:
         log.info("round %d: models once on %d cluster topic(s), %d copies per device", rnd,
                  deliveries["cluster_topic"], deliveries["per_device"])
         arch = {"architecture": self.architecture} if self.architecture else {}
-        comp = self.strategy.compression
-        if comp.enabled:  # the devices send their deltas compressed so, with their error feedback
-            arch["compress"] = comp.to_meta()
+        arch.update(self.intake.codec.command_meta)  # how the devices send their updates (compressed deltas?)
         for t in tasks:
             self.link.command(t.cid, Op.TRAIN, round=rnd, models=sorted(t.models), evaluate_first=t.evaluate_first,
                               **arch, **t.settings.to_dict())

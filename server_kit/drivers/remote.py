@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from edge_sdk.compress.update_codec import update_codec
 from edge_sdk.protocol import Kind, Message, ProtocolError, parse_tensors, tensors_body
 from edge_sdk.schema import check_meta
 from edge_sdk.tasks import Update
@@ -102,14 +103,11 @@ class RemoteRound:
         self._asked, self._partials = {}, {}
         #: This round's held updates no partial sum carried, with the reason (for the round's record).
         self.refused_by: dict[str, str] = {}
-        comp = self.strategy.compression
-        if comp.enabled:  # a model new or changed outside aggregation gets its version now (delivery does the same)
-            self.strategy.versions.sync(self.strategy.models)
+        versions = self.strategy.versions
+        versions.sync(self.strategy.models)  # a model new or changed outside aggregation: its version now
+        codec = update_codec(self.strategy.compression)
         for key in sorted(set(keys)):
-            meta: dict[str, Any] = {"round": rnd, "model_key": key}
-            if comp.enabled:
-                meta["version"] = self.strategy.versions.version.get(key)
-                meta["compress"] = comp.to_meta()
+            meta: dict[str, Any] = {"round": rnd, "model_key": key, **codec.base_meta(versions.version.get(key))}
             self.link.send(self.link.topics.aggregation(), Kind.COLLECT, meta=meta,
                            body=tensors_body(self.strategy.models[key]))
 

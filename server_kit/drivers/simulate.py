@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from edge_sdk.compress import ErrorFeedback
+from edge_sdk.compress.update_codec import InMemoryFeedback, update_codec
 from edge_sdk.protocol import Kind, sketch_body
 from edge_sdk.protocol.commands import Op, build
 from edge_sdk.sketch import Sketch, Sketcher
 from edge_sdk.tasks import Task, Update
-from edge_sdk.uplink import update_body
 from edge_sdk.worker import LocalWorker
 
 from ..data.partition import ClientData
@@ -181,9 +181,8 @@ class Simulator:
         self.progress = progress
         self.exported_encoder: Any = None
         self._encoder_tmp: tempfile.TemporaryDirectory[str] | None = None
-        self._size_cache: dict[Any, int] = {}
         #: Compression on: each device's error feedback, and the model versions it holds.
-        self._feedback: dict[str, ErrorFeedback] = {}
+        self._feedback: dict[str, InMemoryFeedback] = {}
         self._held: dict[str, dict[str, int]] = {}
         self.workers = {
             c.cid: LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test,
@@ -357,7 +356,7 @@ class Simulator:
         (:meth:`server_kit.downstream.ModelVersions.payload`); it then holds the current version.
         """
         versions = self.strategy.versions
-        comp = {"compress": versions.compression.to_meta()} if versions.enabled else {}
+        comp = update_codec(versions.compression).command_meta
         versions.sync(self.strategy.models)
         for t in tasks:
             ledger.add("CMD", "down", message_bytes(Kind.CMD, meta=build(
@@ -366,34 +365,23 @@ class Simulator:
             for key, w in t.models.items():
                 meta, body = versions.payload(key, held.get(key), w)  # whole, the same bytes, with compression off
                 ledger.add("MODEL", "down", message_bytes(Kind.MODEL, body, meta))
-                if versions.enabled:
-                    held[key] = versions.version[key]
+                held[key] = versions.version.get(key)  # None: models go whole (no versions)
 
     def _uplink(self, task: Task, u: Update, ledger: CommLedger) -> Update:
         """A trained update as the server gets it: whole, or its delta compressed with the device's feedback.
 
-        The bytes counted are those of the real encoded body
-        (:func:`edge_sdk.uplink.update_body`, what a device sends).
+        The bytes counted are those of the real encoded body (the run's
+        :class:`~edge_sdk.compress.update_codec.UpdateCodec`, what a device sends).
         """
         versions = self.strategy.versions
-        if not versions.enabled:
-            ledger.add("UPDATE", "up", self._update_bytes(u))
-            return u
-        feedback = self._feedback.setdefault(u.cid, ErrorFeedback(versions.compression))
+        codec = update_codec(versions.compression)
+        feedback = self._feedback.setdefault(u.cid, InMemoryFeedback(ErrorFeedback(versions.compression)))
         start = task.models.get(u.model_key) or next(iter(task.models.values()))  # a hostile worker's other key
-        body, sent = update_body(u, start, feedback, versions.compression)
+        body, extra, sent = codec.encode(u.model_key, u.weights, start, versions.version.get(u.model_key), feedback)
         meta = {"round": u.round, "model_key": u.model_key, "n_samples": u.n_samples, "loss": u.loss,
-                "metrics": dict(u.metrics), "version": versions.version[u.model_key]}
+                "metrics": dict(u.metrics), **extra}
         ledger.add("UPDATE", "up", message_bytes(Kind.UPDATE, body, meta))
-        return dataclasses.replace(u, weights={}, delta=sent, version=versions.version[u.model_key])
-
-    def _update_bytes(self, u) -> int:
-        k = ("update", u.model_key)
-        if k not in self._size_cache:
-            self._size_cache[k] = weights_message_bytes(Kind.UPDATE, u.weights, {
-                "round": u.round, "model_key": u.model_key, "n_samples": u.n_samples, "loss": u.loss,
-                "metrics": dict(u.metrics)})
-        return self._size_cache[k]
+        return u if sent is None else dataclasses.replace(u, weights={}, delta=sent, version=extra["version"])
 
 
 def _progress(it, desc: str, enabled: bool):

@@ -40,12 +40,14 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk.compress import Compression, decode_delta
+from edge_sdk.compress import Compression
+from edge_sdk.compress.update_codec import UpdateCodec, update_codec
 from edge_sdk.protocol import Kind, Message, ProtocolError, parse_tensors, tensors_body
 from edge_sdk.schema import check_meta
 
 from ..aggregate import fedavg
 from ..robust import clip_update, delta_norm
+from ..rounds.admission import admit_update
 
 __all__ = ["PartialAggregator", "RoundBase"]
 
@@ -54,12 +56,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RoundBase:
-    """What one round's updates start from: each model, its version, the run's compression."""
+    """What one round's updates start from: each model, its version, the run's update codec."""
 
     round: int
     models: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     versions: dict[str, int | None] = field(default_factory=dict)
-    compression: Compression = field(default_factory=lambda: Compression.parse("none"))
+    codec: UpdateCodec = field(default_factory=lambda: update_codec(None))
 
 
 @dataclass
@@ -124,13 +126,13 @@ class PartialAggregator:
 
     def _collect(self, meta: Mapping[str, Any], body: bytes) -> None:
         rnd, key = meta["round"], meta["model_key"]
-        comp = Compression.from_meta(meta["compress"]) if "compress" in meta else Compression.parse("none")
+        codec = update_codec(Compression.from_meta(meta["compress"]) if "compress" in meta else None)
         weights = parse_tensors(body)
         with self._lock:
             if self.base is None or self.base.round != rnd:
                 if self.base is not None and rnd < self.base.round:
                     raise ProtocolError("stale-round", f"COLLECT for round {rnd}, after round {self.base.round}")
-                self.base = RoundBase(rnd, compression=comp)
+                self.base = RoundBase(rnd, codec=codec)
                 self.held = {}
             self.base.models[key] = weights
             self.base.versions[key] = meta.get("version")
@@ -155,21 +157,11 @@ class PartialAggregator:
             if base is None or base.round != rnd:
                 raise ProtocolError("stale-update", f"update for round {rnd}; this aggregator collects round "
                                                     f"{None if base is None else base.round}")
-            model = base.models.get(key)
-            if model is None:
-                raise ProtocolError("wrong-model", f"update for model {key!r}; round {rnd} collects "
-                                                   f"{sorted(base.models)}")
-            if cid in self.held:
-                raise ProtocolError("duplicate-update", f"a second update from {cid} in round {rnd}")
+            admit_update(cid, meta, open_round=base.round, tasked=True, allowed=base.models.keys(),
+                         version_of=base.versions.get, codec=base.codec, held=cid in self.held)
+            model = base.models[key]
         spec = {n: (tuple(v.shape), str(v.dtype)) for n, v in model.items()}
-        if base.compression.enabled:
-            if meta.get("version") != base.versions.get(key):
-                raise ProtocolError("wrong-version", f"update from model {key!r} version {meta.get('version')}; "
-                                                     f"the round's is version {base.versions.get(key)}")
-            delta = decode_delta(body, spec, base.compression.method)
-            weights = {n: np.asarray(np.add(model[n], delta[n], dtype=np.float32)) for n in model}
-        else:
-            weights = parse_tensors(body, spec=spec)
+        weights = base.codec.weights(base.codec.decode(body, spec, meta.get("version")), model)
         held = _Held(key, weights, delta_norm(weights, model))
         with self._lock:
             if self.base is not base:
@@ -217,7 +209,7 @@ class PartialAggregator:
                 raise ProtocolError("stale-round", f"FLUSH for round {rnd}; this aggregator holds round "
                                                    f"{None if base is None else base.round}")
             held, self.held = self.held, {}
-            self.base = RoundBase(rnd + 1, compression=base.compression)
+            self.base = RoundBase(rnd + 1, codec=base.codec)
         by_key: dict[str, list[tuple[str, dict[str, np.ndarray], int]]] = {}
         for cid, (n, scale) in members.items():
             h = held.get(cid)

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from edge_sdk.compress import Compression
+from edge_sdk.compress.update_codec import with_delta
 from edge_sdk.sketch import Sketch
 from edge_sdk.tasks import Task, TrainSettings, Update
 
@@ -292,8 +293,7 @@ class Strategy(ABC):
         for u in updates:
             if u.delta is not None:
                 base = self.models[u.model_key]
-                u = dataclasses.replace(u, delta=None, weights={
-                    n: np.asarray(np.add(base[n], u.delta[n], dtype=np.float32)) for n in base})
+                u = dataclasses.replace(u, delta=None, weights=with_delta(base, u.delta))
             out.append(u)
         return out
 

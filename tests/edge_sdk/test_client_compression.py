@@ -69,7 +69,7 @@ def test_the_update_is_the_compressed_delta_and_the_rest_is_kept_across_a_restar
     assert again.feedback.keys == []
     fresh, _ = device(tmp_path)
     fresh._feedback_read = False
-    fresh._read_feedback(Compression.parse("topk:0.1"))
+    fresh.load_feedback(Compression.parse("topk:0.1"))
     assert fresh.feedback.keys == []
 
 

@@ -32,6 +32,7 @@ from edge_sdk.transport import BrokerConfig, MqttTransport
 from edge_sdk.worker import LocalWorker
 from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.data.partition import load_digits_images, rotation_partition
+from server_kit.downstream import ModelVersions
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.drivers.link import ServerLink
 from server_kit.drivers.remote import RemoteRound
@@ -307,7 +308,8 @@ def test_hostile_aggregator_messages_are_refused_with_their_reasons(tmp_path):
         server.connect(timeout=10)
         intake = SimpleNamespace(round=1, held_elsewhere={"d0": SimpleNamespace(n_samples=10),
                                                           "d1": SimpleNamespace(n_samples=20)})
-        strategy = SimpleNamespace(compression=Compression.parse("none"), models={"c0": weights})
+        strategy = SimpleNamespace(compression=Compression.parse("none"), models={"c0": weights},
+                                   versions=ModelVersions(Compression.parse("none")))
         models = SimpleNamespace(spec={"w": ((2, 2), "float32")})
         remote = RemoteRound(link, intake, strategy, models, ["site-a"], timeout_s=10)
 
