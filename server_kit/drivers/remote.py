@@ -40,7 +40,7 @@ from edge_sdk.protocol import Kind, Message, ProtocolError, parse_tensors, tenso
 from edge_sdk.schema import check_meta
 from edge_sdk.tasks import Update
 
-from ..robust import Verdict
+from ..robust.screening import Verdict, sample_cap
 from ..strategies.base import Strategy
 from .intake import Intake
 from .link import ServerLink
@@ -178,11 +178,9 @@ class RemoteRound:
             v = verdicts.get(cid, Verdict())
             if v.refused is not None:
                 continue
-            n = self.intake.held_elsewhere[cid].n_samples
-            limit = int(registered.get(cid, 0) or 0)
-            if limit > 0 and n > limit:
-                log.warning("update of %s claims %d samples; capped at the %d it registered", cid, n, limit)
-                n, capped = limit, capped + 1
+            claimed = self.intake.held_elsewhere[cid].n_samples
+            n = sample_cap(cid, claimed, registered)
+            capped += n != claimed
             self._asked.setdefault(aid, {}).setdefault(self.keys[cid], {})[cid] = n
             scales[cid] = v.scale
         for aid, by_key in sorted(self._asked.items()):

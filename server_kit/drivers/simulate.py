@@ -378,7 +378,8 @@ class Simulator:
         feedback = self._feedback.setdefault(u.cid, InMemoryFeedback(ErrorFeedback(versions.compression)))
         start = task.models.get(u.model_key) or next(iter(task.models.values()))  # a hostile worker's other key
         body, extra, sent = codec.encode(u.model_key, u.weights, start, versions.version.get(u.model_key), feedback)
-        meta = {"round": u.round, "model_key": u.model_key, "n_samples": u.n_samples, "loss": u.loss,
+        loss = u.loss if math.isfinite(u.loss) else 0.0  # a hostile worker's inf is not JSON: a number's bytes
+        meta = {"round": u.round, "model_key": u.model_key, "n_samples": u.n_samples, "loss": loss,
                 "metrics": dict(u.metrics), **extra}
         ledger.add("UPDATE", "up", message_bytes(Kind.UPDATE, body, meta))
         return u if sent is None else dataclasses.replace(u, weights={}, delta=sent, version=extra["version"])

@@ -20,7 +20,7 @@ import numpy as np
 
 from edge_sdk.tasks import Update
 
-__all__ = ["ScreenReport", "Verdict", "apply_verdicts", "cap_samples", "clip_update", "delta_norm", "judge_norms",
+__all__ = ["ScreenReport", "Verdict", "apply_verdicts", "cap_samples", "sample_cap", "clip_update", "delta_norm", "judge_norms",
            "screen_updates", "update_norms"]
 
 log = logging.getLogger(__name__)
@@ -258,6 +258,15 @@ def screen_updates(updates: Sequence[Update], references: Mapping[str, Weights],
     return apply_verdicts(updates, references, verdicts, norms), report
 
 
+def sample_cap(cid: str, n_samples: int, registered: Mapping[str, int]) -> int:
+    """The one sample cap: ``n_samples`` at most the count ``cid`` registered (absent or 0: not capped), logged."""
+    limit = int(registered.get(cid, 0) or 0)
+    if limit > 0 and n_samples > limit:
+        log.warning("update of %s claims %d samples; capped at the %d it registered", cid, n_samples, limit)
+        return limit
+    return n_samples
+
+
 def cap_samples(updates: Sequence[Update], registered: Mapping[str, int]) -> tuple[list[Update], int]:
     """Cap each update's ``n_samples`` at the count its client registered.
 
@@ -277,10 +286,9 @@ def cap_samples(updates: Sequence[Update], registered: Mapping[str, int]) -> tup
     """
     out, capped = [], 0
     for u in updates:
-        limit = int(registered.get(u.cid, 0) or 0)
-        if limit > 0 and u.n_samples > limit:
-            log.warning("update of %s claims %d samples; capped at the %d it registered", u.cid, u.n_samples, limit)
-            out.append(dataclasses.replace(u, n_samples=limit))
+        n = sample_cap(u.cid, u.n_samples, registered)
+        if n != u.n_samples:
+            out.append(dataclasses.replace(u, n_samples=n))
             capped += 1
         else:
             out.append(u)
