@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from edge_sdk.compress import Compression, ErrorFeedback, Step, chain_body
+from edge_sdk.compress.update_codec import with_delta
 from edge_sdk.protocol import tensors_body
 
 __all__ = ["DEFAULT_CACHE_STEPS", "ModelVersions"]
@@ -112,7 +113,7 @@ class ModelVersions:
                 continue
             delta = {n: np.asarray(np.subtract(weights[n], canon[n], dtype=np.float32)) for n in sorted(canon)}
             body, sent = self._feedback.compress(key, delta)
-            new = {n: np.asarray(np.add(canon[n], sent[n], dtype=np.float32)) for n in canon}
+            new = with_delta(canon, sent)
             v = self.version[key] + 1
             self._steps[key].append(Step(v - 1, v, body))
             self.version[key] = v
