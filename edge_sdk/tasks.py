@@ -79,9 +79,7 @@ class Update:
 
     A compressed update arrives as ``delta`` (decoded: the change from the
     model it was trained from, version ``version``), with ``weights`` empty
-    until the server's aggregation adds it to that model. A partial sum from
-    an aggregator is one too: its ``weights`` the weighted mean of its
-    ``members``' updates, ``n_samples`` their total.
+    until the server's aggregation adds it to that model.
     """
 
     cid: str
@@ -93,5 +91,8 @@ class Update:
     metrics: Mapping[str, float] = field(default_factory=dict)
     delta: Mapping[str, np.ndarray] | None = None
     version: int | None = None
-    #: A partial sum (an aggregator's weighted mean of several devices' updates): the devices it speaks for.
-    members: tuple[str, ...] = ()
+
+    @property
+    def speaks_for(self) -> tuple[str, ...]:
+        """The devices whose training it carries: its own (a server's partial sum carries several)."""
+        return (self.cid,)

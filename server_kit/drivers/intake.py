@@ -37,6 +37,7 @@ from edge_sdk.tasks import Task, Update
 
 from ..pretrain.rounds import AEPretraining
 from ..rounds.admission import admit_update
+from ..rounds.arrivals import Receipt
 from ..strategies.base import Strategy
 from .link import ServerLink
 from .models import RunModels
@@ -86,7 +87,7 @@ class Intake:
         self.tasked_rounds: dict[str, set[int]] = {}
         self.updates: dict[str, Update] = {}
         #: The round's updates aggregators hold (:mod:`server_kit.partials`): their receipts, weights left there.
-        self.held_elsewhere: dict[str, Update] = {}
+        self.held_elsewhere: dict[str, Receipt] = {}
         #: The autoencoder pre-training of the run, while it goes on (:mod:`server_kit.pretrain.rounds`).
         self.ae: AEPretraining | None = None
         self.metrics: dict[str, dict[str, Any]] = {}
@@ -215,15 +216,15 @@ class Intake:
         self.pace.note_update(wait, cid)
         return upd
 
-    def on_receipt(self, cid: str, meta: Mapping[str, Any]) -> Update | None:
+    def on_receipt(self, cid: str, meta: Mapping[str, Any]) -> Receipt | None:
         """An aggregator holds ``cid``'s update: checked as the update would be, recorded (weights left there)."""
         wait = self.admit_update(cid, meta)
         if wait is None:
             return None
         if "n_samples" not in meta:
             raise ProtocolError("meta-field", "a receipt of an update must name its n_samples")
-        upd = Update(cid, meta["round"], meta["model_key"], {}, meta["n_samples"], meta.get("loss", float("nan")),
-                     meta["metrics"], version=meta.get("version"))
+        upd = Receipt(cid, meta["round"], meta["model_key"], meta["n_samples"], meta.get("loss", float("nan")),
+                      meta["metrics"], version=meta.get("version"))
         self.held_elsewhere[cid] = upd
         wait.answer("update", cid)
         self.pace.note_update(wait, cid)

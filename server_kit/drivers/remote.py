@@ -38,9 +38,9 @@ from typing import Any
 from edge_sdk.compress.update_codec import update_codec
 from edge_sdk.protocol import Kind, Message, ProtocolError, parse_tensors, tensors_body
 from edge_sdk.schema import check_meta
-from edge_sdk.tasks import Update
 
 from ..robust.screening import Verdict, sample_cap
+from ..rounds.arrivals import PartialSum
 from ..strategies.base import Strategy
 from .intake import Intake
 from .link import ServerLink
@@ -89,7 +89,7 @@ class RemoteRound:
         self.keys: dict[str, str] = {}
         self.held_by: dict[str, str] = {}
         self._asked: dict[str, dict[str, dict[str, int]]] = {}
-        self._partials: dict[tuple[str, str], Update] = {}
+        self._partials: dict[tuple[str, str], PartialSum] = {}
         self.refused_by: dict[str, str] = {}
         #: Partial sums combined, and members refused for want of one (per reason), over the run.
         self.combined = 0
@@ -162,10 +162,10 @@ class RemoteRound:
             raise ProtocolError("partial-samples", f"partial sum of model {key!r} claims {meta['n_samples']} "
                                                    f"samples; its members' counts add up to {total}")
         weights = parse_tensors(body, spec=self.models.spec)
-        self._partials[(aid, key)] = Update(aid, rnd, key, weights, total, float("nan"), {}, members=tuple(members))
+        self._partials[(aid, key)] = PartialSum(aid, rnd, key, weights, total, tuple(members))
 
     # -- the round closes -----------------------------------------------------------
-    def collect(self, verdicts: Mapping[str, Verdict], registered: Mapping[str, int]) -> tuple[list[Update], int]:
+    def collect(self, verdicts: Mapping[str, Verdict], registered: Mapping[str, int]) -> tuple[list[PartialSum], int]:
         """Tell each aggregator what to sum (``FLUSH``), wait for its partial sums; return them and the caps.
 
         A member's sample count is capped at the one it registered, and its

@@ -53,6 +53,7 @@ from ..robust import (
     make_aggregator,
     update_norms,
 )
+from ..rounds.arrivals import PartialSum
 
 __all__ = ["RESKETCH_SALT", "SPARE_SALT", "ClientInfo", "HeldElsewhere", "Strategy", "Weights", "add_updates",
            "copy_weights"]
@@ -84,7 +85,7 @@ def copy_weights(w: Weights) -> dict[str, np.ndarray]:
     return {k: np.array(v, copy=True) for k, v in w.items()}
 
 
-def add_updates(agg: StreamingFedAvg | CoordinateAggregator, updates: Sequence[Update], key: str,
+def add_updates(agg: StreamingFedAvg | CoordinateAggregator, updates: Sequence[Update | PartialSum], key: str,
                 only: Sequence[str] | None = None) -> int:
     """Add the updates for model ``key`` (restricted to parameter names ``only``); returns how many."""
     n = 0
@@ -113,8 +114,9 @@ class HeldElsewhere(Protocol):
     #: Each held update's model key, by client.
     keys: Mapping[str, str]
 
-    def collect(self, verdicts: Mapping[str, Verdict], registered: Mapping[str, int]) -> tuple[list[Update], int]:
-        """The partial sums (an :class:`Update` each, its ``members`` named) and how many sample counts were capped."""
+    def collect(self, verdicts: Mapping[str, Verdict], registered: Mapping[str, int]
+                ) -> tuple[list[PartialSum], int]:
+        """The partial sums (a :class:`~server_kit.rounds.arrivals.PartialSum` each) and the sample counts capped."""
         ...
 
 
@@ -279,7 +281,7 @@ class Strategy(ABC):
         return self.versions.compression
 
     @abstractmethod
-    def _combine(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
+    def _combine(self, rnd: int, updates: Sequence[Update | PartialSum]) -> dict[str, Any]:
         """The private hook: combine the round's decompressed, screened updates; a summary for the logs.
 
         Subclasses combine each model's updates with :meth:`new_aggregator`

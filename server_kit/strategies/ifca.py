@@ -128,7 +128,7 @@ class IFCA(Strategy):
             accepted += n
         for u in updates:
             if u.model_key in self.models:
-                for cid in u.members or (u.cid,):  # a partial sum speaks for its members
+                for cid in u.speaks_for:  # a partial sum speaks for its members
                     self.choices[cid] = u.model_key
             else:
                 log.warning("round %d: update of %s names unknown model %r", rnd, u.cid, u.model_key)

@@ -363,7 +363,7 @@ def test_hostile_aggregator_messages_are_refused_with_their_reasons(tmp_path):
         rejected = server.rejected
         for t in (agg, stranger, unsigned, server):
             t.close()
-    assert [(u.cid, u.model_key, u.n_samples, u.members) for u in out] == [("site-a", "c0", 30, ("d0", "d1"))]
+    assert [(u.aggregator, u.model_key, u.n_samples, u.members) for u in out] == [("site-a", "c0", 30, ("d0", "d1"))]
     assert capped == 0 and remote.refused_by == {}
     assert refusals == {"partial-round": 1, "partial-unasked": 1, "partial-samples": 1}
     assert {k: rejected.get(k, 0) for k in ("unknown-aggregator", "unsigned", "replay")} == \
