@@ -19,9 +19,10 @@ from typing import Any
 from edge_sdk.protocol import tensors_body
 from edge_sdk.protocol.commands import Op
 
+from ..ids import some_ids
 from .config import ServerConfig
 from .delivery import Delivery
-from .fleet import Fleet, some_ids
+from .fleet import Fleet
 from .intake import Intake
 from .link import ServerLink
 from .models import RunModels

@@ -37,7 +37,7 @@ def write_checkpoint(directory: str | Path, rnd: int, strategy: Strategy, *, his
 
     ``fresh``: the sketches a run that follows drift got during training and has not handed to its strategy
     yet (:mod:`~server_kit.drivers.resketch`); None (a run that does not follow drift) writes no such key.
-    ``pace``: the run's memory of its devices' pace (:meth:`server_kit.drivers.pace.Pace.state`).
+    ``pace``: the run's memory of its devices' pace (:meth:`server_kit.rounds.pace.Pace.state`).
     ``run_id``: the run's id, which a resumed run announces again (its devices keep what the run gave them).
     """
     from safetensors.numpy import save_file

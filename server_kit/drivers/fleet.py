@@ -22,7 +22,7 @@ from ..strategies.base import ClientInfo
 from .link import ServerLink
 from .models import RunModels
 
-__all__ = ["ADMISSIONS_LOGGED", "ClientState", "Fleet", "some_ids"]
+__all__ = ["ADMISSIONS_LOGGED", "ClientState", "Fleet"]
 
 #: Admissions logged one by one at INFO while a fleet registers; the rest at DEBUG.
 ADMISSIONS_LOGGED = 20
@@ -61,11 +61,6 @@ class DeviceSpeed:
 
     def to_dict(self) -> dict[str, Any]:
         return {"cpu": self.cpu, **self.figures}
-
-
-def some_ids(cids: list[str], shown: int = 20) -> str:
-    """The first ``shown`` ids for a log line (a fleet's worth would flood the log)."""
-    return ", ".join(cids[:shown]) + (f" ... ({len(cids)} in all)" if len(cids) > shown else "")
 
 
 class Fleet:

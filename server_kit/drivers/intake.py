@@ -38,12 +38,12 @@ from edge_sdk.tasks import Task, Update
 from ..pretrain.rounds import AEPretraining
 from ..rounds.admission import admit_update
 from ..rounds.arrivals import Receipt
+from ..rounds.pace import Pace
+from ..rounds.round_wait import Awaited, RoundWait
 from ..strategies.base import Strategy
 from .link import ServerLink
 from .models import RunModels
-from .pace import Pace
 from .phase import Phase, RunPhase
-from .round_wait import Awaited, RoundWait
 
 __all__ = ["Awaited", "Intake"]
 

@@ -20,7 +20,7 @@ or its in-memory twin in unit tests):
    collected until every group of the round has its report goal (then a
    grace for the stragglers; a refused update counts as its device's
    answer), nobody is left to wait for (a device that vanished, announced
-   by its last will, is not waited for), or the deadline (see :mod:`~server_kit.drivers.closing`); aggregate, checkpoint;
+   by its last will, is not waited for), or the deadline (see :mod:`~server_kit.rounds.closing`); aggregate, checkpoint;
    a device refused round after round is benched (:mod:`~.pace`);
 5. a final evaluation: one broadcast ``evaluate`` command (each device
    evaluates the model it was assigned), of all the assigned online devices
@@ -67,6 +67,8 @@ from edge_sdk.protocol.commands import Op
 from edge_sdk.rejections import RejectionLog
 from edge_sdk.schema import check_meta
 
+from ..rounds.pace import Pace
+from ..rounds.training import TrainingRound
 from ..serving.export import ExportedRun, export_models, exported_accuracy
 from ..serving.handover import hand_over, keep_all
 from ..serving.offers import final_accuracy_per_model, model_offers
@@ -74,21 +76,18 @@ from ..strategies.base import Strategy
 from .ae_phase import pretrain_ae
 from .assignment import ASK_AGAIN_S, Assignments
 from .checkpoint import read_checkpoint, read_encoder, write_checkpoint
-from .closing import ClosePolicy, wait_round
 from .config import ServerConfig
 from .delivery import Delivery
 from .final_eval import final_evaluation
-from .fleet import ClientState, Fleet, some_ids
+from .fleet import ClientState, Fleet
 from .intake import Intake
 from .link import ServerLink, new_run_id
 from .models import RunModels
-from .pace import Pace
 from .phase import Phase
-from .records import round_record
 from .remote import RemoteRound
 from .resketch import Resketch, drift_totals
 from .result import RunResult
-from .round_wait import RoundClose, RoundWait
+from .round_port import MqttRoundPort
 
 __all__ = ["Orchestrator", "ServerConfig"]
 
@@ -162,6 +161,12 @@ class Orchestrator:
                                       timeout_s=config.partial_timeout_s, alive=alive)
         elif updates_elsewhere:
             raise ValueError("updates_elsewhere needs aggregators to take the updates")
+        port = MqttRoundPort(strategy=strategy, config=config, link=self.link, fleet=self.fleet,
+                             delivery=self.delivery, pace=self.pace, codec=self.intake.codec,
+                             architecture=lambda: self.architecture, deadline=self.round_deadline, remote=self.remote)
+        #: The run's training rounds (:class:`~server_kit.rounds.training.TrainingRound`), their messages over MQTT.
+        self.training = TrainingRound(strategy, self.intake, port, self.pace, over_select=config.over_select,
+                                      report_goal=config.report_goal)
 
     # -- the run's devices and models ---------------------------------------
     @property
@@ -345,45 +350,13 @@ class Orchestrator:
     def _run_round(self, rnd: int) -> dict[str, Any]:
         t0 = time.monotonic()
         drift = self.resketch.before_round(rnd)  # fresh sketches, moves (a run that follows drift)
-        tasks = self.strategy.plan_round(rnd, self.trainable(), self.config.over_select)
-        intake = self.intake
-        wait = intake.open_round(rnd, tasks, self.fleet.online_ids, report_goal=self.config.report_goal)
-        if self.remote is not None:  # the aggregators learn what this round's updates start from
-            self.remote.open(rnd, {k for t in tasks for k in t.models})
-        # what each client is offered (IFCA: all K), as the devices download it
-        delivered, deliveries = self.delivery.deliver_models({t.cid: list(t.models) for t in tasks},
-                                                             self.strategy.models, self.strategy.versions)
-        log.info("round %d: models once on %d cluster topic(s), %d copies per device", rnd,
-                 deliveries["cluster_topic"], deliveries["per_device"])
-        arch = {"architecture": self.architecture} if self.architecture else {}
-        arch.update(self.intake.codec.command_meta)  # how the devices send their updates (compressed deltas?)
-        for t in tasks:
-            self.link.command(t.cid, Op.TRAIN, round=rnd, models=sorted(t.models), evaluate_first=t.evaluate_first,
-                              **arch, **t.settings.to_dict())
-        close = self._wait_round(rnd, wait)
-        intake.close_round()
-        updates = [intake.updates[c] for c in sorted(intake.updates)]
-        arrived = [*updates, *(intake.held_elsewhere[c] for c in sorted(intake.held_elsewhere))]
-        missing = sorted(intake.tasked - set(intake.updates) - set(intake.held_elsewhere))
-        if missing:
-            log.warning("round %d closed (%s at %.1f s) without %d client(s): %s", rnd, close.reason.value,
-                        close.close_s, len(missing), some_ids(missing))
-        remote = self.remote if self.remote is not None and intake.held_elsewhere else None
-        summary = self.strategy.aggregate(rnd, updates, remote=remote) if arrived else {"updates": 0}
-        wait.screen(summary.get("refused_by") or {})
-        if remote is not None:
-            wait.screen(remote.refused_by)
-        if drift is not None:
-            summary["drift"] = drift
-        for cid in self.pace.after_round(wait, close.extended_by):
-            self.fleet.bench(cid, self.pace.benched[cid])
-        rec = round_record(rnd, len(tasks), arrived, missing, summary, delivered, deliveries, t0)
-        rec.update(wait.record(close, lambda c: c in self.fleet.online_ids))
+        report = self.training.run(rnd, self.trainable(), drift=drift, started=t0)
+        rec = report.to_dict()
         self.history.append(rec)
         self._checkpoint(rnd)
         if self.on_round:
             self.on_round(rec)
-        log.info("round %d: %d/%d updates, loss %s", rnd, len(arrived), len(tasks), rec["loss"])
+        log.info("round %d: %d/%d updates, loss %s", rnd, report.updates, report.tasked, report.loss)
         return rec
 
     def round_deadline(self, rnd: int) -> float:
@@ -399,17 +372,6 @@ class Orchestrator:
         if rnd == 1 or not slowest:
             return c.first_round_timeout_s or 3 * c.round_timeout_s
         return max(c.round_timeout_s, 2 * slowest)
-
-    def _wait_round(self, rnd: int, wait: RoundWait) -> RoundClose:
-        """Pump until the round may close (:func:`~.closing.wait_round`: goal and grace, deadline, plausible claims)."""
-        c = self.config
-        policy = ClosePolicy(deadline_s=self.round_deadline(rnd), max_round_s=c.max_round_s or 10 * c.round_timeout_s,
-                             progress_grace_s=c.progress_grace_s, straggler_grace=c.straggler_grace)
-
-        def claims() -> dict[str, tuple[int, float]]:
-            return {cid: w for cid in wait.left if (w := self.clients[cid].working) is not None}
-
-        return wait_round(self.link.pump, wait, policy, self.pace, claims)
 
     # -- checkpoints ------------------------------------------------------
     def _checkpoint(self, rnd: int) -> None:

@@ -1,42 +1,19 @@
-"""What a server run reports, built from what it collected: each round's record, the final evaluation's result.
+"""The final evaluation's record, built from what it collected, and the rule that picks the devices it asks.
 
-Pure functions of their arguments (no transport, no clock but the one a
-round's duration is read from), and the rule that picks the devices the
-final evaluation asks.
+Pure functions of their arguments (no transport, no clock). A round's record
+is :class:`server_kit.rounds.training.RoundReport`.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from edge_sdk.sampling import in_sample, sample_point
-from edge_sdk.tasks import Update
 
-__all__ = ["eval_result", "eval_sample", "round_record"]
-
-
-def round_record(rnd: int, tasked: int, updates: Sequence[Update], missing: list[str], summary: Mapping[str, Any],
-                 delivered: int, deliveries: Mapping[str, int], started: float) -> dict[str, Any]:
-    """The record of round ``rnd`` (begun at ``started``, ``time.monotonic()``) for the history."""
-    before = [u.metrics["acc_before"] for u in updates if "acc_before" in u.metrics]
-    before_per_model: dict[str, list[float]] = {}
-    for u in updates:
-        if "acc_before" in u.metrics:
-            before_per_model.setdefault(u.model_key, []).append(float(u.metrics["acc_before"]))
-    return {
-        "round": rnd, "tasked": tasked, "updates": len(updates), "missing": missing,
-        "acc_before": float(np.mean(before)) if before else None,
-        # the same, per model the updates were for (what each cluster's model reached last round)
-        "acc_before_per_model": {k: float(np.mean(v)) for k, v in sorted(before_per_model.items())},
-        "loss": float(np.mean([u.loss for u in updates])) if updates else None,
-        "model_bytes_delivered": delivered, "deliveries": deliveries,
-        "clipped": int(summary.get("clipped", 0)), "refused_norm": int(summary.get("refused_norm", 0)),
-        "summary": summary, "seconds": time.monotonic() - started,
-    }
+__all__ = ["eval_result", "eval_sample"]
 
 
 def eval_sample(keys: Mapping[str, str], fraction: float, seed: int) -> tuple[list[str], list[str]]:

@@ -47,11 +47,12 @@ from edge_sdk.protocol import Message
 from edge_sdk.protocol.commands import Op
 from edge_sdk.sketch import Sketch
 
+from ..ids import some_ids
 from ..strategies.base import Strategy
 from .assignment import Assignments
 from .config import ServerConfig
 from .delivery import Delivery
-from .fleet import Fleet, some_ids
+from .fleet import Fleet
 from .intake import Intake
 from .link import ServerLink
 

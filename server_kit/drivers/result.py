@@ -21,7 +21,7 @@ class RunResult:
     strategy: str
     #: Each device's cluster index.
     assignment: dict[str, int]
-    #: One record per round (``server_kit.drivers.records.round_record``).
+    #: One record per round (:meth:`server_kit.rounds.training.RoundReport.to_dict`).
     history: list[dict[str, Any]]
     #: The final evaluation (``server_kit.drivers.records.eval_result``).
     final: dict[str, Any]

@@ -17,10 +17,10 @@ from edge_sdk.tasks import Task, TrainSettings
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.drivers import Orchestrator, ServerConfig
-from server_kit.drivers.closing import ClosePolicy, wait_round
-from server_kit.drivers.pace import Pace
 from server_kit.drivers.phase import Phase, RunPhase
-from server_kit.drivers.round_wait import CloseReason, DeviceOutcome, RoundWait
+from server_kit.rounds.closing import ClosePolicy, wait_round
+from server_kit.rounds.pace import Pace
+from server_kit.rounds.round_wait import CloseReason, DeviceOutcome, RoundWait
 from server_kit.stallers import STALLERS, run_and_release, start_devices
 from server_kit.strategies.fedsketch import SketchClustered
 

@@ -20,7 +20,7 @@ per message:
 A round closes (see :class:`CloseReason`) when nobody is left to wait for;
 when every group reached its goal (after a grace for the stragglers and the
 refused); at its deadline, unless a device's progress claims are plausible
-(:mod:`~server_kit.drivers.pace`); or at the longest a round may last.
+(:mod:`~server_kit.rounds.pace`); or at the longest a round may last.
 :class:`DeviceOutcome` says what became of each tasked device.
 """
 

@@ -1,0 +1,88 @@
+"""The MQTT side of a training round: models and ``train`` commands out, the answers in until the close.
+
+:class:`MqttRoundPort` is the :class:`~server_kit.rounds.training.RoundPort`
+of the orchestrator: it tells the ingest workers (if any) what the round's
+updates start from, delivers each task's models (once per cluster topic where
+it can, per device otherwise: :mod:`.delivery`), sends each device its
+``train`` command, and pumps the link until the round may close
+(:func:`~server_kit.rounds.closing.wait_round`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from edge_sdk.compress.update_codec import UpdateCodec
+from edge_sdk.protocol.commands import Op
+from edge_sdk.tasks import Task
+
+from ..rounds.closing import ClosePolicy, wait_round
+from ..rounds.pace import Pace
+from ..rounds.round_wait import RoundClose, RoundWait
+from ..strategies.base import Strategy
+from .config import ServerConfig
+from .delivery import Delivery
+from .fleet import Fleet
+from .link import ServerLink
+from .remote import RemoteRound
+
+__all__ = ["MqttRoundPort"]
+
+log = logging.getLogger(__name__)
+
+
+class MqttRoundPort:
+    """A round's messages over MQTT (see the module docstring)."""
+
+    def __init__(self, *, strategy: Strategy, config: ServerConfig, link: ServerLink, fleet: Fleet,
+                 delivery: Delivery, pace: Pace, codec: UpdateCodec, architecture: Callable[[], str | None],
+                 deadline: Callable[[int], float], remote: RemoteRound | None = None) -> None:
+        self.strategy = strategy
+        self.config = config
+        self.link = link
+        self.fleet = fleet
+        self.delivery = delivery
+        self.pace = pace
+        self.codec = codec
+        self.architecture = architecture
+        self.deadline = deadline
+        self._remote = remote
+
+    def online_ids(self) -> Collection[str]:
+        return self.fleet.online_ids
+
+    def send(self, rnd: int, tasks: Sequence[Task]) -> tuple[int, dict[str, int]]:
+        """The workers learn what the updates start from; each device gets its models (IFCA: all K), its command."""
+        if self._remote is not None:
+            self._remote.open(rnd, {k for t in tasks for k in t.models})
+        delivered, deliveries = self.delivery.deliver_models({t.cid: list(t.models) for t in tasks},
+                                                             self.strategy.models, self.strategy.versions)
+        log.info("round %d: models once on %d cluster topic(s), %d copies per device", rnd,
+                 deliveries["cluster_topic"], deliveries["per_device"])
+        arch = self.architecture()
+        extra: dict[str, Any] = {"architecture": arch} if arch else {}
+        extra.update(self.codec.command_meta)  # how the devices send their updates
+        for t in tasks:
+            self.link.command(t.cid, Op.TRAIN, round=rnd, models=sorted(t.models), evaluate_first=t.evaluate_first,
+                              **extra, **t.settings.to_dict())
+        return delivered, deliveries
+
+    def wait(self, rnd: int, wait: RoundWait) -> RoundClose:
+        """Pump until the round may close (goal and grace, deadline, plausible claims)."""
+        c = self.config
+        policy = ClosePolicy(deadline_s=self.deadline(rnd), max_round_s=c.max_round_s or 10 * c.round_timeout_s,
+                             progress_grace_s=c.progress_grace_s, straggler_grace=c.straggler_grace)
+        clients = self.fleet.clients
+
+        def claims() -> dict[str, tuple[int, float]]:
+            return {cid: w for cid in wait.left if (w := clients[cid].working) is not None}
+
+        return wait_round(self.link.pump, wait, policy, self.pace, claims)
+
+    def remote(self) -> RemoteRound | None:
+        return self._remote
+
+    def bench(self, cid: str, reason: str) -> None:
+        self.fleet.bench(cid, reason)

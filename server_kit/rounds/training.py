@@ -1,0 +1,203 @@
+"""One training round from start to end: plan, send, wait, close, combine, report.
+
+:class:`TrainingRound` owns a round's steps and their order; a driver gives
+it what moves messages (a :class:`RoundPort`) and where arrivals are recorded
+(a :class:`RoundIntake`), so the same round runs over MQTT, or in a test with
+a scripted port and no broker:
+
+1. **plan**: the strategy's tasks, spares included (``Strategy.plan_round``);
+2. **open**: the intake expects an update from each task's device, for a
+   model it was sent; the round's :class:`~.round_wait.RoundWait` keeps whom it
+   waits for;
+3. **send**: the port gets each device its models and its ``train`` command;
+4. **wait**: the port lets the answers in until the round may close
+   (:mod:`.closing`); then what arrives for it is late;
+5. **combine**: the strategy screens and combines what arrived (the updates,
+   and the partial sums of what ingest workers hold), its screening refusals
+   join the round's wait;
+6. **report**: the devices benched by their pace, and a frozen
+   :class:`RoundReport` (what ``results.json`` keeps per round, from one
+   :meth:`RoundReport.to_dict`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from edge_sdk.tasks import Task, Update
+
+from ..ids import some_ids
+from .arrivals import Receipt
+from .pace import Pace
+from .round_wait import RoundClose, RoundWait
+
+__all__ = ["RoundIntake", "RoundPort", "RoundReport", "TrainingRound"]
+
+log = logging.getLogger(__name__)
+
+
+class RoundIntake(Protocol):
+    """Where a round's arrivals are recorded as they come (the server's intake)."""
+
+    #: The valid updates of the open (or last) round, by device.
+    updates: Mapping[str, Update]
+    #: The updates ingest workers hold, by device (their receipts).
+    held_elsewhere: Mapping[str, Receipt]
+    #: The devices tasked this round.
+    tasked: set[str]
+
+    def open_round(self, rnd: int, tasks: list[Task], online: Collection[str], *, report_goal: float = 1.0
+                   ) -> RoundWait:
+        """Round ``rnd`` begins: expect an update from each task's device."""
+        ...
+
+    def close_round(self) -> None:
+        """The round closed: what arrives for it from now on is late."""
+        ...
+
+
+class RoundPort(Protocol):
+    """What a driver does for a round: reach the devices, and let their answers in."""
+
+    def online_ids(self) -> Collection[str]:
+        """The devices online now."""
+        ...
+
+    def send(self, rnd: int, tasks: Sequence[Task]) -> tuple[int, dict[str, int]]:
+        """Get each task's device its models and its command; the model bytes and the deliveries' counts."""
+        ...
+
+    def wait(self, rnd: int, wait: RoundWait) -> RoundClose:
+        """Let the answers in until the round may close."""
+        ...
+
+    def remote(self) -> Any:
+        """The updates ingest workers hold this round (``HeldElsewhere``), or None."""
+        ...
+
+    def bench(self, cid: str, reason: str) -> None:
+        """Leave device ``cid`` out of the next rounds, for ``reason``."""
+        ...
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    """What became of one round: its record in ``results.json`` (:meth:`to_dict`)."""
+
+    round: int
+    tasked: int
+    updates: int
+    missing: tuple[str, ...]
+    acc_before: float | None
+    acc_before_per_model: Mapping[str, float]
+    loss: float | None
+    model_bytes_delivered: int
+    deliveries: Mapping[str, int]
+    clipped: int
+    refused_norm: int
+    #: The strategy's summary of its combination (and the screening's figures).
+    summary: Mapping[str, Any]
+    seconds: float
+    #: The round's wait: selected, spares, reported, stragglers, offline, refused, goals, close...
+    wait: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The round's record, as ``results.json`` and the report page read it."""
+        return {
+            "round": self.round, "tasked": self.tasked, "updates": self.updates, "missing": list(self.missing),
+            "acc_before": self.acc_before, "acc_before_per_model": dict(self.acc_before_per_model),
+            "loss": self.loss, "model_bytes_delivered": self.model_bytes_delivered,
+            "deliveries": dict(self.deliveries), "clipped": self.clipped, "refused_norm": self.refused_norm,
+            "summary": dict(self.summary), "seconds": self.seconds, **self.wait,
+        }
+
+
+def _accuracies_before(arrived: Sequence[Update | Receipt]) -> tuple[float | None, dict[str, float]]:
+    """The mean accuracy the devices measured before training, overall and per model (what each reached)."""
+    every = [u.metrics["acc_before"] for u in arrived if "acc_before" in u.metrics]
+    per_model: dict[str, list[float]] = {}
+    for u in arrived:
+        if "acc_before" in u.metrics:
+            per_model.setdefault(u.model_key, []).append(float(u.metrics["acc_before"]))
+    return (float(np.mean(every)) if every else None), {k: float(np.mean(v)) for k, v in sorted(per_model.items())}
+
+
+class TrainingRound:
+    """One round of training (see the module docstring).
+
+    Parameters
+    ----------
+    strategy : Strategy
+        Plans the tasks and combines the updates.
+    intake : RoundIntake
+        Where the round's updates and receipts are recorded as they arrive.
+    port : RoundPort
+        What reaches the devices and lets their answers in.
+    pace : Pace
+        The run's memory of its devices' pace (benches the silent and the refused).
+    over_select : float
+        Spares per group on top of what it needs (``--over-select``).
+    report_goal : float
+        The share of each group's needed updates that closes the round (``--report-goal``).
+    clock : callable
+        Monotonic seconds (a test's scripted clock).
+    """
+
+    def __init__(self, strategy: Any, intake: RoundIntake, port: RoundPort, pace: Pace, *,
+                 over_select: float = 0.0, report_goal: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.strategy = strategy
+        self.intake = intake
+        self.port = port
+        self.pace = pace
+        self.over_select = float(over_select)
+        self.report_goal = float(report_goal)
+        self.clock = clock
+
+    def run(self, rnd: int, available: Sequence[str], *, drift: Mapping[str, Any] | None = None,
+            started: float | None = None) -> RoundReport:
+        """Run round ``rnd`` with the ``available`` devices; ``drift``: what the round's resketch did."""
+        t0 = self.clock() if started is None else started
+        tasks = self.strategy.plan_round(rnd, available, self.over_select)
+        wait = self.intake.open_round(rnd, tasks, self.port.online_ids(), report_goal=self.report_goal)
+        delivered, deliveries = self.port.send(rnd, tasks)
+        close = self.port.wait(rnd, wait)
+        self.intake.close_round()
+        updates = [self.intake.updates[c] for c in sorted(self.intake.updates)]
+        held = self.intake.held_elsewhere
+        arrived: list[Update | Receipt] = [*updates, *(held[c] for c in sorted(held))]
+        missing = sorted(self.intake.tasked - set(self.intake.updates) - set(held))
+        if missing:
+            log.warning("round %d closed (%s at %.1f s) without %d client(s): %s", rnd, close.reason.value,
+                        close.close_s, len(missing), some_ids(missing))
+        summary = self._combine(rnd, updates, wait, bool(held))
+        if drift is not None:
+            summary["drift"] = drift
+        for cid in self.pace.after_round(wait, close.extended_by):
+            self.port.bench(cid, self.pace.benched[cid])
+        acc_before, acc_per_model = _accuracies_before(arrived)
+        online = set(self.port.online_ids())
+        return RoundReport(
+            round=rnd, tasked=len(tasks), updates=len(arrived), missing=tuple(missing), acc_before=acc_before,
+            acc_before_per_model=acc_per_model,
+            loss=float(np.mean([u.loss for u in arrived])) if arrived else None,
+            model_bytes_delivered=delivered, deliveries=deliveries, clipped=int(summary.get("clipped", 0)),
+            refused_norm=int(summary.get("refused_norm", 0)), summary=summary, seconds=self.clock() - t0,
+            wait=wait.record(close, online.__contains__))
+
+    def _combine(self, rnd: int, updates: list[Update], wait: RoundWait, any_held: bool) -> dict[str, Any]:
+        """The strategy's combination of what arrived; its screening refusals join the round's wait."""
+        remote = self.port.remote() if any_held else None
+        if not updates and remote is None:
+            return {"updates": 0}
+        summary = dict(self.strategy.aggregate(rnd, updates, remote=remote))
+        wait.screen(summary.get("refused_by") or {})
+        if remote is not None:
+            wait.screen(remote.refused_by)
+        return summary
