@@ -376,7 +376,7 @@ def _build_strategy(args: argparse.Namespace, name: str, config: Any, strat: dic
         strat["shared_prefixes"] = _shared_prefixes(name, config.architecture)
     strategy = make_strategy(name, settings=settings, seed=config.seed, architecture=config.architecture,
                              **strat)
-    if getattr(strategy, "pretrain", None) is not None:
+    if strategy.pretrain is not None:
         from .pretrain.settings import pretrain_config
 
         if config.encoder is not None or strategy.pretrain.get("architecture"):

@@ -76,7 +76,7 @@ class RunModels:
     def needs_encoder(self) -> bool:
         """Whether the devices sketch with a shipped encoder the server must name."""
         return (self.strategy.needs_sketches and self.strategy.summary_kind == "sketch"
-                and getattr(self.strategy, "pretrain", None) is None)
+                and self.strategy.pretrain is None)
 
     @property
     def chosen(self) -> bool:

@@ -490,7 +490,7 @@ class Orchestrator:
         """A fresh run: registration, then (pre-training and) clustering, then each device told its model."""
         self._register()
         self.strategy.setup([s.info for s in self.clients.values()], self.template)
-        pretrain = getattr(self.strategy, "pretrain", None)
+        pretrain = self.strategy.pretrain
         if pretrain is not None:
             done = pretrain_ae(pretrain, self.config, link=self.link, fleet=self.fleet, intake=self.intake,
                                delivery=self.delivery, models=self.run_models)

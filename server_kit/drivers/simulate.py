@@ -268,7 +268,7 @@ class Simulator:
         result = SimulationResult(strategy=s.name)
         t0 = time.perf_counter()
         ledger = result.ledger
-        if getattr(s, "pretrain", None) is not None:
+        if s.pretrain is not None:
             self._pretrain_encoder(s, ledger)
         if s.needs_sketches:
             summaries = self._summaries(s)

@@ -55,7 +55,7 @@ def check_carry(strategy: Any, *, flip_prob: float, num_rounds: int | None = Non
     if not isinstance(strategy, Strategy):
         raise TypeError(f"FlowerStrategy wraps a FedSketch Strategy (server_kit.strategies), got "
                         f"{type(strategy).__name__}; FedCRef has its own protocol and runs over MQTT only")
-    if getattr(strategy, "pretrain", None) is not None:
+    if strategy.pretrain is not None:
         raise ValueError(f"strategy {strategy.name!r} pre-trains its autoencoder with the devices "
                          "(pretrain=...), which the Flower adapter does not carry; give the nodes a "
                          "ready ONNX encoder (strategy 'fedsketch') or run it over MQTT")

@@ -72,7 +72,7 @@ class ScaleOut:
         if why:
             raise ValueError(f"--strategy {strategy.name} cannot take partial sums "
                              f"({'--ingest-workers' if count else '--aggregator-keys'}): {why}")
-        if getattr(strategy, "pretrain", None):
+        if strategy.pretrain:
             raise ValueError(f"{'--ingest-workers' if count else '--aggregator-keys'} does not take the autoencoder "
                              "pre-training's updates (fedsketch-fedae)")
         server_pub = _public_of(getattr(args, "signing_key", None))

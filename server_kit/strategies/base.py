@@ -171,6 +171,9 @@ class Strategy(ABC):
     #: Whether a device picks its model among all of them (IFCA: the lowest loss on a local batch), which a
     #: device that arrives after training does too (:func:`server_kit.serving.handover.hand_over`).
     devices_choose_model: bool = False
+    #: The federated pre-training of the sketches' autoencoder with the devices (its settings,
+    #: :func:`server_kit.pretrain.settings.pretrain_config`), or None: the encoder is ready (shipped ONNX).
+    pretrain: dict[str, Any] | None = None
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
