@@ -182,7 +182,7 @@ def train(args, clients) -> dict[str, Any]:
         sim = Simulator(strategy, clients, architecture=args.arch, encoder=OnnxEncoder(args.encoder),
                         flip_prob=args.flip_prob, seed=args.seed, progress=args.progress)
         res = sim.run(args.rounds)
-        final = {c.cid: float(sim.workers[c.cid].evaluate(strategy.model_for(c.cid)[1])["accuracy"])
+        final = {c.cid: float(sim.workers[c.cid].evaluate(strategy.models[strategy.model_key_for(c.cid)])["accuracy"])
                  for c in clients}  # every training device, its final model, its own test shard
         out[name] = {"strategy": strategy, "sim": sim, "result": res, "final": final,
                      "seconds": time.perf_counter() - t0}

@@ -98,7 +98,7 @@ def run_method(name, args, clients, sched, arch, encoder) -> dict:
     per_round = []
 
     def watch(strategy, record) -> bool:
-        accs = {cid: sim.workers[cid].evaluate(strategy.model_for(cid)[1])["accuracy"] for cid in sim.workers}
+        accs = {cid: sim.workers[cid].evaluate(strategy.models[strategy.model_key_for(cid)])["accuracy"] for cid in sim.workers}
         truth = sched.truth(clients, record.round)
         assign = strategy.clusters()
         cids = sorted(truth)

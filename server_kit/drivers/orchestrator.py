@@ -59,7 +59,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edge_sdk.client import KEEPS_MODELS
 from edge_sdk.install import install_hint
 from edge_sdk.keep_offer import KeepOffer
 from edge_sdk.protocol import Kind, Message, Topics
@@ -69,9 +68,8 @@ from edge_sdk.schema import check_meta
 
 from ..rounds.pace import Pace
 from ..rounds.training import TrainingRound
-from ..serving.export import ExportedRun, export_models, exported_accuracy
-from ..serving.handover import hand_over, keep_all
-from ..serving.offers import final_accuracy_per_model, model_offers
+from ..serving.export import ExportedRun
+from ..serving.service import ModelService
 from ..strategies.base import Strategy
 from .ae_phase import pretrain_ae
 from .assignment import ASK_AGAIN_S, Assignments
@@ -135,12 +133,8 @@ class Orchestrator:
         self.refused: dict[str, str] = self.fleet.refused
         #: Admitted devices left out of training, with the reason.
         self.not_training: dict[str, str] = self.fleet.not_training
-        #: Each model's figures at the end of the run (sha256, accuracy...): what the keep commands and the
-        #: export give (:func:`~server_kit.serving.offers.model_offers`).
-        self.offers: dict[str, KeepOffer] = {}
-        #: Devices served while serving (cold start), with the model keys sent (several: the device chooses).
-        self.served: dict[str, list[str]] = {}
-        self._served_at: dict[str, float] = {}
+        #: The trained models in use: exported, kept by the devices, handed to newcomers while serving.
+        self.service = ModelService(self, write_state=self._write_checkpoint, ask_again_s=ASK_AGAIN_S)
         self.history: list[dict[str, Any]] = []
         self.timings: dict[str, float] = {}
         self.pretrain_history: list[dict[str, Any]] = []
@@ -388,46 +382,24 @@ class Orchestrator:
                          pretrain_history=self.pretrain_history, fresh=self.resketch.pending(),
                          pace=self.pace.state(), run_id=self.run_id)
 
+    @property
+    def offers(self) -> dict[str, KeepOffer]:
+        """Each model's figures (sha256, accuracy...): what the keep commands and the export give."""
+        return self.service.offers
+
+    @property
+    def served(self) -> dict[str, list[str]]:
+        """Devices served while serving (cold start), with the model keys sent (several: the device chooses)."""
+        return self.service.served
+
     def export_models(self, folder: str | Path, *, rnd: int | None = None) -> ExportedRun | None:
-        """Export the run's models to ``folder`` (:mod:`server_kit.serving.export`); None if it failed (logged).
-
-        ``rnd``: a checkpoint's round (its models have no final evaluation yet); None: the finished run's.
-        """
-        final = rnd is None
-        last = self.config.rounds if final else int(rnd)
-        offers = self.offers if final and self.offers else model_offers(
-            self.strategy, rnd=last, clients={c: st.info for c, st in self.clients.items()})
-        try:
-            return export_models(folder, self.strategy, offers, run_id=self.run_id, architecture=str(self.architecture),
-                                 rnd=last, final=final, write_state=lambda d: self._write_checkpoint(d, last))
-        except (OSError, ValueError) as e:  # a full disk must not end the run: the last export stays
-            log.error("models not exported to %s: %s", folder, e)
-            return None
-
-    def _keep(self, final: Mapping[str, Any]) -> None:
-        """The end of the run: every assigned online device that keeps models told to keep its own (:func:`keep_all`)."""
-        self.offers = model_offers(self.strategy, rnd=self.config.rounds,
-                                   clients={c: st.info for c, st in self.clients.items()},
-                                   accuracy=final_accuracy_per_model(final))
-        keys = {c: self.strategy.model_key_for(c) for c in self.fleet.online()
-                if self.strategy.is_clustered(c) and KEEPS_MODELS in self.clients[c].info.capabilities}
-        if not keys:
-            log.info("keep: no device of the run keeps its model (none said %r in its hello)", KEEPS_MODELS)
-            return
-        keep_all(self.strategy, self.offers, keys=keys, told=self.assignments.told,
-                 evaluated=set(final.get("per_client") or ()), link=self.link, delivery=self.delivery,
-                 rnd=self.intake.round, run_id=self.run_id, architecture=self.architecture)
+        """Export the run's models to ``folder`` (:meth:`ModelService.export`); None if it failed (logged)."""
+        return self.service.export(folder, rnd=rnd)
 
     def _hand_over(self, cid: str) -> None:
         """While serving: the device just placed (or known) is sent its model and told to keep it."""
-        if self.intake.phase is not Phase.SERVE:
-            return
-        if time.monotonic() - self._served_at.get(cid, -ASK_AGAIN_S) < ASK_AGAIN_S:
-            log.debug("%s said hello again: its model is on its way", cid)  # a hello on connecting, one on the
-            return  # announcement: one model each
-        self._served_at[cid] = time.monotonic()
-        self.served[cid] = hand_over(cid, self.strategy, self.offers, link=self.link, delivery=self.delivery,
-                                     rnd=self.intake.round, run_id=self.run_id, architecture=self.architecture)
+        if self.intake.phase is Phase.SERVE:
+            self.service.hand_over(cid)
 
     def serve(self, seconds: float | None = None, *, from_export: bool = False,
               until: Callable[[], bool] | None = None) -> dict[str, list[str]]:
@@ -441,8 +413,7 @@ class Orchestrator:
         if from_export:
             self.link.subscribe(("hello", "sketch", "status", "metrics"))
             last = self._restore()
-            self.offers = model_offers(self.strategy, rnd=last, clients={c: st.info for c, st in self.clients.items()},
-                                       accuracy=exported_accuracy(Path(self.config.checkpoint_dir or ".").parent))
+            self.service.offers_from_export(last)
             self.intake.run.enter(Phase.SERVE, rnd=last + 1)
         else:
             self.intake.run.enter(Phase.SERVE)
@@ -558,7 +529,7 @@ class Orchestrator:
                                  fleet=self.fleet, intake=self.intake, assignments=self.assignments,
                                  delivery=self.delivery)
         self.timings["training_s"] = time.monotonic() - t_train
-        self._keep(final)
+        self.service.keep(final)
         if self.config.checkpoint_dir:  # the checkpoint's export, now with the final evaluation's accuracies
             self.export_models(Path(self.config.checkpoint_dir) / "models")
         if self.config.stop_clients:

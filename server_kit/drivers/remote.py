@@ -105,7 +105,7 @@ class RemoteRound:
         self.refused_by: dict[str, str] = {}
         versions = self.strategy.versions
         versions.sync(self.strategy.models)  # a model new or changed outside aggregation: its version now
-        codec = update_codec(self.strategy.compression)
+        codec = update_codec(self.strategy.versions.compression)
         for key in sorted(set(keys)):
             meta: dict[str, Any] = {"round": rnd, "model_key": key, **codec.base_meta(versions.version.get(key))}
             self.link.send(self.link.topics.aggregation(), Kind.COLLECT, meta=meta,

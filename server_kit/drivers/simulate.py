@@ -121,7 +121,8 @@ def mean_accuracy(workers: dict[str, LocalWorker], strategy: Strategy, cids: Seq
     per_model: dict[str, list[float]] = {}
     accs = []
     for cid in cids:
-        key, weights = strategy.model_for(cid)
+        key = strategy.model_key_for(cid)
+        weights = strategy.models[key]
         acc = workers[cid].evaluate(weights)["accuracy"]
         accs.append(acc)
         per_model.setdefault(key, []).append(acc)

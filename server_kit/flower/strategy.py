@@ -59,8 +59,8 @@ def check_carry(strategy: Any, *, flip_prob: float, num_rounds: int | None = Non
         raise ValueError(f"strategy {strategy.name!r} pre-trains its autoencoder with the devices "
                          "(pretrain=...), which the Flower adapter does not carry; give the nodes a "
                          "ready ONNX encoder (strategy 'fedsketch') or run it over MQTT")
-    if strategy.compression.enabled:
-        raise ValueError(f"compression {strategy.compression} is carried over MQTT only: Flower's ArrayRecords move "
+    if strategy.versions.enabled:
+        raise ValueError(f"compression {strategy.versions.compression} is carried over MQTT only: Flower's ArrayRecords move "
                          "whole float32 arrays both ways, and its nodes keep no model version between rounds; "
                          "build the strategy with compression='none' for Flower")
     if strategy.follows_drift:
@@ -195,11 +195,12 @@ class FlowerStrategy(FlwrStrategy):
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        """The round's nodes evaluate the model the strategy now gives each (:meth:`Strategy.model_for`)."""
+        """The round's nodes evaluate the model the strategy now gives each (:meth:`Strategy.model_key_for`)."""
         messages = []
         cache: dict[str, ArrayRecord] = {}
         for cid in self._tasks:
-            key, weights = self.strategy.model_for(cid)
+            key = self.strategy.model_key_for(cid)
+            weights = self.strategy.models[key]
             messages.append(Message(rec.write_evaluate(server_round, key, weights, self.architecture, cache),
                                     dst_node_id=self.node_of[cid], message_type=EVALUATE))
         self._count("EVALUATE", "down", messages)

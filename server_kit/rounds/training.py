@@ -12,9 +12,12 @@ a scripted port and no broker:
 3. **send**: the port gets each device its models and its ``train`` command;
 4. **wait**: the port lets the answers in until the round may close
    (:mod:`.closing`); then what arrives for it is late;
-5. **combine**: the strategy screens and combines what arrived (the updates,
-   and the partial sums of what ingest workers hold), its screening refusals
-   join the round's wait;
+5. **judge, flush, combine**: the strategy screens what arrived (the verdicts
+   from the norms of every update, those ingest workers hold included); the
+   port's workers sum what they hold by those verdicts (the only I/O of this
+   step, done by the round, never by the strategy); the strategy combines its
+   own updates and the partial sums; the screening's refusals join the
+   round's wait;
 6. **report**: the devices benched by their pace, and a frozen
    :class:`RoundReport` (what ``results.json`` keeps per round, from one
    :meth:`RoundReport.to_dict`).
@@ -33,11 +36,11 @@ import numpy as np
 from edge_sdk.tasks import Task, Update
 
 from ..ids import some_ids
-from .arrivals import Receipt
+from .arrivals import PartialSum, Receipt
 from .pace import Pace
 from .round_wait import RoundClose, RoundWait
 
-__all__ = ["RoundIntake", "RoundPort", "RoundReport", "TrainingRound"]
+__all__ = ["HeldElsewhere", "RoundIntake", "RoundPort", "RoundReport", "TrainingRound"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,28 @@ class RoundIntake(Protocol):
         ...
 
 
+class HeldElsewhere(Protocol):
+    """The round's updates that ingest workers hold (:class:`server_kit.drivers.remote.RemoteRound`).
+
+    The server knows each one's norm and model from its receipt; once the
+    round's verdicts are decided from every norm, :meth:`collect` tells each
+    worker what to sum (the round's only I/O after its wait) and returns their
+    partial sums.
+    """
+
+    #: Each held update's delta norm (None: not computable; ``inf``: not finite), by device.
+    norms: Mapping[str, float | None]
+    #: Each held update's model key, by device.
+    keys: Mapping[str, str]
+    #: The held updates no partial sum carried, with the reason.
+    refused_by: dict[str, str]
+
+    def collect(self, verdicts: Mapping[str, Any], registered: Mapping[str, int]
+                ) -> tuple[list[PartialSum], int]:
+        """The partial sums, and how many members' sample counts were capped."""
+        ...
+
+
 class RoundPort(Protocol):
     """What a driver does for a round: reach the devices, and let their answers in."""
 
@@ -77,8 +102,8 @@ class RoundPort(Protocol):
         """Let the answers in until the round may close."""
         ...
 
-    def remote(self) -> Any:
-        """The updates ingest workers hold this round (``HeldElsewhere``), or None."""
+    def remote(self) -> HeldElsewhere | None:
+        """The updates ingest workers hold this round, or None (no workers)."""
         ...
 
     def bench(self, cid: str, reason: str) -> None:
@@ -192,11 +217,18 @@ class TrainingRound:
             wait=wait.record(close, online.__contains__))
 
     def _combine(self, rnd: int, updates: list[Update], wait: RoundWait, any_held: bool) -> dict[str, Any]:
-        """The strategy's combination of what arrived; its screening refusals join the round's wait."""
+        """Judge, flush, combine: the strategy screens every update (those held elsewhere by their norms), the
+        ingest workers sum what they hold by those verdicts, the strategy combines; refusals join the wait."""
         remote = self.port.remote() if any_held else None
         if not updates and remote is None:
             return {"updates": 0}
-        summary = dict(self.strategy.aggregate(rnd, updates, remote=remote))
+        if remote is None:
+            summary = dict(self.strategy.aggregate(rnd, updates))
+        else:
+            screening = self.strategy.screen(rnd, updates, held_norms=remote.norms, held_keys=remote.keys)
+            partials, capped = remote.collect(screening.verdicts, screening.registered)  # the flush: I/O here
+            summary = dict(self.strategy.aggregate(rnd, updates, screening=screening, partials=partials,
+                                                   partials_capped=capped))
         wait.screen(summary.get("refused_by") or {})
         if remote is not None:
             wait.screen(remote.refused_by)

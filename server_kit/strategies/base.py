@@ -29,7 +29,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from ..robust import (
     DEFAULT_TRIM_FRACTION,
     CoordinateAggregator,
     RobustConfig,
+    ScreenReport,
     Verdict,
     apply_verdicts,
     cap_samples,
@@ -55,7 +56,7 @@ from ..robust import (
 )
 from ..rounds.arrivals import PartialSum
 
-__all__ = ["RESKETCH_SALT", "SPARE_SALT", "ClientInfo", "HeldElsewhere", "Strategy", "Weights", "add_updates",
+__all__ = ["RESKETCH_SALT", "SPARE_SALT", "ClientInfo", "Screening", "Strategy", "Weights", "add_updates",
            "copy_weights"]
 
 log = logging.getLogger(__name__)
@@ -101,23 +102,27 @@ def add_updates(agg: StreamingFedAvg | CoordinateAggregator, updates: Sequence[U
     return n
 
 
-class HeldElsewhere(Protocol):
-    """The round's updates that aggregators hold (:class:`server_kit.drivers.remote.RemoteRound`).
+@dataclass(frozen=True)
+class Screening:
+    """A round's screening, decided from the norms of every update: those the server holds and those held elsewhere.
 
-    The server knows each one's norm and model from its receipt; once the
-    round's screening is decided from every norm, :meth:`collect` tells
-    each aggregator what to sum and returns their partial sums.
+    What :meth:`Strategy.screen` decided, before anything is combined: the
+    server's own updates decompressed, capped and clipped (the refused left
+    out), each update's verdict (the ones ingest workers hold too: the round
+    tells each worker what to sum by them), and the figures of the screening.
     """
 
-    #: Each held update's delta norm (None: not computable; ``inf``: not finite), by client.
-    norms: Mapping[str, float | None]
-    #: Each held update's model key, by client.
-    keys: Mapping[str, str]
-
-    def collect(self, verdicts: Mapping[str, Verdict], registered: Mapping[str, int]
-                ) -> tuple[list[PartialSum], int]:
-        """The partial sums (a :class:`~server_kit.rounds.arrivals.PartialSum` each) and the sample counts capped."""
-        ...
+    #: The server's own updates, ready to combine.
+    updates: list[Update]
+    #: Each update's verdict (clip scale, or refused), by device, the updates held elsewhere included.
+    verdicts: Mapping[str, Verdict]
+    report: ScreenReport
+    #: How many of the server's own updates had their sample count capped.
+    capped: int
+    #: Each device's registered sample count (the cap of the updates held elsewhere too).
+    registered: Mapping[str, int]
+    #: Whether updates held elsewhere (ingest workers) took part (their partial sums join the combination).
+    held_elsewhere: bool = False
 
 
 class Strategy(ABC):
@@ -128,7 +133,7 @@ class Strategy(ABC):
     point of aggregation: it decompresses and screens the updates, calls the
     subclass's private hook ``_combine`` on the rest, then compresses the
     models' changes for the way down (:class:`server_kit.downstream.ModelVersions`);
-    ``model_for`` to evaluate a client; ``assign_late`` for a client that
+    ``model_key_for`` (the model a client is evaluated with); ``assign_late`` for a client that
     joins after clustering.
 
     Parameters
@@ -177,7 +182,7 @@ class Strategy(ABC):
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
-        for name in ("aggregate", "aggregate_round"):
+        for name in ("aggregate", "aggregate_round", "screen"):
             if name in cls.__dict__:
                 raise TypeError(f"{cls.__name__} defines {name}: a strategy implements the private hook _combine; "
                                 "Strategy.aggregate (decompression, screening, the models' versions) is the one "
@@ -225,7 +230,7 @@ class Strategy(ABC):
 
     def resketch_clients(self, rnd: int, candidates: Sequence[str]) -> list[str]:
         """Whom the drivers ask for a fresh sketch in round ``rnd``: a seeded share ``fraction`` of ``candidates``."""
-        return self.sample(candidates, rnd, RESKETCH_SALT)
+        return self._sample(candidates, rnd, RESKETCH_SALT)
 
     def on_resketch(self, rnd: int, sketches: Mapping[str, Any]) -> dict[str, Any]:
         """Fresh sketches during training (asked, or sent unasked by a drifting device); a summary.
@@ -278,16 +283,11 @@ class Strategy(ABC):
         except KeyError:  # a device without a cluster yet
             return False
 
-    @property
-    def compression(self) -> Compression:
-        """How the run's updates come up and its models go down."""
-        return self.versions.compression
-
     @abstractmethod
     def _combine(self, rnd: int, updates: Sequence[Update | PartialSum]) -> dict[str, Any]:
         """The private hook: combine the round's decompressed, screened updates; a summary for the logs.
 
-        Subclasses combine each model's updates with :meth:`new_aggregator`
+        Subclasses combine each model's updates with :meth:`_new_aggregator`
         (the run's FedAvg, trimmed mean or median). Only :meth:`aggregate`
         calls it.
         """
@@ -315,9 +315,9 @@ class Strategy(ABC):
                     "weighted sum (use --aggregator fedavg)")
         return None
 
-    def aggregate(self, rnd: int, updates: Sequence[Update], *, remote: HeldElsewhere | None = None
-                  ) -> dict[str, Any]:
-        """The one entry point of aggregation, what drivers call: decompress, screen, combine, version.
+    def screen(self, rnd: int, updates: Sequence[Update], *, held_norms: Mapping[str, float | None] | None = None,
+               held_keys: Mapping[str, str] | None = None) -> Screening:
+        """Decompress, cap and screen the round's updates (no I/O; :meth:`aggregate` then combines them).
 
         Compressed updates are decompressed against the models they started
         from (the drivers checked that each names the version of the round).
@@ -329,11 +329,33 @@ class Strategy(ABC):
         refused, and those above ``norm_bound`` times it are clipped onto that
         bound (:func:`server_kit.robust.screen_updates`).
 
-        ``remote``: the updates aggregators hold. Their norms join the
-        round's, so the median and every decision are those of a server that
-        held them all; each aggregator then sums its kept updates (clipped as
-        decided) and the partial sums join the combination. The models equal
-        those of one server within float summation order.
+        ``held_norms`` and ``held_keys``: the norms and model keys of the
+        updates ingest workers hold (their receipts). They join the round's,
+        so the median and every decision are those of a server that held them
+        all; the round then asks each worker for the sum of its kept updates
+        (clipped as decided) and passes the partial sums to :meth:`aggregate`.
+        """
+        registered = {cid: c.n_samples for cid, c in self.clients.items()}
+        capped_updates, capped = cap_samples(self._decompressed(updates), registered)
+        norms = update_norms(capped_updates, self.models)
+        keys = {u.cid: u.model_key for u in capped_updates}
+        norms.update(held_norms or {})
+        keys.update(held_keys or {})
+        verdicts, report = judge_norms(norms, self.robust.norm_bound, refuse_above=self.robust.refuse_above,
+                                       rnd=rnd, keys=keys)
+        screened = apply_verdicts(capped_updates, self.models, verdicts, norms)
+        return Screening(screened, verdicts, report, capped, registered, held_elsewhere=held_norms is not None)
+
+    def aggregate(self, rnd: int, updates: Sequence[Update], *, screening: Screening | None = None,
+                  partials: Sequence[PartialSum] = (), partials_capped: int = 0) -> dict[str, Any]:
+        """The one entry point of aggregation, what drivers call: screen, combine, version.
+
+        ``screening``: the round's :meth:`screen` of ``updates``, when it
+        was decided before (the updates held elsewhere took part); None:
+        screened here. ``partials``: the partial sums of the updates held
+        elsewhere, summed by those verdicts (``partials_capped`` of their
+        members' counts capped). The models equal those of one server that
+        held every update, within float summation order.
 
         Returns
         -------
@@ -342,35 +364,23 @@ class Strategy(ABC):
             ``refused_norm``, ``capped_samples``, ``norm_median``,
             ``norm_max_ratio`` (largest finite norm over the median),
             ``norm_bound`` and ``refuse_bound`` (absolute, None when off) and
-            ``aggregator``.
+            ``aggregator``; with updates held elsewhere ``partial_sums`` and
+            ``summed_remote`` (the updates they carry).
         """
-        registered = {cid: c.n_samples for cid, c in self.clients.items()}
-        capped_updates, capped = cap_samples(self._decompressed(updates), registered)
-        norms = update_norms(capped_updates, self.models)
-        keys = {u.cid: u.model_key for u in capped_updates}
-        if remote is not None:
-            norms.update(remote.norms)
-            keys.update(remote.keys)
-        verdicts, report = judge_norms(norms, self.robust.norm_bound, refuse_above=self.robust.refuse_above,
-                                       rnd=rnd, keys=keys)
-        screened = apply_verdicts(capped_updates, self.models, verdicts, norms)
-        if remote is not None:
-            partials, remote_capped = remote.collect(verdicts, registered)
-            screened.extend(partials)
-            capped += remote_capped
-        summary = dict(self._combine(rnd, screened))
-        if remote is not None:  # a partial sum counts once in _combine's summary: here, the updates it carries
+        judged = self.screen(rnd, updates) if screening is None else screening
+        summary = dict(self._combine(rnd, [*judged.updates, *partials]))
+        if judged.held_elsewhere:  # a partial sum counts once in _combine's summary: here, the updates it carries
             summary["partial_sums"] = len(partials)
             summary["summed_remote"] = sum(len(p.members) for p in partials)
-        summary.update(report.as_dict())
-        summary["capped_samples"] = capped
+        summary.update(judged.report.as_dict())
+        summary["capped_samples"] = judged.capped + partials_capped
         summary["aggregator"] = self.robust.aggregator
         moved = self.versions.commit(self.models)
         if moved:
             summary["versions"] = moved
         return summary
 
-    def new_aggregator(self, template: Weights, *, include: Sequence[str] | None = None
+    def _new_aggregator(self, template: Weights, *, include: Sequence[str] | None = None
                        ) -> StreamingFedAvg | CoordinateAggregator:
         """An empty aggregator of the run's rule for ``template`` (see :func:`server_kit.robust.make_aggregator`)."""
         return make_aggregator(template, self.robust, include=include)
@@ -378,10 +388,6 @@ class Strategy(ABC):
     def model_key_for(self, cid: str) -> str:
         """The model a client is evaluated with."""
         return self.default_key
-
-    def model_for(self, cid: str) -> tuple[str, dict[str, np.ndarray]]:
-        key = self.model_key_for(cid)
-        return key, self.models[key]
 
     def assign_late(self, cid: str, sketch: Sketch | None = None, info: ClientInfo | None = None) -> str:
         """Admit a client that joined after the start; returns its model key."""
@@ -398,11 +404,7 @@ class Strategy(ABC):
         return cid in self.clients
 
     # -- helpers ------------------------------------------------------------
-    def round_rng(self, rnd: int) -> np.random.Generator:
-        """A generator derived from the seed and the round only (so a resumed run samples alike)."""
-        return np.random.default_rng([self.seed, rnd])
-
-    def sample(self, members: Sequence[str], rnd: int, salt: int = 0, fraction: float | None = None) -> list[str]:
+    def _sample(self, members: Sequence[str], rnd: int, salt: int = 0, fraction: float | None = None) -> list[str]:
         """``ceil(fraction * len(members))`` of ``members``, at least one, seeded by round.
 
         ``fraction`` defaults to the strategy's.

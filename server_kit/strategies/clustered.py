@@ -57,13 +57,13 @@ class ClusteredFedAvg(Strategy):
 
     def configure_round(self, rnd: int, available: Sequence[str]) -> list[Task]:
         if not self.assignment:
-            chosen = self.sample([c for c in available if c in self.clients], rnd)
+            chosen = self._sample([c for c in available if c in self.clients], rnd)
             return [Task(c, rnd, {self.default_key: self.models[self.default_key]}, self.settings) for c in chosen]
         tasks = []
         for k in sorted(set(self.assignment.values())):
             members = [c for c in available if self.assignment.get(c) == k]
             key = self.key(k)
-            chosen = self.sample(members, rnd, k + 1, self.cluster_fraction(k, rnd))
+            chosen = self._sample(members, rnd, k + 1, self.cluster_fraction(k, rnd))
             settings = self.cluster_settings(k, rnd)
             tasks += [Task(c, rnd, {key: self.models[key]}, settings) for c in chosen]
         return tasks
@@ -83,7 +83,7 @@ class ClusteredFedAvg(Strategy):
         summary: dict[str, Any] = {}
         accepted = 0
         for key in sorted(self.models):
-            agg = self.new_aggregator(self.models[key])
+            agg = self._new_aggregator(self.models[key])
             n = add_updates(agg, updates, key)
             accepted += n
             if n:
@@ -92,7 +92,7 @@ class ClusteredFedAvg(Strategy):
         shared = [n for n in next(iter(self.models.values())) if self._is_shared(n)]
         if shared and len(self.models) > 1:
             template = {n: next(iter(self.models.values()))[n] for n in shared}
-            agg = self.new_aggregator(template)
+            agg = self._new_aggregator(template)
             n_shared = sum(add_updates(agg, updates, key, shared) for key in sorted(self.models))
             if n_shared:
                 avg = agg.result()

@@ -18,12 +18,12 @@ class FedAvg(Strategy):
     name = "fedavg"
 
     def configure_round(self, rnd: int, available: Sequence[str]) -> list[Task]:
-        chosen = self.sample([c for c in available if c in self.clients], rnd)
+        chosen = self._sample([c for c in available if c in self.clients], rnd)
         model = self.models[self.default_key]
         return [Task(cid, rnd, {self.default_key: model}, self.settings) for cid in chosen]
 
     def _combine(self, rnd: int, updates: Sequence[Update]) -> dict[str, Any]:
-        agg = self.new_aggregator(self.models[self.default_key])
+        agg = self._new_aggregator(self.models[self.default_key])
         accepted = add_updates(agg, updates, self.default_key)
         if accepted:
             self.models[self.default_key] = agg.result()

@@ -344,7 +344,7 @@ class FLISDC(AuxInference, Strategy):
     # -- rounds ------------------------------------------------------------------
     def configure_round(self, rnd: int, available: Sequence[str]) -> list[Task]:
         """Every sampled client is offered all current cluster models."""
-        chosen = self.sample([c for c in available if c in self.clients], rnd)
+        chosen = self._sample([c for c in available if c in self.clients], rnd)
         keys = self.cluster_keys()
         return [Task(c, rnd, {key: self.models[key] for key in keys}, self.settings) for c in chosen]
 
@@ -371,7 +371,7 @@ class FLISDC(AuxInference, Strategy):
         template = self.models[self.cluster_keys()[0]]
         models, members = {}, []
         for k, rows in enumerate(sets):
-            agg = self.new_aggregator(template)
+            agg = self._new_aggregator(template)
             added = 0
             for j in rows:
                 u = reduced[j][0]

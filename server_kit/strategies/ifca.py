@@ -108,7 +108,7 @@ class IFCA(Strategy):
 
     def configure_round(self, rnd: int, available: Sequence[str]) -> list[Task]:
         """Round 1: one random model per sampled client; later rounds: all K models."""
-        chosen = self.sample([c for c in available if c in self.clients], rnd)
+        chosen = self._sample([c for c in available if c in self.clients], rnd)
         if rnd <= 1:
             offers = {c: [self.initial_key(c, rnd)] for c in chosen}
         else:
@@ -120,7 +120,7 @@ class IFCA(Strategy):
         summary: dict[str, Any] = {}
         accepted = 0
         for key in self.keys:
-            agg = self.new_aggregator(self.models[key])
+            agg = self._new_aggregator(self.models[key])
             n = add_updates(agg, updates, key)
             if n:
                 self.models[key] = agg.result()

@@ -101,7 +101,7 @@ class UpdateClustered(ClusteredFedAvg):
         if self.warmup_fraction < 1.0:
             saved, self.fraction = self.fraction, self.warmup_fraction
             try:
-                pool = self.sample(pool, rnd)
+                pool = self._sample(pool, rnd)
             finally:
                 self.fraction = saved
         model = self.models[self.default_key]

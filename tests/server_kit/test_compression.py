@@ -51,7 +51,7 @@ def test_methods_that_cluster_from_whole_updates_refuse_compression():
     with pytest.raises(ValueError, match="strategy 'flis-dc' cannot use --compress stc:0.01: it clusters the "
                                          "devices every round by running their whole trained models"):
         make_strategy("flis-dc", compression="stc", architecture=ARCH)
-    assert make_strategy("cfl").compression.method is Method.NONE
+    assert make_strategy("cfl").versions.compression.method is Method.NONE
 
 
 # -- versions and what a device is sent ------------------------------------------------------

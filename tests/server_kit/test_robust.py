@@ -311,7 +311,7 @@ def victims_accuracy(federation, rounds, attack=None, **robust):
     accs = []
 
     def score(s, record):
-        accs.append(evaluate(ARCH, s.model_for(hostile.cid)[1], x_rot, yh).accuracy)
+        accs.append(evaluate(ARCH, s.models[s.model_key_for(hostile.cid)], x_rot, yh).accuracy)
         return False
 
     res = sim.run(rounds, stop=score)
