@@ -132,6 +132,11 @@ class Intake:
         self.wait = None
         self.awaited = Awaited("none")
 
+    def arrivals(self) -> tuple[list[Update], list[Receipt]]:
+        """The round's updates and receipts by device id (arrival order over a network is not reproducible)."""
+        return ([self.updates[c] for c in sorted(self.updates)],
+                [self.held_elsewhere[c] for c in sorted(self.held_elsewhere)])
+
     def refuse_update(self, cid: str, reason: str) -> None:
         """An update from ``cid`` was refused (by anything): its round, if it tasked ``cid``, counts it as an answer.
 

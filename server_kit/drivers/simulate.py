@@ -35,7 +35,10 @@ from ..metrics import (
     message_bytes,
     weights_message_bytes,
 )
+from ..rounds.pace import Pace
+from ..rounds.training import TrainingRound
 from ..strategies.base import ClientInfo, Strategy
+from .sim_round import SimulatedIntake, SimulatedPort
 
 __all__ = ["RoundRecord", "SimulationResult", "Simulator"]
 
@@ -286,23 +289,23 @@ class Simulator:
         result.seconds_clustering = time.perf_counter() - t0
         result.bytes_before_training = ledger.total()
         cids = sorted(self.workers)
+        intake = SimulatedIntake()
+        port = SimulatedPort(intake, cids, count_tasks=lambda tasks: self._count_tasks(ledger, tasks),
+                             train=lambda t: self._uplink(t, self.workers[t.cid].fit(t), ledger))
+        training = TrainingRound(s, intake, port, Pace())
         bar = _progress(range(1, rounds + 1), f"{s.name} rounds", self.progress)
         t1 = time.perf_counter()
         for rnd in bar:
             tr = time.perf_counter()
             drift = self._drift_step(rnd, s, ledger, result)
-            tasks = s.configure_round(rnd, cids)
-            self._count_tasks(ledger, tasks)
-            updates = [self._uplink(t, self.workers[t.cid].fit(t), ledger) for t in tasks]
-            summary = s.aggregate(rnd, updates)
-            if drift:
-                summary["drift"] = drift
-            acc, per = mean_accuracy(self.workers, s, [t.cid for t in tasks])
-            record = RoundRecord(rnd, acc, per, len(tasks), summary, time.perf_counter() - tr, ledger.total())
+            report = training.run(rnd, cids, drift=drift or None)
+            acc, per = mean_accuracy(self.workers, s, [t.cid for t in port.tasks])
+            record = RoundRecord(rnd, acc, per, report.tasked, dict(report.summary), time.perf_counter() - tr,
+                                 ledger.total())
             result.rounds.append(record)
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(acc=f"{acc:.3f}")
-            log.info("%s round %d: %d clients, mean accuracy %.4f, %d bytes so far", s.name, rnd, len(tasks), acc,
+            log.info("%s round %d: %d clients, mean accuracy %.4f, %d bytes so far", s.name, rnd, report.tasked, acc,
                      record.bytes_total)
             if stop is not None and stop(s, record):
                 log.info("%s: stopped after round %d", s.name, rnd)

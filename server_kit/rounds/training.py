@@ -48,10 +48,6 @@ log = logging.getLogger(__name__)
 class RoundIntake(Protocol):
     """Where a round's arrivals are recorded as they come (the server's intake)."""
 
-    #: The valid updates of the open (or last) round, by device.
-    updates: Mapping[str, Update]
-    #: The updates ingest workers hold, by device (their receipts).
-    held_elsewhere: Mapping[str, Receipt]
     #: The devices tasked this round.
     tasked: set[str]
 
@@ -62,6 +58,10 @@ class RoundIntake(Protocol):
 
     def close_round(self) -> None:
         """The round closed: what arrives for it from now on is late."""
+        ...
+
+    def arrivals(self) -> tuple[list[Update], list[Receipt]]:
+        """The round's updates and receipts, in the order they are combined (the intake's deterministic order)."""
         ...
 
 
@@ -194,14 +194,13 @@ class TrainingRound:
         delivered, deliveries = self.port.send(rnd, tasks)
         close = self.port.wait(rnd, wait)
         self.intake.close_round()
-        updates = [self.intake.updates[c] for c in sorted(self.intake.updates)]
-        held = self.intake.held_elsewhere
-        arrived: list[Update | Receipt] = [*updates, *(held[c] for c in sorted(held))]
-        missing = sorted(self.intake.tasked - set(self.intake.updates) - set(held))
+        updates, receipts = self.intake.arrivals()
+        arrived: list[Update | Receipt] = [*updates, *receipts]
+        missing = sorted(self.intake.tasked - {u.cid for u in arrived})
         if missing:
             log.warning("round %d closed (%s at %.1f s) without %d client(s): %s", rnd, close.reason.value,
                         close.close_s, len(missing), some_ids(missing))
-        summary = self._combine(rnd, updates, wait, bool(held))
+        summary = self._combine(rnd, updates, wait, bool(receipts))
         if drift is not None:
             summary["drift"] = drift
         for cid in self.pace.after_round(wait, close.extended_by):

@@ -39,6 +39,9 @@ class ScriptedIntake:
     def close_round(self):
         self.wait = None
 
+    def arrivals(self):
+        return [self.updates[c] for c in sorted(self.updates)], []
+
 
 class ScriptedPort:
     """Each device answers after its scripted delay with its scripted change; ``silent`` never answers."""

@@ -1,0 +1,78 @@
+"""The in-process side of a training round: each task trained where it is, its bytes counted as sent.
+
+The simulator's :class:`~server_kit.rounds.training.RoundPort` and
+:class:`~server_kit.rounds.training.RoundIntake`: "sending" a round counts the
+``train`` command and the models each device would download; "waiting" trains
+every task in plan order with its device's :class:`~edge_sdk.worker.LocalWorker`
+and records the update as the device would send it (the run's update codec,
+its bytes counted). Every device answers: the round closes with all answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+
+from edge_sdk.tasks import Task, Update
+
+from ..rounds.arrivals import Receipt
+from ..rounds.round_wait import CloseReason, RoundClose, RoundWait
+
+__all__ = ["SimulatedIntake", "SimulatedPort"]
+
+
+class SimulatedIntake:
+    """What a simulated round recorded: the updates, in the order the tasks were planned."""
+
+    def __init__(self) -> None:
+        self.updates: dict[str, Update] = {}
+        self.tasked: set[str] = set()
+        self.wait: RoundWait | None = None
+
+    def open_round(self, rnd: int, tasks: list[Task], online: Collection[str], *, report_goal: float = 1.0
+                   ) -> RoundWait:
+        self.updates, self.tasked = {}, {t.cid for t in tasks}
+        self.wait = RoundWait(rnd, tasks, online, report_goal=report_goal)
+        return self.wait
+
+    def close_round(self) -> None:
+        self.wait = None
+
+    def arrivals(self) -> tuple[list[Update], list[Receipt]]:
+        return list(self.updates.values()), []
+
+
+class SimulatedPort:
+    """Trains each task in process (see the module docstring).
+
+    ``count_tasks(tasks)``: the command and model bytes of the round's tasks;
+    ``train(task) -> Update``: a task trained, its update as the server gets it.
+    """
+
+    def __init__(self, intake: SimulatedIntake, devices: Collection[str], *,
+                 count_tasks: Callable[[Sequence[Task]], None], train: Callable[[Task], Update]) -> None:
+        self.intake = intake
+        self.devices = frozenset(devices)
+        self.count_tasks = count_tasks
+        self.train = train
+        #: The round's tasks, in plan order.
+        self.tasks: list[Task] = []
+
+    def online_ids(self) -> Collection[str]:
+        return self.devices
+
+    def send(self, rnd: int, tasks: Sequence[Task]) -> tuple[int, dict[str, int]]:
+        self.count_tasks(tasks)
+        self.tasks = list(tasks)
+        return 0, {}  # the bytes are in the simulator's ledger
+
+    def wait(self, rnd: int, wait: RoundWait) -> RoundClose:
+        for t in self.tasks:
+            self.intake.updates[t.cid] = self.train(t)
+            wait.answer("update", t.cid)
+        return RoundClose(CloseReason.ALL_ANSWERED, wait.elapsed(), wait.goal_s, frozenset())
+
+    def remote(self) -> None:
+        return None
+
+    def bench(self, cid: str, reason: str) -> None:
+        return None  # every simulated device answers: none is benched
