@@ -1,4 +1,3 @@
-# Long on purpose: the run, phase by phase; splitting it further would scatter its order (aggregators joined it).
 """The MQTT driver: a real federation of client processes behind a broker.
 
 The :class:`Orchestrator` runs a :class:`~server_kit.strategies.base.Strategy` over
@@ -13,15 +12,16 @@ or its in-memory twin in unit tests):
    every client (model key "encoder", raw .onnx bytes, sha256 in meta);
 3. if the strategy clusters from sketches: ask every client for its sketch,
    collect until quorum or deadline, cluster once, tell each client its model;
-4. rounds: (a strategy that follows drift: fresh sketches first, see
-   :mod:`~server_kit.drivers.resketch`) the strategy's tasks plus spares
+4. rounds, each a :class:`~server_kit.rounds.training.TrainingRound` over
+   :class:`~.round_port.MqttRoundPort`: (a strategy that follows drift: fresh
+   sketches first, see :mod:`~server_kit.drivers.resketch`) the strategy's tasks plus spares
    (``over_select``), each client delivered the models it needs (see
    :mod:`~server_kit.drivers.delivery`) and commanded to train; updates
    collected until every group of the round has its report goal (then a
    grace for the stragglers; a refused update counts as its device's
    answer), nobody is left to wait for (a device that vanished, announced
    by its last will, is not waited for), or the deadline (see :mod:`~server_kit.rounds.closing`); aggregate, checkpoint;
-   a device refused round after round is benched (:mod:`~.pace`);
+   a device refused round after round is benched (:mod:`~server_kit.rounds.pace`);
 5. a final evaluation: one broadcast ``evaluate`` command (each device
    evaluates the model it was assigned), of all the assigned online devices
    or of a seeded sample of them (``eval_fraction``, at least one per
@@ -30,15 +30,16 @@ or its in-memory twin in unit tests):
 
 The orchestrator owns these phases and composes the rest, each in its module
 of this package: a :class:`~.link.ServerLink` (sending, and the inbox pumped
-through :meth:`Orchestrator._handle`), a :class:`~.fleet.Fleet` (the devices,
+through :class:`~.router.MessageRouter`), a :class:`~.fleet.Fleet` (the devices,
 admitted or refused, online or not), :class:`~.models.RunModels` (encoder,
 architecture, template), an :class:`~.intake.Intake` (the phase, and the
 checks and records of what the devices send), a :class:`~.delivery.Delivery`
 (the model topics each device follows, each model sent once or per device)
 and :class:`~.assignment.Assignments` (which model each device is told);
 phase 2 is :func:`~.ae_phase.pretrain_ae` and phase 5
-:func:`~.final_eval.final_evaluation`. The phase itself is a
-:class:`~.phase.Phase`, moved only by :class:`~.phase.RunPhase`.
+:func:`~.final_eval.final_evaluation`; the trained models in use (export,
+keep, serving) are :class:`~server_kit.serving.service.ModelService`. The
+phase itself is a :class:`~.phase.Phase`, moved only by :class:`~.phase.RunPhase`.
 
 Every message from a client is validated on arrival (envelope, sender vs
 topic, registration, round, tensor names/shapes/dtypes, NaN); a bad one is
@@ -50,7 +51,6 @@ from its last finished round.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -61,10 +61,9 @@ import numpy as np
 
 from edge_sdk.install import install_hint
 from edge_sdk.keep_offer import KeepOffer
-from edge_sdk.protocol import Kind, Message, Topics
+from edge_sdk.protocol import Message, Topics
 from edge_sdk.protocol.commands import Op
 from edge_sdk.rejections import RejectionLog
-from edge_sdk.schema import check_meta
 
 from ..rounds.pace import Pace
 from ..rounds.training import TrainingRound
@@ -86,6 +85,7 @@ from .remote import RemoteRound
 from .resketch import Resketch, drift_totals
 from .result import RunResult
 from .round_port import MqttRoundPort
+from .router import MessageRouter
 
 __all__ = ["Orchestrator", "ServerConfig"]
 
@@ -158,6 +158,9 @@ class Orchestrator:
         port = MqttRoundPort(strategy=strategy, config=config, link=self.link, fleet=self.fleet,
                              delivery=self.delivery, pace=self.pace, codec=self.intake.codec,
                              architecture=lambda: self.architecture, deadline=self.round_deadline, remote=self.remote)
+        self.router = MessageRouter(strategy=strategy, link=self.link, fleet=self.fleet, intake=self.intake,
+                                    delivery=self.delivery, assignments=self.assignments, resketch=self.resketch,
+                                    run_models=self.run_models, remote=self.remote, hand_over=self._hand_over)
         #: The run's training rounds (:class:`~server_kit.rounds.training.TrainingRound`), their messages over MQTT.
         self.training = TrainingRound(strategy, self.intake, port, self.pace, over_select=config.over_select,
                                       report_goal=config.report_goal)
@@ -219,70 +222,8 @@ class Orchestrator:
 
     # -- message handling -----------------------------------------------
     def _handle(self, topic: str, msg: Message) -> None:
-        """The link's handler: one device message, checked against the schema, to whom it concerns."""
-        cid = msg.sender
-        if self.remote is not None and msg.kind in (Kind.RECEIPT, Kind.PARTIAL):
-            self.remote.on_message(cid, msg)  # the transport took it only on that aggregator's topics, signed
-            return
-        msg = dataclasses.replace(msg, meta=check_meta(msg))  # every field a handler reads, checked
-        if msg.kind == Kind.HELLO:
-            self._on_hello(cid, msg)
-            return
-        state = self.clients.get(cid)
-        if state is None and cid in self.fleet.pending:
-            return  # registered, admitted once the models are chosen: its status adds nothing yet
-        if state is None:
-            self.link.reject("unknown-client", f"{msg.kind.name} from an unregistered client", cid)
-            return
-        state.last_seen = time.monotonic()
-        intake = self.intake
-        if msg.kind == Kind.STATUS:
-            self.fleet.on_status(cid, state, msg.meta, intake.round)
-            if "follow" in msg.meta:
-                self.delivery.confirm(cid, msg.meta["follow"])
-        elif msg.kind in (Kind.SKETCH, Kind.FEATURES):
-            if not self.resketch.admits(cid, msg):
-                return  # sent unasked, and this run does not follow drift: refused, counted
-            sk = intake.on_summary(cid, msg)
-            if intake.phase.trains and not self.strategy.is_clustered(cid):
-                key = self.strategy.assign_late(cid, sk, state.info)
-                self.assignments.assign(cid, key)
-                self._hand_over(cid)
-            elif intake.phase.trains:
-                self.resketch.collect(cid, sk, msg)  # for the next round (a run that follows drift)
-        elif msg.kind == Kind.UPDATE and intake.phase is Phase.PRETRAIN:
-            intake.on_ae_update(cid, msg, state.info.n_samples)
-        elif msg.kind == Kind.UPDATE:
-            upd = intake.on_update(cid, msg)
-            if upd is not None and upd.version is not None:
-                self.delivery.note_held(cid, upd.model_key, upd.version)
-        elif msg.kind == Kind.METRICS:
-            intake.on_metrics(cid, msg.meta)
-        else:
-            self.link.reject("kind", f"unexpected {msg.kind.name}", cid)
-
-    def _on_hello(self, cid: str, msg: Message) -> None:
-        """A device (re)announces itself: admit or refuse it now, or once the models are chosen."""
-        m = msg.meta  # checked by the schema: n_samples in [1, 2**31), classes_present in [0, 65535]
-        if not self.models_chosen:
-            if cid not in self.fleet.pending:
-                log.info("client %s registered (%d samples, %s)", cid, m["n_samples"],
-                         "x".join(map(str, m.get("input_shape", []))) or "shape not said")
-            self.fleet.pending[cid] = m
-            return
-        # reconnected, it follows what it was told; restarted, every model; and it may have forgotten its model
-        self.delivery.forget(cid)
-        self.assignments.told.pop(cid, None)
-        phase = self.intake.phase
-        if not self.fleet.admit(cid, m, self.run_models, registering=phase.registering):
-            return
-        info = self.clients[cid].info
-        if phase.trains and not self.strategy.is_clustered(cid):
-            self.assignments.admit_late(cid, info)
-        elif phase.trains:
-            self.assignments.assign(cid, self.strategy.model_key_for(cid))
-        if self.strategy.is_clustered(cid):  # placed now (no sketch needed), or known: its model, if serving
-            self._hand_over(cid)
+        """The link's handler: each message to whom it concerns (:class:`~.router.MessageRouter`)."""
+        self.router.route(topic, msg)
 
     # -- phases -------------------------------------------------------------
     def _register(self) -> None:
