@@ -133,13 +133,16 @@ class Orchestrator:
         self.refused: dict[str, str] = self.fleet.refused
         #: Admitted devices left out of training, with the reason.
         self.not_training: dict[str, str] = self.fleet.not_training
-        #: The trained models in use: exported, kept by the devices, handed to newcomers while serving.
-        self.service = ModelService(self, write_state=self._write_checkpoint, ask_again_s=ASK_AGAIN_S)
         self.history: list[dict[str, Any]] = []
         self.timings: dict[str, float] = {}
         self.pretrain_history: list[dict[str, Any]] = []
         self.assignments = Assignments(strategy, config, self.link, self.fleet, self.intake, self.delivery,
                                        self.run_models)
+        #: The trained models in use: exported, kept by the devices, handed to newcomers while serving.
+        self.service = ModelService(strategy=strategy, config=config, link=self.link, fleet=self.fleet,
+                                    delivery=self.delivery, assignments=self.assignments, intake=self.intake,
+                                    run_models=self.run_models, run_id=lambda: self.run_id,
+                                    write_state=self._write_checkpoint, ask_again_s=ASK_AGAIN_S)
         self.resketch = Resketch(strategy, config, self.link, self.fleet, self.intake, self.assignments,
                                  self.delivery, self.round_deadline)
         #: The aggregators' side of the rounds (their receipts and partial sums), or None without aggregators.
