@@ -1,7 +1,7 @@
 """The in-process side of a training round: each task trained where it is, its bytes counted as sent.
 
 The simulator's :class:`~server_kit.rounds.training.RoundPort` and
-:class:`~server_kit.rounds.training.RoundIntake`: "sending" a round counts the
+:class:`~server_kit.rounds.recorded.RecordedIntake`: "sending" a round counts the
 ``train`` command and the models each device would download; "waiting" trains
 every task in plan order with its device's :class:`~edge_sdk.worker.LocalWorker`
 and records the update as the device would send it (the run's update codec,
@@ -14,31 +14,10 @@ from collections.abc import Callable, Collection, Sequence
 
 from edge_sdk.tasks import Task, Update
 
-from ..rounds.arrivals import Receipt
+from ..rounds.recorded import RecordedIntake
 from ..rounds.round_wait import CloseReason, RoundClose, RoundWait
 
-__all__ = ["SimulatedIntake", "SimulatedPort"]
-
-
-class SimulatedIntake:
-    """What a simulated round recorded: the updates, in the order the tasks were planned."""
-
-    def __init__(self) -> None:
-        self.updates: dict[str, Update] = {}
-        self.tasked: set[str] = set()
-        self.wait: RoundWait | None = None
-
-    def open_round(self, rnd: int, tasks: list[Task], online: Collection[str], *, report_goal: float = 1.0
-                   ) -> RoundWait:
-        self.updates, self.tasked = {}, {t.cid for t in tasks}
-        self.wait = RoundWait(rnd, tasks, online, report_goal=report_goal)
-        return self.wait
-
-    def close_round(self) -> None:
-        self.wait = None
-
-    def arrivals(self) -> tuple[list[Update], list[Receipt]]:
-        return list(self.updates.values()), []
+__all__ = ["SimulatedPort"]
 
 
 class SimulatedPort:
@@ -48,7 +27,7 @@ class SimulatedPort:
     ``train(task) -> Update``: a task trained, its update as the server gets it.
     """
 
-    def __init__(self, intake: SimulatedIntake, devices: Collection[str], *,
+    def __init__(self, intake: RecordedIntake, devices: Collection[str], *,
                  count_tasks: Callable[[Sequence[Task]], None], train: Callable[[Task], Update]) -> None:
         self.intake = intake
         self.devices = frozenset(devices)

@@ -36,9 +36,10 @@ from ..metrics import (
     weights_message_bytes,
 )
 from ..rounds.pace import Pace
+from ..rounds.recorded import RecordedIntake
 from ..rounds.training import TrainingRound
 from ..strategies.base import ClientInfo, Strategy
-from .sim_round import SimulatedIntake, SimulatedPort
+from .sim_round import SimulatedPort
 
 __all__ = ["RoundRecord", "SimulationResult", "Simulator"]
 
@@ -289,7 +290,7 @@ class Simulator:
         result.seconds_clustering = time.perf_counter() - t0
         result.bytes_before_training = ledger.total()
         cids = sorted(self.workers)
-        intake = SimulatedIntake()
+        intake = RecordedIntake()
         port = SimulatedPort(intake, cids, count_tasks=lambda tasks: self._count_tasks(ledger, tasks),
                              train=lambda t: self._uplink(t, self.workers[t.cid].fit(t), ledger))
         training = TrainingRound(s, intake, port, Pace())

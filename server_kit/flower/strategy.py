@@ -42,6 +42,10 @@ from edge_sdk.flower import records as rec
 from edge_sdk.protocol import ProtocolError
 
 from ..metrics import CommLedger, clustering_scores
+from ..rounds.pace import Pace
+from ..rounds.recorded import RecordedIntake
+from ..rounds.round_wait import CloseReason, RoundClose
+from ..rounds.training import OpenRound, TrainingRound
 from ..strategies.base import ClientInfo, Strategy
 from .wire import message_bytes
 
@@ -126,6 +130,10 @@ class FlowerStrategy(FlwrStrategy):
         self._round_t0 = 0.0
         self._summary: dict[str, Any] = {}
         self._placed: set[str] = set()
+        #: The rounds: planned and combined by the one TrainingRound; Flower's Grid sends and waits.
+        self._intake = RecordedIntake()
+        self._training = TrainingRound(strategy, self._intake, _GridPort(lambda: self._placed), Pace())
+        self._open: OpenRound | None = None
 
     # -- Flower's strategy interface -------------------------------------------
     def summary(self) -> None:
@@ -166,7 +174,8 @@ class FlowerStrategy(FlwrStrategy):
         """Late nodes are placed, then the strategy's tasks: one message per node with its own models."""
         self._round_t0 = time.perf_counter()
         self._admit_late(grid)
-        tasks = self.strategy.configure_round(server_round, sorted(self._placed))
+        self._open = self._training.open(server_round, sorted(self._placed))
+        tasks = self._open.tasks
         self._tasks = {t.cid: t for t in tasks}
         cache: dict[str, ArrayRecord] = {}  # each model serialised once this round
         messages = [Message(rec.write_task(t, self.architecture, cache), dst_node_id=self.node_of[t.cid],
@@ -188,9 +197,20 @@ class FlowerStrategy(FlwrStrategy):
                 got[cid] = u
             except ProtocolError as e:
                 self._reject(e.reason, cid, str(e))
-        updates = [got[c] for c in self._tasks if c in got]
-        self._summary = self.strategy.aggregate(server_round, updates)
-        self._summary["updates"] = len(updates)
+                if self._open is not None:
+                    self._open.wait.refuse(cid, e.reason)
+        if self._open is None or self._open.round != server_round:
+            raise RuntimeError(f"aggregate_train for round {server_round}, which configure_train did not open")
+        wait = self._open.wait
+        for cid in self._tasks:  # in the order the tasks were made
+            if cid in got:
+                self._intake.updates[cid] = got[cid]
+                wait.answer("update", cid)
+        close = RoundClose(CloseReason.ALL_ANSWERED if not wait.left else CloseReason.DEADLINE, wait.elapsed(),
+                           wait.goal_s, frozenset())
+        report = self._training.finish(self._open, close)
+        self._summary = dict(report.summary)
+        self._summary["updates"] = report.updates
         return self.models_record(), _metrics(self._summary)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -350,6 +370,28 @@ class FlowerStrategy(FlwrStrategy):
     def _reject(self, reason: str, who: str, detail: str) -> None:
         self.rejected[reason] += 1
         log.warning("refused from %s (%s): %s", who, reason, detail)
+
+
+class _GridPort:
+    """The round's port under Flower: its Grid sends the tasks and waits for the replies, not the round."""
+
+    def __init__(self, placed: Callable[[], set[str]]) -> None:
+        self.placed = placed
+
+    def online_ids(self) -> set[str]:
+        return self.placed()
+
+    def send(self, rnd: int, tasks: Any) -> tuple[int, dict[str, int]]:
+        raise RuntimeError("under Flower the Grid sends a round's tasks (configure_train)")
+
+    def wait(self, rnd: int, wait: Any) -> RoundClose:
+        raise RuntimeError("under Flower the Grid waits for a round's replies (aggregate_train)")
+
+    def remote(self) -> None:
+        return None
+
+    def bench(self, cid: str, reason: str) -> None:
+        return None  # Flower chooses its nodes: nothing to bench
 
 
 def _metrics(summary: Mapping[str, Any]) -> MetricRecord:

@@ -40,7 +40,7 @@ from .arrivals import PartialSum, Receipt
 from .pace import Pace
 from .round_wait import RoundClose, RoundWait
 
-__all__ = ["HeldElsewhere", "RoundIntake", "RoundPort", "RoundReport", "TrainingRound"]
+__all__ = ["HeldElsewhere", "OpenRound", "RoundIntake", "RoundPort", "RoundReport", "TrainingRound"]
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,17 @@ def _accuracies_before(arrived: Sequence[Update | Receipt]) -> tuple[float | Non
     return (float(np.mean(every)) if every else None), {k: float(np.mean(v)) for k, v in sorted(per_model.items())}
 
 
+@dataclass(frozen=True)
+class OpenRound:
+    """A round planned and opened (:meth:`TrainingRound.open`), waiting for its :meth:`TrainingRound.finish`."""
+
+    round: int
+    tasks: list[Task]
+    wait: RoundWait
+    #: When it began (the round's clock).
+    started: float
+
+
 class TrainingRound:
     """One round of training (see the module docstring).
 
@@ -188,11 +199,26 @@ class TrainingRound:
     def run(self, rnd: int, available: Sequence[str], *, drift: Mapping[str, Any] | None = None,
             started: float | None = None) -> RoundReport:
         """Run round ``rnd`` with the ``available`` devices; ``drift``: what the round's resketch did."""
+        opened = self.open(rnd, available, started=started)
+        delivered, deliveries = self.port.send(rnd, opened.tasks)
+        close = self.port.wait(rnd, opened.wait)
+        return self.finish(opened, close, delivered=delivered, deliveries=deliveries, drift=drift)
+
+    def open(self, rnd: int, available: Sequence[str], *, started: float | None = None) -> OpenRound:
+        """Plan round ``rnd`` and open it: the intake expects an update from each task's device.
+
+        :meth:`run` calls it; a driver whose framework sends and waits itself (Flower) calls it, then
+        :meth:`finish` with the replies recorded.
+        """
         t0 = self.clock() if started is None else started
         tasks = self.strategy.plan_round(rnd, available, self.over_select)
         wait = self.intake.open_round(rnd, tasks, self.port.online_ids(), report_goal=self.report_goal)
-        delivered, deliveries = self.port.send(rnd, tasks)
-        close = self.port.wait(rnd, wait)
+        return OpenRound(rnd, tasks, wait, t0)
+
+    def finish(self, opened: OpenRound, close: RoundClose, *, delivered: int = 0,
+               deliveries: Mapping[str, int] | None = None, drift: Mapping[str, Any] | None = None) -> RoundReport:
+        """Close the round: what arrives from now on is late; combine what arrived; bench; the report."""
+        rnd, tasks, wait = opened.round, opened.tasks, opened.wait
         self.intake.close_round()
         updates, receipts = self.intake.arrivals()
         arrived: list[Update | Receipt] = [*updates, *receipts]
@@ -211,9 +237,9 @@ class TrainingRound:
             round=rnd, tasked=len(tasks), updates=len(arrived), missing=tuple(missing), acc_before=acc_before,
             acc_before_per_model=acc_per_model,
             loss=float(np.mean([u.loss for u in arrived])) if arrived else None,
-            model_bytes_delivered=delivered, deliveries=deliveries, clipped=int(summary.get("clipped", 0)),
-            refused_norm=int(summary.get("refused_norm", 0)), summary=summary, seconds=self.clock() - t0,
-            wait=wait.record(close, online.__contains__))
+            model_bytes_delivered=delivered, deliveries=dict(deliveries or {}),
+            clipped=int(summary.get("clipped", 0)), refused_norm=int(summary.get("refused_norm", 0)),
+            summary=summary, seconds=self.clock() - opened.started, wait=wait.record(close, online.__contains__))
 
     def _combine(self, rnd: int, updates: list[Update], wait: RoundWait, any_held: bool) -> dict[str, Any]:
         """Judge, flush, combine: the strategy screens every update (those held elsewhere by their norms), the
