@@ -25,11 +25,15 @@ class Inbox:
 
     def __init__(self) -> None:
         self.got: dict[str, list[int]] = {}
+        self.probed: set[str] = set()
         self._cv = threading.Condition()
 
     def handler(self, name: str, *, jitter_s: float = 0.0):
         def handle(topic: str, msg: Message) -> None:
             if PROBE in msg.meta:
+                with self._cv:
+                    self.probed.add(topic)
+                    self._cv.notify_all()
                 return
             if jitter_s:
                 time.sleep(random.uniform(0, jitter_s))  # slow handlers must not reorder a transport's messages
@@ -37,6 +41,11 @@ class Inbox:
                 self.got.setdefault(name, []).append(msg.round)
                 self._cv.notify_all()
         return handle
+
+    def wait_probe(self, topic: str, timeout: float) -> bool:
+        """A probe of :func:`prove_subscribed` arrived on ``topic``: the broker holds that subscription."""
+        with self._cv:
+            return self._cv.wait_for(lambda: topic in self.probed, timeout)
 
     def wait(self, total: int, timeout: float) -> bool:
         with self._cv:
@@ -114,6 +123,8 @@ def test_each_transport_gets_its_messages_in_order_through_the_shared_pool(broke
     server = MqttTransport(BrokerConfig.from_url(broker.url), "server", federation=FED)
     server.connect()
     try:
+        for t in devices:  # connected is not subscribed: a message the broker gets first would be dropped
+            prove_subscribed(server, server.topics.cmd(t.client_id), inbox)
         for r in range(k):  # interleaved: every device's message r before anyone's r + 1
             for i in range(n):
                 server.publish(server.topics.cmd(f"o{i}"), cmd(r))
