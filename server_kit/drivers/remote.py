@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from edge_sdk.compress.update_codec import update_codec
 from edge_sdk.protocol import Kind, Message, ProtocolError, parse_tensors, tensors_body
 from edge_sdk.schema import check_meta
 
@@ -105,7 +104,7 @@ class RemoteRound:
         self.refused_by: dict[str, str] = {}
         versions = self.strategy.versions
         versions.sync(self.strategy.models)  # a model new or changed outside aggregation: its version now
-        codec = update_codec(self.strategy.versions.compression)
+        codec = self.intake.codec
         for key in sorted(set(keys)):
             meta: dict[str, Any] = {"round": rnd, "model_key": key, **codec.base_meta(versions.version.get(key))}
             self.link.send(self.link.topics.aggregation(), Kind.COLLECT, meta=meta,

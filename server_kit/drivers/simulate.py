@@ -173,6 +173,8 @@ class Simulator:
         drift: Any = None,
     ) -> None:
         self.strategy = strategy
+        #: How the run's updates come up, chosen once (the strategy's compression is set at its creation).
+        self.codec = update_codec(strategy.versions.compression)
         self.drift = drift
         self._watches: dict[str, Any] = {}
         self._sketchers: dict[str, Sketcher] = {}
@@ -361,7 +363,7 @@ class Simulator:
         (:meth:`server_kit.downstream.ModelVersions.payload`); it then holds the current version.
         """
         versions = self.strategy.versions
-        comp = update_codec(versions.compression).command_meta
+        comp = self.codec.command_meta
         versions.sync(self.strategy.models)
         for t in tasks:
             ledger.add("CMD", "down", message_bytes(Kind.CMD, meta=build(
@@ -379,10 +381,9 @@ class Simulator:
         :class:`~edge_sdk.compress.update_codec.UpdateCodec`, what a device sends).
         """
         versions = self.strategy.versions
-        codec = update_codec(versions.compression)
         feedback = self._feedback.setdefault(u.cid, InMemoryFeedback(ErrorFeedback(versions.compression)))
         start = task.models.get(u.model_key) or next(iter(task.models.values()))  # a hostile worker's other key
-        body, extra, sent = codec.encode(u.model_key, u.weights, start, versions.version.get(u.model_key), feedback)
+        body, extra, sent = self.codec.encode(u.model_key, u.weights, start, versions.version.get(u.model_key), feedback)
         loss = u.loss if math.isfinite(u.loss) else 0.0  # a hostile worker's inf is not JSON: a number's bytes
         meta = {"round": u.round, "model_key": u.model_key, "n_samples": u.n_samples, "loss": loss,
                 "metrics": dict(u.metrics), **extra}

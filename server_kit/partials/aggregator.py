@@ -154,9 +154,8 @@ class PartialAggregator:
         rnd, key = meta["round"], meta["model_key"]
         with self._lock:
             base = self.base
-            if base is None or base.round != rnd:
-                raise ProtocolError("stale-update", f"update for round {rnd}; this aggregator collects round "
-                                                    f"{None if base is None else base.round}")
+            if base is None:
+                raise ProtocolError("stale-update", f"update for round {rnd}; this aggregator collects no round yet")
             admit_update(cid, meta, open_round=base.round, tasked=True, allowed=base.models.keys(),
                          version_of=base.versions.get, codec=base.codec, held=cid in self.held)
             model = base.models[key]

@@ -25,6 +25,7 @@ from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.client import EdgeClient
 from edge_sdk.compress import Compression
+from edge_sdk.compress.update_codec import update_codec
 from edge_sdk.protocol import Kind, Message, Topics, tensors_body
 from edge_sdk.signing import load_signer, load_verifier, write_keypair
 from edge_sdk.tasks import TrainSettings
@@ -307,7 +308,8 @@ def test_hostile_aggregator_messages_are_refused_with_their_reasons(tmp_path):
             server.subscribe(topics.aggregator("+", leaf), link.enqueue)
         server.connect(timeout=10)
         intake = SimpleNamespace(round=1, held_elsewhere={"d0": SimpleNamespace(n_samples=10),
-                                                          "d1": SimpleNamespace(n_samples=20)})
+                                                          "d1": SimpleNamespace(n_samples=20)},
+                                 codec=update_codec(None))
         strategy = SimpleNamespace(compression=Compression.parse("none"), models={"c0": weights},
                                    versions=ModelVersions(Compression.parse("none")))
         models = SimpleNamespace(spec={"w": ((2, 2), "float32")})
