@@ -104,7 +104,6 @@ DEFENCES: dict[str, dict[str, Any]] = {
     "trimmed-mean": {"aggregator": "trimmed-mean", "norm_bound": 0},
     "median": {"aggregator": "median", "norm_bound": 0},
 }
-HOSTILE = "c00"
 LAST = 3  # rounds averaged for the victims' accuracy
 
 
@@ -136,7 +135,9 @@ def setup(args) -> dict[str, Any]:
         arch, encoder = "lenet5_1x28x28_10", "fmnist_fc_encoder"
     settings = TrainSettings(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size)
     return {"clients": clients, "x_held": x_held, "y_held": y_held, "arch": arch, "encoder": encoder,
-            "settings": settings, "groups": {c.cid: c.group for c in clients}}
+            "settings": settings, "groups": {c.cid: c.group for c in clients},
+            # the first device (c00 below 100 devices, c000 from 100: the ids widen with the fleet)
+            "hostile": clients[0].cid}
 
 
 def make_strategy(env, args, **robust):
@@ -156,9 +157,10 @@ class VictimScore:
 
     def victims(self, strategy) -> tuple[str, list[str]]:
         """The victims' model key and the clients assigned to it (the hostile one left out)."""
-        own = strategy.model_key_for(HOSTILE)
+        hostile = self.env["hostile"]
+        own = strategy.model_key_for(hostile)
         key = other_key(own) if self.attack == "cross" else own
-        members = [c for c in sorted(strategy.clusters()) if c != HOSTILE and strategy.model_key_for(c) == key]
+        members = [c for c in sorted(strategy.clusters()) if c != hostile and strategy.model_key_for(c) == key]
         return key, members
 
     def __call__(self, strategy, record=None) -> bool:
@@ -192,8 +194,8 @@ def simulate(env, args, defence: str, attack: str | None, record: dict | None = 
     for worker in sim.workers.values():
         worker.__class__ = SurvivingWorker
     if attack is not None:
-        sim.workers[HOSTILE].__class__ = HostileWorker
-        sim.workers[HOSTILE].attack = attack
+        sim.workers[env["hostile"]].__class__ = HostileWorker
+        sim.workers[env["hostile"]].attack = attack
     if record is not None:
         inner = strategy.aggregate
 
@@ -236,7 +238,7 @@ def orchestrated(env, args, attack: str | None) -> dict[str, Any]:
     fed, broker = "robust", MemoryBroker()
     threads = []
     for i, c in enumerate(env["clients"]):
-        cls = HostileWorker if c.cid == HOSTILE and attack else SurvivingWorker
+        cls = HostileWorker if c.cid == env["hostile"] and attack else SurvivingWorker
         worker = cls(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=env["arch"],
                      seed=args.seed * 1000 + i)
         worker.attack = attack
@@ -457,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     env = setup(args)
     print(f"{len(env['clients'])} clients ({'digits' if args.quick else 'MNIST'}), 4 rotation groups, "
-          f"{args.rounds} rounds x {args.epochs} epochs, {env['arch']}; hostile device {HOSTILE}; victims' "
+          f"{args.rounds} rounds x {args.epochs} epochs, {env['arch']}; hostile device {env['hostile']}; victims' "
           f"accuracy: their cluster model on {len(env['y_held'])} held-out images, mean of the last {LAST} rounds",
           flush=True)
 
