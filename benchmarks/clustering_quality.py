@@ -221,7 +221,7 @@ def kind_of(strategy) -> str:
     """How a method clusters: ``"sketch"`` (before training), ``"one-shot"`` (once, from a round's
     updates: ``cluster_round_``), ``"splits"`` (CFL's recursive splits) or ``"dynamic"`` (re-clusters
     every round, as FLIS-DC)."""
-    if strategy.needs_sketches:
+    if strategy.capabilities.needs_sketches:
         return "sketch"
     if hasattr(strategy, "cluster_round_"):
         return "one-shot"
@@ -279,7 +279,7 @@ def run_one(label: str, spec: dict[str, Any], clients, aux, args, architecture: 
     strategy = make_method(label, spec, n_clients=len(clients), settings=settings, seed=args.seed,
                            architecture=architecture, aux=aux)
     timed = {"seconds": None}
-    if strategy.needs_sketches:  # the server's clustering time, without the clients' sketching
+    if strategy.capabilities.needs_sketches:  # the server's clustering time, without the clients' sketching
         inner = strategy.on_sketches
 
         def on_sketches(sketches):
@@ -298,12 +298,12 @@ def run_one(label: str, spec: dict[str, Any], clients, aux, args, architecture: 
 
         strategy._combine = recording
     rounds, stop = rounds_for(strategy, args)
-    sim = Simulator(strategy, clients, architecture=architecture, encoder=encoder if strategy.needs_sketches else None,
+    sim = Simulator(strategy, clients, architecture=architecture, encoder=encoder if strategy.capabilities.needs_sketches else None,
                     flip_prob=args.flip_prob, seed=args.seed, progress=False)
     res = sim.run(rounds, stop=stop)
     ran = res.rounds[-1].round if res.rounds else 0
     rnd = clustering_round(strategy, ran)
-    seconds = timed["seconds"] if strategy.needs_sketches else getattr(strategy, "clustering_seconds_", None)
+    seconds = timed["seconds"] if strategy.capabilities.needs_sketches else getattr(strategy, "clustering_seconds_", None)
     hist = getattr(strategy, "split_history_", None)
     return {
         **{k: float(v) for k, v in res.scores.items()},

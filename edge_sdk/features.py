@@ -1,7 +1,7 @@
 """Client summaries other than sketches: what a device computes for the server to cluster.
 
 A strategy that clusters before training names the kind of summary it wants
-(``Strategy.summary_kind``); the client computes it with
+(``Strategy.capabilities.summary_kind``); the client computes it with
 ``SUMMARIES[kind](x, y, num_classes=..., **summary_params)`` and sends the
 array. Sketches (``"sketch"``) live in :mod:`edge_sdk.sketch`; this module
 holds the array-valued summaries, numpy only.

@@ -376,11 +376,11 @@ def _build_strategy(args: argparse.Namespace, name: str, config: Any, strat: dic
         strat["shared_prefixes"] = _shared_prefixes(name, config.architecture)
     strategy = make_strategy(name, settings=settings, seed=config.seed, architecture=config.architecture,
                              **strat)
-    if strategy.pretrain is not None:
+    if strategy.capabilities.pretrain is not None:
         from .pretrain.settings import pretrain_config
 
-        if config.encoder is not None or strategy.pretrain.get("architecture"):
-            pretrain_config(strategy.pretrain, config.encoder)  # refuse a bad setting before connecting
+        if config.encoder is not None or strategy.capabilities.pretrain.get("architecture"):
+            pretrain_config(strategy.capabilities.pretrain, config.encoder)  # refuse a bad setting before connecting
     return strategy
 
 
@@ -391,6 +391,7 @@ def _apply_compression(args: argparse.Namespace, name: str, strat: dict[str, Any
     start; by default, such a method sends whole updates (said in the log).
     """
     from edge_sdk.compress import Compression
+    from edge_sdk.compress.update_codec import compression_for
 
     from .strategies import strategy_class
 
@@ -400,11 +401,11 @@ def _apply_compression(args: argparse.Namespace, name: str, strat: dict[str, Any
             raise ValueError("--compress applies to the model-averaging strategies, not fedcref")
         return
     comp = Compression.parse(asked if asked is not None else DEFAULT_COMPRESS)
-    refuses = strategy_class(name).refuses_compression
-    if asked is None and comp.enabled and refuses:
+    refuses = strategy_class(name).capabilities.refuses_compression
+    settled = compression_for(comp, refuses, f"strategy {name!r}", asked=asked is not None)
+    if settled != comp:
         log.info("strategy %s sends whole updates: %s", name, refuses)
-        comp = Compression()
-    strat["compression"] = comp
+    strat["compression"] = settled
 
 
 def _apply_strategy_options(args: argparse.Namespace, name: str, strat: dict[str, Any],

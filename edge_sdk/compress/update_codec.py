@@ -31,8 +31,8 @@ from ..protocol import ProtocolError, parse_tensors, tensors_body
 from .codec import Compression, decode_delta
 from .feedback import ErrorFeedback
 
-__all__ = ["CompressedDelta", "DecodedUpdate", "DeviceFeedback", "InMemoryFeedback", "UpdateCodec", "WholeWeights", "update_codec",
-           "with_delta"]
+__all__ = ["CompressedDelta", "DecodedUpdate", "DeviceFeedback", "InMemoryFeedback", "UpdateCodec", "WholeWeights",
+           "compression_for", "update_codec", "with_delta"]
 
 #: A tensor's shape and dtype by name: what the receiver expects (:func:`edge_sdk.protocol.parse_tensors`).
 Spec = Mapping[str, tuple[tuple[int, ...], str]]
@@ -173,6 +173,21 @@ class CompressedDelta(UpdateCodec):
 
     def decode(self, body: bytes, spec: Spec, version: int | None) -> DecodedUpdate:
         return DecodedUpdate({}, decode_delta(body, spec, self.compression.method), version)
+
+
+def compression_for(comp: Compression, refusal: str | None, who: str, *, asked: bool = True) -> Compression:
+    """The compression a run of a method takes: ``comp``, unless the method cannot take compressed updates.
+
+    ``refusal``: why the method cannot (None: it can). Then a ``comp`` that
+    was only a default (``asked`` False) becomes ``none`` (whole weights),
+    and one that was asked for is refused: ``ValueError`` naming ``who``,
+    ``comp`` and the reason.
+    """
+    if not comp.enabled or not refusal:
+        return comp
+    if asked:
+        raise ValueError(f"{who} cannot use --compress {comp}: {refusal}")
+    return Compression()
 
 
 def update_codec(compression: Compression | str | None) -> UpdateCodec:

@@ -3,7 +3,7 @@
 FedAvg rounds of the autoencoder over the clients' images (model key "ae"),
 then its encoder exported to ONNX and sent to every client (model key
 "encoder", raw .onnx bytes, sha256 in meta). One phase of
-:class:`~server_kit.drivers.orchestrator.Orchestrator` (``strategy.pretrain``).
+:class:`~server_kit.drivers.orchestrator.Orchestrator` (``strategy.capabilities.pretrain``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def pretrain_ae(pretrain: Mapping[str, Any], config: ServerConfig, *, link: Serv
                 intake: Intake, delivery: Delivery, models: RunModels) -> PretrainResult:
     """Federated pre-training of the sketch autoencoder, then its encoder sent to every client.
 
-    ``pretrain`` is the strategy's pre-training table (``strategy.pretrain``);
+    ``pretrain`` is the strategy's pre-training table (``strategy.capabilities.pretrain``);
     the encoder becomes ``models.encoder`` (and ``models.encoder_msg``, what a
     late device is sent).
     """

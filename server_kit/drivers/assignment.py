@@ -87,7 +87,7 @@ class Assignments:
 
     def admit_late(self, cid: str, info: ClientInfo) -> None:
         """Place a device the clustering did not see: from its sketch (asked for, if need be), or without."""
-        if self.strategy.needs_sketches:
+        if self.strategy.capabilities.needs_sketches:
             if cid in self.intake.sketches:
                 key = self.strategy.assign_late(cid, self.intake.sketches[cid], info)
                 self.assign(cid, key)
@@ -105,7 +105,7 @@ class Assignments:
         """What a ``sketch`` command asks: the encoder, the classes, the flip probability, the summary."""
         encoder = {"encoder": self.models.encoder} if self.models.encoder else {}  # LADD's spectra need none
         return {**encoder, "num_classes": self.config.num_classes, "flip_prob": self.config.flip_prob,
-                "summary": self.strategy.summary_kind, "params": dict(self.strategy.summary_params)}
+                "summary": self.strategy.capabilities.summary_kind, "params": dict(self.strategy.capabilities.summary_params)}
 
     def ask_sketch(self, cid: str) -> None:
         """Ask one device for its sketch."""

@@ -154,7 +154,7 @@ class Intake:
     # -- what the devices send ------------------------------------------------
     def on_summary(self, cid: str, msg: Message) -> Any:
         """A sketch (or a float summary), checked and recorded; returns it."""
-        if self.strategy.summary_kind == "sketch":
+        if self.strategy.capabilities.summary_kind == "sketch":
             if msg.kind != Kind.SKETCH:
                 raise ProtocolError("kind", f"expected a SKETCH, got {msg.kind.name}")
             sk: Any = parse_sketch(msg.body, num_classes=self.num_classes, latent_dim=self.models.latent)
@@ -168,9 +168,9 @@ class Intake:
 
     def _features(self, msg: Message) -> Any:
         """A float summary (e.g. LADD's spectra): one finite float32 (num_classes, W) tensor."""
-        if msg.meta.get("summary") != self.strategy.summary_kind:
+        if msg.meta.get("summary") != self.strategy.capabilities.summary_kind:
             raise ProtocolError("meta", f"summary {msg.meta.get('summary')!r} is not the "
-                                        f"{self.strategy.summary_kind!r} this server asked for")
+                                        f"{self.strategy.capabilities.summary_kind!r} this server asked for")
         feats = check_features(parse_tensors(msg.body), self.feature_shape or (self.num_classes, None))
         self.feature_shape = feats.shape
         return feats

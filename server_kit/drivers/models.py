@@ -75,8 +75,8 @@ class RunModels:
 
     def needs_encoder(self) -> bool:
         """Whether the devices sketch with a shipped encoder the server must name."""
-        return (self.strategy.needs_sketches and self.strategy.summary_kind == "sketch"
-                and self.strategy.pretrain is None)
+        return (self.strategy.capabilities.needs_sketches and self.strategy.capabilities.summary_kind == "sketch"
+                and self.strategy.capabilities.pretrain is None)
 
     @property
     def chosen(self) -> bool:

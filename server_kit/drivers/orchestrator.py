@@ -6,7 +6,7 @@ or its in-memory twin in unit tests):
 
 1. registration: clients say hello (the server broadcasts a request, so
    clients started before it re-register); closed by quorum or deadline;
-2. if the strategy pre-trains the sketch autoencoder (``strategy.pretrain``,
+2. if the strategy pre-trains the sketch autoencoder (``strategy.capabilities.pretrain``,
    "fedsketch-fedae"): FedAvg rounds of the autoencoder over the clients'
    images (model key "ae"), then its encoder exported to ONNX and sent to
    every client (model key "encoder", raw .onnx bytes, sha256 in meta);
@@ -70,6 +70,7 @@ from ..rounds.training import TrainingRound
 from ..serving.export import ExportedRun
 from ..serving.service import ModelService
 from ..strategies.base import Strategy
+from ..strategies.capabilities import partials_refusal
 from .ae_phase import pretrain_ae
 from .assignment import ASK_AGAIN_S, Assignments
 from .checkpoint import read_checkpoint, read_encoder, write_checkpoint
@@ -150,7 +151,7 @@ class Orchestrator:
         #: Whether only aggregators take the devices' updates (ingest workers): the server does not subscribe.
         self.updates_elsewhere = bool(updates_elsewhere)
         if aggregators:
-            why = strategy.partials_refusal()
+            why = partials_refusal(strategy.capabilities, strategy.robust.aggregator)
             if why:
                 raise ValueError(f"strategy {strategy.name!r} cannot take partial sums from aggregators: {why}")
             transport.accept_aggregators(aggregators)
@@ -405,13 +406,13 @@ class Orchestrator:
         """A fresh run: registration, then (pre-training and) clustering, then each device told its model."""
         self._register()
         self.strategy.setup([s.info for s in self.clients.values()], self.template)
-        pretrain = self.strategy.pretrain
+        pretrain = self.strategy.capabilities.pretrain
         if pretrain is not None:
             done = pretrain_ae(pretrain, self.config, link=self.link, fleet=self.fleet, intake=self.intake,
                                delivery=self.delivery, models=self.run_models)
             self.pretrain_history = done.history
             self.timings["pretrain_s"] = done.seconds
-        if self.strategy.needs_sketches:
+        if self.strategy.capabilities.needs_sketches:
             self._cluster()
         self.intake.run.enter(Phase.TRAIN, rnd=0)
         self.assignments.announce()

@@ -1,13 +1,13 @@
 """Fresh sketches during training, for a strategy that follows drift: asked, sent unasked, acted on.
 
-A strategy that follows drift (``strategy.follows_drift``: ours with
+A strategy that follows drift (``strategy.capabilities.follows_drift``: ours with
 ``follow_drift`` or ``resketch_every``) gets fresh sketches while training
 goes on, as the in-process driver gives them
 (:meth:`server_kit.drivers.simulate.Simulator._drift_step`):
 
-- **asked**: before a round for which ``strategy.resketch_due(rnd)``, the
-  server asks a seeded sample of the online clustered devices that can train
-  (``strategy.sample`` with the round's fraction and the simulator's salt)
+- **asked**: before each round, the server asks the online clustered devices
+  that can train which ``strategy.resketch_asked(rnd, ...)`` names (ours: in
+  the rounds its tracker is due, a seeded share of them, the simulator's too)
   for a fresh sketch with the usual ``sketch`` command: one broadcast when
   the sample is all of them, one command per device otherwise. It cannot ask
   exactly the devices the round will train: which those are depends on the
@@ -84,7 +84,7 @@ class Resketch:
     Parameters
     ----------
     strategy : Strategy
-        Whether it follows drift (``follows_drift``), when it wants fresh sketches (``resketch_due``), what it
+        Whether it follows drift (``capabilities.follows_drift``), whom it asks for fresh sketches (``resketch_asked``), what it
         makes of them (``on_resketch``).
     config : ServerConfig
         The sketch quorum and deadline, the round deadline of confirmations.
@@ -112,7 +112,7 @@ class Resketch:
     @property
     def follows(self) -> bool:
         """Whether the strategy acts on sketches sent during training."""
-        return self.strategy.follows_drift
+        return self.strategy.capabilities.follows_drift
 
     # -- what arrives ----------------------------------------------------------
     def admits(self, cid: str, msg: Message) -> bool:
@@ -138,9 +138,7 @@ class Resketch:
         if not self.follows:
             return None
         self.link.drain()  # what arrived between rounds counts now
-        asked: list[str] = []
-        if self.strategy.resketch_due(rnd):
-            asked = self._ask(rnd)
+        asked = self._ask(rnd)
         if not self.fresh:
             return None
         fresh, self.fresh = self.fresh, {}
@@ -157,9 +155,9 @@ class Resketch:
         return summary
 
     def _ask(self, rnd: int) -> list[str]:
-        """Ask a seeded sample of the clustered devices that can train for fresh sketches; wait for them."""
+        """Ask the clustered devices that can train the strategy wants fresh sketches of (if any); wait for them."""
         cands = [c for c in self.fleet.trainable() if self.strategy.is_clustered(c)]
-        asked = self.strategy.resketch_clients(rnd, cands)
+        asked = self.strategy.resketch_asked(rnd, cands)
         if not asked:
             return []
         awaited = self.intake.expect("sketch", asked, self.fleet.online_ids)

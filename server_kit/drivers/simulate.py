@@ -199,11 +199,11 @@ class Simulator:
 
     def _summaries(self, s: Strategy) -> dict[str, Any]:
         """Every client's summary of the kind the strategy asks for (sketch bits or features)."""
-        if s.summary_kind == "sketch":
+        if s.capabilities.summary_kind == "sketch":
             if self.encoder is None:
                 raise ValueError(f"strategy {s.name!r} needs sketches: give the simulator an encoder")
             sketches = {cid: w.sketch(self._sketcher(cid)) for cid, w in self.workers.items()}
-            if s.follows_drift:
+            if s.capabilities.follows_drift:
                 from edge_sdk.drift import DriftWatch
 
                 for cid, sk in sketches.items():
@@ -212,10 +212,10 @@ class Simulator:
             return sketches
         from edge_sdk.features import SUMMARIES
 
-        if s.summary_kind not in SUMMARIES:
-            raise ValueError(f"unknown summary kind {s.summary_kind!r}; known: {sorted(SUMMARIES)}")
-        fn = SUMMARIES[s.summary_kind]
-        return {cid: fn(w.x, w.y, num_classes=w.num_classes, **dict(s.summary_params))
+        if s.capabilities.summary_kind not in SUMMARIES:
+            raise ValueError(f"unknown summary kind {s.capabilities.summary_kind!r}; known: {sorted(SUMMARIES)}")
+        fn = SUMMARIES[s.capabilities.summary_kind]
+        return {cid: fn(w.x, w.y, num_classes=w.num_classes, **dict(s.capabilities.summary_params))
                 for cid, w in self.workers.items()}
 
     def _sketcher(self, cid: str) -> Sketcher:
@@ -238,8 +238,8 @@ class Simulator:
                 fresh[cid] = new
                 log.info("round %d: device %s's data changed (%d bits from its last sketch): sketch sent unasked",
                          rnd, cid, watch.last.hamming(new))
-        if s.resketch_due(rnd):
-            asked = s.resketch_clients(rnd, sorted(self.workers))
+        asked = s.resketch_asked(rnd, sorted(self.workers))
+        if asked:
             ask = message_bytes(Kind.CMD, meta=build(Op.SKETCH, num_classes=self.num_classes,
                                                      flip_prob=self.flip_prob, summary="sketch"))
             ledger.add("CMD", "down", ask * len(asked), len(asked))
@@ -275,19 +275,19 @@ class Simulator:
         result = SimulationResult(strategy=s.name)
         t0 = time.perf_counter()
         ledger = result.ledger
-        if s.pretrain is not None:
+        if s.capabilities.pretrain is not None:
             self._pretrain_encoder(s, ledger)
-        if s.needs_sketches:
+        if s.capabilities.needs_sketches:
             summaries = self._summaries(s)
             ask = message_bytes(Kind.CMD, meta=build(Op.SKETCH, num_classes=self.num_classes,
-                                                     flip_prob=self.flip_prob, summary=s.summary_kind))
+                                                     flip_prob=self.flip_prob, summary=s.capabilities.summary_kind))
             ledger.add("CMD", "down", ask, len(summaries))
             for v in summaries.values():
                 if isinstance(v, Sketch):
                     ledger.add("SKETCH", "up", message_bytes(Kind.SKETCH, sketch_body(v)))
                 else:
                     ledger.add("FEATURES", "up", weights_message_bytes(Kind.FEATURES, {"features": v},
-                                                                       {"summary": s.summary_kind}))
+                                                                       {"summary": s.capabilities.summary_kind}))
             s.on_sketches(summaries)
         result.seconds_clustering = time.perf_counter() - t0
         result.bytes_before_training = ledger.total()
@@ -323,13 +323,13 @@ class Simulator:
         return result
 
     def _pretrain_encoder(self, s: Strategy, ledger: CommLedger) -> None:
-        """Federated AE pre-training (``strategy.pretrain``); the exported encoder replaces ``self.encoder``."""
+        """Federated AE pre-training (``strategy.capabilities.pretrain``); the exported encoder replaces ``self.encoder``."""
         from edge_sdk.encoder import OnnxEncoder
 
         from ..pretrain import export_encoder, federated_ae_pretrain
         from ..pretrain.settings import pretrain_config
 
-        cfg = pretrain_config(s.pretrain or {}, self.encoder)
+        cfg = pretrain_config(s.capabilities.pretrain or {}, self.encoder)
         if cfg["architecture"] is None:
             raise ValueError(f"strategy {s.name!r} pre-trains an autoencoder: give its architecture "
                              "in pretrain or an encoder to take it from")

@@ -39,6 +39,7 @@ from flwr.serverapp.strategy import Strategy as FlwrStrategy
 
 from edge_sdk.flower import EVALUATE, TRAIN
 from edge_sdk.flower import records as rec
+from edge_sdk.compress.update_codec import compression_for
 from edge_sdk.protocol import ProtocolError
 
 from ..metrics import CommLedger, clustering_scores
@@ -59,15 +60,14 @@ def check_carry(strategy: Any, *, flip_prob: float, num_rounds: int | None = Non
     if not isinstance(strategy, Strategy):
         raise TypeError(f"FlowerStrategy wraps a FedSketch Strategy (server_kit.strategies), got "
                         f"{type(strategy).__name__}; FedCRef has its own protocol and runs over MQTT only")
-    if strategy.pretrain is not None:
+    if strategy.capabilities.pretrain is not None:
         raise ValueError(f"strategy {strategy.name!r} pre-trains its autoencoder with the devices "
                          "(pretrain=...), which the Flower adapter does not carry; give the nodes a "
                          "ready ONNX encoder (strategy 'fedsketch') or run it over MQTT")
-    if strategy.versions.enabled:
-        raise ValueError(f"compression {strategy.versions.compression} is carried over MQTT only: Flower's ArrayRecords move "
-                         "whole float32 arrays both ways, and its nodes keep no model version between rounds; "
-                         "build the strategy with compression='none' for Flower")
-    if strategy.follows_drift:
+    compression_for(strategy.versions.compression, "compression is carried over MQTT only: Flower's ArrayRecords "
+                    "move whole float32 arrays both ways, and its nodes keep no model version between rounds; "
+                    "build the strategy with compression='none' for Flower", "the Flower adapter")
+    if strategy.capabilities.follows_drift:
         raise ValueError("follow_drift needs devices that send a sketch unasked when their data changes; "
                          "Flower nodes only answer the server, so the Flower adapter does not carry it")
     if not 0.0 <= float(flip_prob) < 0.5:
@@ -158,7 +158,7 @@ class FlowerStrategy(FlwrStrategy):
         self.spec = {k: (tuple(v.shape), str(v.dtype)) for k, v in template.items()}
         self.strategy.setup(infos, template)
         self._placed = set(self.node_of)
-        if self.strategy.needs_sketches:
+        if self.strategy.capabilities.needs_sketches:
             summaries = self._summaries(sorted(self.node_of))
             self._placed = set(summaries)
             self.strategy.on_sketches(summaries)
@@ -312,18 +312,18 @@ class FlowerStrategy(FlwrStrategy):
     def _summaries(self, cids: list[str]) -> dict[str, Any]:
         """Each node's sketch (or float summary) of the kind the strategy asks for, checked."""
         s = self.strategy
-        content = rec.sketch_request(self.num_classes, self.flip_prob, s.summary_kind, s.summary_params)
+        content = rec.sketch_request(self.num_classes, self.flip_prob, s.capabilities.summary_kind, s.capabilities.summary_params)
         msgs = [Message(content, dst_node_id=self.node_of[c], message_type=rec.SKETCH) for c in cids]
         out: dict[str, Any] = {}
-        kind = "SKETCH" if s.summary_kind == "sketch" else "FEATURES"
+        kind = "SKETCH" if s.capabilities.summary_kind == "sketch" else "FEATURES"
         for cid, msg in self._from_nodes(kind, self._send(kind, msgs)):
             try:
-                if s.summary_kind == "sketch":
+                if s.capabilities.summary_kind == "sketch":
                     sk = rec.read_sketch(msg.content, num_classes=self.num_classes, latent_dim=self.latent_dim)
                     self.latent_dim = sk.latent_dim  # the first sketch fixes the shape the others must have
                     out[cid] = sk
                 else:
-                    out[cid] = rec.read_features(msg.content, s.summary_kind, self.num_classes)
+                    out[cid] = rec.read_features(msg.content, s.capabilities.summary_kind, self.num_classes)
             except ProtocolError as e:
                 self._reject(e.reason, cid, str(e))
         return out
@@ -335,7 +335,7 @@ class FlowerStrategy(FlwrStrategy):
         waiting = sorted(set(self.node_of) - self._placed)
         if not waiting:
             return
-        summaries = self._summaries(waiting) if self.strategy.needs_sketches else dict.fromkeys(waiting)
+        summaries = self._summaries(waiting) if self.strategy.capabilities.needs_sketches else dict.fromkeys(waiting)
         for cid, summary in summaries.items():
             key = self.strategy.assign_late(cid, summary, infos.get(cid, self.strategy.clients.get(cid)))
             self._placed.add(cid)

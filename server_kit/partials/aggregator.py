@@ -12,8 +12,8 @@ Per round:
    version, the run's compression).
 2. Each update that arrives is checked as the server checks it (schema,
    round, model, version, tensors: names, shapes, dtypes, finite), made whole
-   (a compressed one decompressed against the model, exactly as
-   :meth:`server_kit.strategies.base.Strategy._decompressed` does) and held;
+   (a compressed one decompressed against the model by the one decompression,
+   :func:`edge_sdk.compress.update_codec.with_delta`, as the server's round does) and held;
    a ``RECEIPT`` tells the server its model, its sample count and its delta
    norm. A refused one gets a receipt with the reason.
 3. When the round closes, the server decides screening from every norm of the

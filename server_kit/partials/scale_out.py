@@ -9,6 +9,7 @@ from typing import Any
 from edge_sdk.protocol import ProtocolError, check_id
 from edge_sdk.signing import Verifier, load_verifier
 
+from ..strategies.capabilities import partials_refusal
 from .ingest import IngestWorkers
 
 __all__ = ["ScaleOut", "load_aggregator_keys"]
@@ -68,11 +69,11 @@ class ScaleOut:
             raise ValueError(f"--ingest-workers must be 0 or more, got {count}")
         if not count and not folder:
             return cls()
-        why = strategy.partials_refusal()
+        why = partials_refusal(strategy.capabilities, strategy.robust.aggregator)
         if why:
             raise ValueError(f"--strategy {strategy.name} cannot take partial sums "
                              f"({'--ingest-workers' if count else '--aggregator-keys'}): {why}")
-        if strategy.pretrain:
+        if strategy.capabilities.pretrain:
             raise ValueError(f"{'--ingest-workers' if count else '--aggregator-keys'} does not take the autoencoder "
                              "pre-training's updates (fedsketch-fedae)")
         server_pub = _public_of(getattr(args, "signing_key", None))

@@ -40,7 +40,7 @@ class PartialSum:
 
     It is combined as one update of ``n_samples`` (the members' total) samples;
     a method that reads each update refuses partial sums
-    (:meth:`server_kit.strategies.base.Strategy.partials_refusal`).
+    (:func:`server_kit.strategies.capabilities.partials_refusal`).
     """
 
     aggregator: str

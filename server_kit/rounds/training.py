@@ -5,15 +5,16 @@ it what moves messages (a :class:`RoundPort`) and where arrivals are recorded
 (a :class:`RoundIntake`), so the same round runs over MQTT, or in a test with
 a scripted port and no broker:
 
-1. **plan**: the strategy's tasks, spares included (``Strategy.plan_round``);
+1. **plan**: the strategy's tasks, spares included (:func:`.plan.plan_tasks`);
 2. **open**: the intake expects an update from each task's device, for a
    model it was sent; the round's :class:`~.round_wait.RoundWait` keeps whom it
    waits for;
 3. **send**: the port gets each device its models and its ``train`` command;
 4. **wait**: the port lets the answers in until the round may close
    (:mod:`.closing`); then what arrives for it is late;
-5. **judge, flush, combine**: the strategy screens what arrived (the verdicts
-   from the norms of every update, those ingest workers hold included); the
+5. **judge, flush, combine**: the round screens what arrived (the verdicts
+   from the norms of every update, those ingest workers hold included:
+   :func:`.judging.screen_round`); the
    port's workers sum what they hold by those verdicts (the only I/O of this
    step, done by the round, never by the strategy); the strategy combines its
    own updates and the partial sums; the screening's refusals join the
@@ -37,7 +38,9 @@ from edge_sdk.tasks import Task, Update
 
 from ..ids import some_ids
 from .arrivals import PartialSum, Receipt
+from .judging import Aggregation, screen_round
 from .pace import Pace
+from .plan import plan_tasks
 from .round_wait import RoundClose, RoundWait
 
 __all__ = ["HeldElsewhere", "OpenRound", "RoundIntake", "RoundPort", "RoundReport", "TrainingRound"]
@@ -211,7 +214,7 @@ class TrainingRound:
         :meth:`finish` with the replies recorded.
         """
         t0 = self.clock() if started is None else started
-        tasks = self.strategy.plan_round(rnd, available, self.over_select)
+        tasks = plan_tasks(self.strategy, rnd, available, self.over_select)
         wait = self.intake.open_round(rnd, tasks, self.port.online_ids(), report_goal=self.report_goal)
         return OpenRound(rnd, tasks, wait, t0)
 
@@ -226,7 +229,8 @@ class TrainingRound:
         if missing:
             log.warning("round %d closed (%s at %.1f s) without %d client(s): %s", rnd, close.reason.value,
                         close.close_s, len(missing), some_ids(missing))
-        summary = self._combine(rnd, updates, wait, bool(receipts))
+        aggregation = self._combine(rnd, updates, wait, bool(receipts))
+        summary = {"updates": 0} if aggregation is None else aggregation.to_dict()
         if drift is not None:
             summary["drift"] = drift
         for cid in self.pace.after_round(wait, close.extended_by):
@@ -238,23 +242,24 @@ class TrainingRound:
             acc_before_per_model=acc_per_model,
             loss=float(np.mean([u.loss for u in arrived])) if arrived else None,
             model_bytes_delivered=delivered, deliveries=dict(deliveries or {}),
-            clipped=int(summary.get("clipped", 0)), refused_norm=int(summary.get("refused_norm", 0)),
+            clipped=aggregation.screen.clipped if aggregation else 0,
+            refused_norm=aggregation.screen.refused_norm if aggregation else 0,
             summary=summary, seconds=self.clock() - opened.started, wait=wait.record(close, online.__contains__))
 
-    def _combine(self, rnd: int, updates: list[Update], wait: RoundWait, any_held: bool) -> dict[str, Any]:
-        """Judge, flush, combine: the strategy screens every update (those held elsewhere by their norms), the
-        ingest workers sum what they hold by those verdicts, the strategy combines; refusals join the wait."""
+    def _combine(self, rnd: int, updates: list[Update], wait: RoundWait, any_held: bool) -> Aggregation | None:
+        """Judge, flush, combine: every update screened (those held elsewhere by their norms), the ingest workers
+        sum what they hold by those verdicts, the strategy combines; refusals join the wait. None: nothing arrived."""
         remote = self.port.remote() if any_held else None
         if not updates and remote is None:
-            return {"updates": 0}
+            return None
         if remote is None:
-            summary = dict(self.strategy.aggregate(rnd, updates))
+            aggregation = self.strategy.aggregate(rnd, updates)
         else:
-            screening = self.strategy.screen(rnd, updates, held_norms=remote.norms, held_keys=remote.keys)
+            screening = screen_round(self.strategy, rnd, updates, held_norms=remote.norms, held_keys=remote.keys)
             partials, capped = remote.collect(screening.verdicts, screening.registered)  # the flush: I/O here
-            summary = dict(self.strategy.aggregate(rnd, updates, screening=screening, partials=partials,
-                                                   partials_capped=capped))
-        wait.screen(summary.get("refused_by") or {})
+            aggregation = self.strategy.aggregate(rnd, updates, screening=screening, partials=partials,
+                                                  partials_capped=capped)
+        wait.screen(aggregation.screen.refused_by)
         if remote is not None:
             wait.screen(remote.refused_by)
-        return summary
+        return aggregation

@@ -68,7 +68,7 @@ def keep_all(strategy: Strategy, offers: Mapping[str, KeepOffer], *, keys: Mappi
 def hand_over(cid: str, strategy: Strategy, offers: Mapping[str, KeepOffer], *, link: ServerLink,
               delivery: Delivery, rnd: int, run_id: str | None, architecture: str | None) -> list[str]:
     """Send a device arriving while the server serves its model(s) and a ``keep``; returns the keys sent."""
-    choose = strategy.devices_choose_model
+    choose = strategy.capabilities.devices_choose_model
     keys = sorted(offers) if choose else [strategy.model_key_for(cid)]
     delivery.deliver_models({cid: keys}, strategy.models, strategy.versions)
     fields = _fields(strategy, offers, keys, rnd=rnd, run_id=run_id, architecture=architecture)

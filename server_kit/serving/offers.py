@@ -46,7 +46,7 @@ def model_offers(strategy: Strategy, *, rnd: int, clients: Mapping[str, ClientIn
         key = strategy.model_key_for(cid)
         members.setdefault(key, []).append(cid)
         index[key] = int(k)
-    versions = strategy.versions.state() if strategy.versions.enabled else {}
+    versions = strategy.versions.state()  # empty with compression off
     accuracy = accuracy or {}
     out = {}
     for key in sorted(strategy.models):

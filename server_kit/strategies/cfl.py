@@ -88,6 +88,7 @@ from edge_sdk.validation import check_choice, check_int, check_number
 
 from ..clustering.updates import CHUNK, cosine_distances_from_gram, delta_chunks, delta_gram
 from .base import ClientInfo, Weights, copy_weights
+from .capabilities import Capabilities
 from .clustered import ClusteredFedAvg
 
 __all__ = ["CFL", "LINKAGES", "max_cross_similarity", "optimal_bipartition", "update_norm_stats"]
@@ -251,9 +252,10 @@ class CFL(ClusteredFedAvg):
     """
 
     name = "cfl"
-    refuses_compression = ("it splits clusters by the cosine similarities of the devices' whole model "
-                           "updates; compressed updates would change its splits")
-    refuses_partials = "it splits clusters by the similarities of each device's update; a partial sum mixes them"
+    capabilities = Capabilities(
+        refuses_compression=("it splits clusters by the cosine similarities of the devices' whole model "
+                             "updates; compressed updates would change its splits"),
+        refuses_partials="it splits clusters by the similarities of each device's update; a partial sum mixes them")
 
     def __init__(self, *, eps1: float = 0.4, eps2: float = 1.6, warmup_rounds: int = 20, min_cluster_size: int = 2,
                  max_clusters: int | None = None, gamma_max: float | None = None, linkage: str = "complete",

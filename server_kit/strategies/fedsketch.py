@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -13,7 +13,8 @@ from edge_sdk.sketch import Sketch, stack_sketches
 from edge_sdk.tasks import TrainSettings
 
 from ..pretrain.settings import pretrain_config
-from .base import ClientInfo, copy_weights
+from .base import RESKETCH_SALT, ClientInfo, copy_weights
+from .capabilities import Capabilities
 from .clustered import ClusteredFedAvg
 from .drift import WARMUP_EPOCHS, DriftTracker
 
@@ -45,7 +46,7 @@ class SketchClustered(ClusteredFedAvg):
     """
 
     name = "fedsketch"
-    needs_sketches = True
+    capabilities = Capabilities(needs_sketches=True)
 
     def __init__(self, *, min_cluster_size: int = 2, clustering: Mapping[str, Any] | None = None,
                  pretrain: Mapping[str, Any] | None = None, follow_drift: bool = False,
@@ -63,9 +64,10 @@ class SketchClustered(ClusteredFedAvg):
             self.drift_ = DriftTracker(resketch_every=resketch_every, flip_prob=flip_prob, z=drift_z,
                                        min_cluster_size=self.min_cluster_size, random_state=self.seed,
                                        clustering=self.clustering_params)
-        #: Federated AE pre-training settings (see :func:`pretrain_config`), or None: the
-        #: drivers then sketch with the server's encoder as shipped.
-        self.pretrain: dict[str, Any] | None = None if pretrain is None else pretrain_config(pretrain)
+        # Federated AE pre-training settings (see :func:`pretrain_config`), or None: the drivers then sketch
+        # with the server's encoder as shipped; sketches during training are acted on with a drift tracker.
+        self.capabilities = replace(type(self).capabilities, follows_drift=self.drift_ is not None,
+                                    pretrain=None if pretrain is None else pretrain_config(pretrain))
         self.model_: Any = None
 
     def on_sketches(self, sketches: Mapping[str, Sketch]) -> dict[str, int]:
@@ -91,11 +93,6 @@ class SketchClustered(ClusteredFedAvg):
             self.drift_.start({c: row for c, row in zip(cids, packed)}, assignment, first.n_bits)
         return assignment
 
-    @property
-    def follows_drift(self) -> bool:  # type: ignore[override]
-        """Whether sketches sent during training are acted on (``follow_drift`` or ``resketch_every``)."""
-        return self.drift_ is not None
-
     def cluster_fraction(self, cluster: int, rnd: int) -> float | None:
         """A cluster made from drifted devices trains all of them for its first rounds (it starts far behind)."""
         if self.drift_ is not None and self.drift_.young(cluster, rnd):
@@ -108,8 +105,11 @@ class SketchClustered(ClusteredFedAvg):
             return replace(self.settings, epochs=self.settings.epochs * WARMUP_EPOCHS)
         return self.settings
 
-    def resketch_due(self, rnd: int) -> bool:
-        return self.drift_ is not None and self.drift_.due(rnd)
+    def resketch_asked(self, rnd: int, candidates: Sequence[str]) -> list[str]:
+        """In the rounds the drift tracker wants fresh sketches (``resketch_every``), a seeded share of ``candidates``."""
+        if self.drift_ is None or not self.drift_.due(rnd):
+            return []
+        return self._sample(candidates, rnd, RESKETCH_SALT)
 
     def on_resketch(self, rnd: int, sketches: Mapping[str, Sketch]) -> dict[str, Any]:
         """Move, pool or regroup devices from their fresh sketches; new clusters get their models here."""

@@ -56,6 +56,7 @@ from edge_sdk.tasks import Task, Update
 from edge_sdk.validation import check_choice, check_int, check_number
 
 from .base import ClientInfo, Strategy, Weights, copy_weights
+from .capabilities import Capabilities
 from .clustered import ClusteredFedAvg
 from .flis_aux import INFERENCE, AuxInference, aux_logits, check_aux, load_aux
 from .flis_math import (
@@ -291,9 +292,10 @@ class FLISDC(AuxInference, Strategy):
     """
 
     name = "flis-dc"
-    refuses_compression = ("it clusters the devices every round by running their whole trained models on its "
-                           "auxiliary set; a compressed update would give it another model")
-    refuses_partials = "it runs each device's trained model on its auxiliary set; a partial sum mixes them"
+    capabilities = Capabilities(
+        refuses_compression=("it clusters the devices every round by running their whole trained models on its "
+                             "auxiliary set; a compressed update would give it another model"),
+        refuses_partials="it runs each device's trained model on its auxiliary set; a partial sum mixes them")
 
     def __init__(self, *, threshold: float = 0.4, **kw: Any) -> None:
         super().__init__(**kw)

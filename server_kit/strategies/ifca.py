@@ -24,6 +24,7 @@ from edge_sdk.trainer import state_spec
 from edge_sdk.validation import check_positive_int
 
 from .base import ClientInfo, Strategy, Weights, add_updates
+from .capabilities import Capabilities
 from .clustered import ClusteredFedAvg
 
 __all__ = ["IFCA", "perturbed_copy"]
@@ -73,7 +74,7 @@ class IFCA(Strategy):
     """
 
     name = "ifca"
-    devices_choose_model = True
+    capabilities = Capabilities(devices_choose_model=True)
 
     def __init__(self, *, k: int = 4, architecture: str | None = None, **kw: Any) -> None:
         super().__init__(**kw)

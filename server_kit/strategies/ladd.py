@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from .base import ClientInfo
+from .capabilities import Capabilities
 from .clustered import ClusteredFedAvg
 
 __all__ = ["LADD", "nearest_center"]
@@ -66,8 +68,7 @@ class LADD(ClusteredFedAvg):
     """
 
     name = "ladd"
-    needs_sketches = True
-    summary_kind = "ladd"
+    capabilities = Capabilities(needs_sketches=True, summary_kind="ladd")
 
     def __init__(self, *, k: int = 4, b: int | None = None, **kw: Any) -> None:
         super().__init__(**kw)
@@ -76,7 +77,7 @@ class LADD(ClusteredFedAvg):
         if b is not None and (isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 0):
             raise ValueError(f"b must be a non-negative integer or None, got {b!r}")
         self.k = int(k)
-        self.summary_params: dict[str, Any] = {"b": None if b is None else int(b)}
+        self.capabilities = replace(type(self).capabilities, summary_params={"b": None if b is None else int(b)})
         self.kmeans_: Any = None
         self.centers_: np.ndarray | None = None
         self._shape: tuple[int, ...] | None = None

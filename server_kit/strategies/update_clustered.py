@@ -37,6 +37,7 @@ from edge_sdk.tasks import Task, Update
 from edge_sdk.validation import check_int, check_number
 
 from .base import ClientInfo
+from .capabilities import Capabilities
 from .clustered import ClusteredFedAvg
 
 __all__ = ["UpdateClustered"]
@@ -67,9 +68,10 @@ class UpdateClustered(ClusteredFedAvg):
     """
 
     name = "update-clustered"
-    refuses_compression = ("it clusters the devices by their whole model updates; a compressed update is "
-                           "another vector, and the clusters would change")
-    refuses_partials = "it clusters the devices by each one's model update; a partial sum mixes them"
+    capabilities = Capabilities(
+        refuses_compression=("it clusters the devices by their whole model updates; a compressed update is "
+                             "another vector, and the clusters would change"),
+        refuses_partials="it clusters the devices by each one's model update; a partial sum mixes them")
 
     def __init__(self, *, max_warmup_rounds: int = 10, warmup_fraction: float = 1.0, **kw: Any) -> None:
         super().__init__(**kw)

@@ -35,7 +35,7 @@ def test_aggregate_screens_what_the_hook_would_take_unscreened():
     s.setup([ClientInfo("a", 5), ClientInfo("b", 5)], {"w": np.zeros(3, np.float32)})
     bad = {"w": np.array([np.nan, 0, 0], np.float32)}
     summary = s.aggregate(1, [Update("a", 1, "global", bad, 5, 0.0),
-                              Update("b", 1, "global", {"w": np.ones(3, np.float32)}, 5, 0.0)])
+                              Update("b", 1, "global", {"w": np.ones(3, np.float32)}, 5, 0.0)]).to_dict()
     assert summary["updates"] == 1 and summary["refused_norm"] == 1
     np.testing.assert_array_equal(s.models["global"]["w"], np.ones(3, np.float32))
 

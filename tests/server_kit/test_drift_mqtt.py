@@ -231,9 +231,9 @@ def test_the_server_options_turn_drift_following_on_for_ours_only(monkeypatch, c
     monkeypatch.setattr(cli, "_with_broker", lambda *a, **kw: None)  # no broker: main returns 3 after building
     assert cli.main(["--strategy", "fedsketch", "--follow-drift", "--resketch-every", "3", "--flip-prob", "0.2"]) == 3
     (s,) = made
-    assert s.follows_drift and s.drift_.resketch_every == 3 and s.drift_.flip_prob == 0.2
-    assert s.resketch_due(4) and not s.resketch_due(3)
-    assert cli.main(["--strategy", "fedsketch"]) == 3 and not made[-1].follows_drift
+    assert s.capabilities.follows_drift and s.drift_.resketch_every == 3 and s.drift_.flip_prob == 0.2
+    assert s.resketch_asked(4, ['a', 'b']) == ['a', 'b'] and s.resketch_asked(3, ['a', 'b']) == []
+    assert cli.main(["--strategy", "fedsketch"]) == 3 and not made[-1].capabilities.follows_drift
     for argv, message in (
         (["--strategy", "fedavg", "--follow-drift"], "--follow-drift and --resketch-every apply to --strategy "
                                                      "fedsketch and fedsketch-fedae"),

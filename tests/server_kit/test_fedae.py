@@ -53,11 +53,11 @@ def digits8():
 
 def test_strategy_option_and_defaults():
     s = make_strategy("fedsketch-fedae", settings=TrainSettings(), architecture=ARCH)
-    assert isinstance(s, FedAESketchClustered) and s.needs_sketches
-    assert s.pretrain["rounds"] == 3 and s.pretrain["architecture"] is None
+    assert isinstance(s, FedAESketchClustered) and s.capabilities.needs_sketches
+    assert s.capabilities.pretrain["rounds"] == 3 and s.capabilities.pretrain["architecture"] is None
     # the architecture defaults to that of the server's encoder
-    assert pretrain_config(s.pretrain, "digits_encoder")["architecture"] == AE
-    assert make_strategy("fedsketch").pretrain is None
+    assert pretrain_config(s.capabilities.pretrain, "digits_encoder")["architecture"] == AE
+    assert make_strategy("fedsketch").capabilities.pretrain is None
     with pytest.raises(ValueError, match="unknown keys"):
         make_strategy("fedsketch-fedae", pretrain={"round": 2})
     with pytest.raises(ValueError, match="rounds must be a positive integer"):

@@ -120,7 +120,7 @@ def test_ladd_clusters_features_and_places_a_late_client_at_the_nearest_centre()
     centres = np.array([0.0, 5.0, 10.0])
     feats = {f"c{i}": (centres[i % 3] + 0.1 * rng.standard_normal((2, 9))).astype(np.float32) for i in range(9)}
     s = LADD(k=3, b=1, seed=0)
-    assert s.needs_sketches and s.summary_kind == "ladd" and s.summary_params == {"b": 1}
+    assert s.capabilities.needs_sketches and s.capabilities.summary_kind == "ladd" and s.capabilities.summary_params == {"b": 1}
     s.setup([ClientInfo(c, 1) for c in feats], w(0, 0))
     a = s.on_sketches(feats)
     assert len(set(a.values())) == 3 and sorted(s.models) == ["c0", "c1", "c2"]

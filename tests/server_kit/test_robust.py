@@ -183,7 +183,7 @@ def test_strategy_aggregate_screens_then_aggregates_and_reports():
     s.setup([ClientInfo(c, 10) for c in "abcd"], w([0, 0], [0, 0, 0]))
     ups = [_u("a", w([1, 0], [0, 0, 0])), _u("b", w([1, 0], [0, 0, 0])), _u("c", w([1, 0], [0, 0, 0])),
            _u("d", w([1000, 0], [0, 0, 0], 4), n=10**9)]
-    summary = s.aggregate(1, ups)
+    summary = s.aggregate(1, ups).to_dict()
     # d is clipped to (2, 0) and weighs its registered 10 samples: (1 + 1 + 1 + 2) / 4
     np.testing.assert_allclose(s.models["global"]["conv.w"], [1.25, 0])
     assert s.models["global"]["bn.num_batches_tracked"] == 4
@@ -191,7 +191,7 @@ def test_strategy_aggregate_screens_then_aggregates_and_reports():
     assert summary["refused_norm"] == 0 and summary["norm_median"] == 1.0 and summary["aggregator"] == "fedavg"
     d = FedAvg()  # the defaults: 999 times the median is refused
     d.setup([ClientInfo(c, 10) for c in "abcd"], w([0, 0], [0, 0, 0]))
-    summary = d.aggregate(1, ups)
+    summary = d.aggregate(1, ups).to_dict()
     np.testing.assert_allclose(d.models["global"]["conv.w"], [1, 0])
     assert summary["updates"] == 3 and summary["refused_norm"] == 1 and summary["clipped"] == 0
 
@@ -205,7 +205,7 @@ def test_coordinate_rules_per_cluster_and_no_bound(aggregator, expected):
     ups = [_u(c, w([1, 0], [0, 0, 0]), "c0") for c in "abc"] + [_u("d", w([1000, 0], [0, 0, 0]), "c0"),
                                                                _u("e", w([2, 0], [0, 0, 0]), "c1"),
                                                                _u("f", w([4, 0], [0, 0, 0]), "c1")]
-    summary = s.aggregate(1, ups)
+    summary = s.aggregate(1, ups).to_dict()
     np.testing.assert_allclose(s.models["c0"]["conv.w"], expected)
     np.testing.assert_allclose(s.models["c1"]["conv.w"], [3, 0])  # two updates: median = mean
     assert summary["clipped"] == 0 and summary["aggregator"] == aggregator and summary["norm_bound"] is None

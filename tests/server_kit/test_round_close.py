@@ -19,6 +19,7 @@ from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.drivers.phase import Phase, RunPhase
 from server_kit.rounds.closing import ClosePolicy, wait_round
+from server_kit.rounds.plan import plan_tasks
 from server_kit.rounds.pace import Pace
 from server_kit.rounds.round_wait import CloseReason, DeviceOutcome, RoundWait
 from server_kit.stallers import STALLERS, run_and_release, start_devices
@@ -220,8 +221,8 @@ def test_spares_are_drawn_from_the_same_cluster_on_top_of_the_strategys_own_samp
     s.setup([ClientInfo(c, 10) for c in cids], {"w": np.zeros(2, np.float32)})
     s.set_assignment({c: i % 3 for i, c in enumerate(cids)})
     base = s.configure_round(2, cids)
-    assert s.plan_round(2, cids) == base  # no spares: exactly today's tasks
-    planned = s.plan_round(2, cids, over_select=0.5)
+    assert plan_tasks(s, 2, cids) == base  # no spares: exactly today's tasks
+    planned = plan_tasks(s, 2, cids, over_select=0.5)
     assert planned[:len(base)] == base
     spares = planned[len(base):]
     assert all(t.spare for t in spares) and not any(t.spare for t in base)
@@ -231,8 +232,8 @@ def test_spares_are_drawn_from_the_same_cluster_on_top_of_the_strategys_own_samp
         0: (2, 1), 1: (2, 1), 2: (2, 1)}
     assert all(s.assignment[t.cid] == k for k, ts in per.items() for t in ts)
     assert len({t.cid for t in planned}) == len(planned)
-    assert s.plan_round(2, cids, over_select=0.5) == planned  # seeded
-    assert [t.cid for t in s.plan_round(3, cids, over_select=0.5)] != [t.cid for t in planned]
+    assert plan_tasks(s, 2, cids, over_select=0.5) == planned  # seeded
+    assert [t.cid for t in plan_tasks(s, 3, cids, over_select=0.5)] != [t.cid for t in planned]
 
 
 def test_server_config_refuses_bad_closing_settings():

@@ -89,7 +89,7 @@ def test_pretraining_that_fails_tells_the_devices(monkeypatch):
     import server_kit.drivers.orchestrator as module
 
     strategy = FedAvg(seed=0)
-    strategy.pretrain = {}
+    strategy.capabilities = dataclasses.replace(strategy.capabilities, pretrain={})
     monkeypatch.setattr(module, "pretrain_ae", failing)
     orch, broker = orchestrator(strategy)
     with pytest.raises(RuntimeError, match="^boom$"):
