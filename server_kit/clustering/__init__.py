@@ -17,14 +17,9 @@ methods that cluster from model updates.
 :mod:`.migration` keeps, moves or pools a device from a fresh sketch (drift).
 """
 
-from .sketch import (
-    CutProfile,
-    SketchClustering,
-    calinski_harabasz_bits,
-    cut_profile,
-    plot_search,
-    ward_linkage,
-)
+from .dendrogram import CutProfile, calinski_harabasz_bits, cut_profile, ward_linkage
+from .plot import plot_search
+from .sketch import SketchClustering
 
 __all__ = [
     "CutProfile",

@@ -1,4 +1,3 @@
-# Long on purpose: one estimator, its steps in order, with its whole numpy-style documentation (Notes included).
 """Clustering clients from their bit sketches (Prigent et al., Algorithms 2 and 3).
 
 The server receives one packed bit sketch per client and groups the clients
@@ -24,6 +23,8 @@ this against :func:`sklearn.metrics.calinski_harabasz_score` on the bits.
 Here is the estimator, :class:`SketchClustering`, which runs the steps in
 order; each step has its module in this package (``dendrogram``, ``threshold``,
 ``permutation``, ``separation``, ``refine``, ``centroids``, ``sampled``).
+The exact method's dendrogram and the choice of its cut run in ``exact``; the
+fitted attributes and the fit's log line are set in ``fitted``.
 """
 
 from __future__ import annotations
@@ -33,50 +34,21 @@ import time
 from typing import Any
 
 import numpy as np
-from scipy.cluster.hierarchy import fcluster, linkage
 from sklearn.utils import check_random_state
 
 from edge_sdk import bits as _bits
 from edge_sdk.validation import check_int
 
 from .centroids import NearestCentroids
-from .dendrogram import (
-    W_FLOOR,  # noqa: F401 - the method's constants stay importable from here
-    CutProfile,
-    calinski_harabasz_bits,
-    cluster_sums,
-    cut_profile,
-    relabel,
-    sqrt_float64,
-    square_int32,
-    ward_linkage,
-)
-from .distances import sketch_pdist
+from .dendrogram import relabel
+from .exact import build_dendrogram, choose_cut
+from .fitted import finish_several, finish_single, log_fit, start_fit
 from .params import PARAM_NAMES, check_packed, check_params
-from .permutation import permutation_test
-from .plot import plot_search
-from .refine import (
-    REFINE_NULL_MAX_CLIENTS,  # noqa: F401
-    QuietLogger,
-    child_params,
-    consolidate,
-)
+from .refine import QuietLogger, child_params, consolidate
 from .sampled import MAX_EXACT_CLIENTS, adopt_sample_fit, draw_sample, sample_params
-from .separation import MIN_SEPARATION, MIN_SIDE, merge_inseparable
-from .threshold import (
-    ACQ_FUNCS,  # noqa: F401
-    bayes_search,
-    search_range,
-)
+from .separation import MIN_SEPARATION, MIN_SIDE
 
-__all__ = [
-    "CutProfile",
-    "SketchClustering",
-    "calinski_harabasz_bits",
-    "cut_profile",
-    "plot_search",
-    "ward_linkage",
-]
+__all__ = ["SketchClustering"]
 
 log = logging.getLogger(__name__)
 
@@ -342,113 +314,31 @@ class SketchClustering(NearestCentroids):
             return self._fit_sampled(p, n_bits, rs, t0)
 
         bits = _bits.unpack_bits(p, n_bits)
-        self._start_fit(n_bits)
+        start_fit(self, n_bits)
         if n == 1:
             self.distances_ = np.empty(0, dtype=np.int32)
             self.linkage_ = np.empty((0, 4))
-            return self._finish_single(bits, "a single client", t0)
-        profile = self._dendrogram(p, n_bits, mcs, t0)
+            return finish_single(self, bits, "a single client", t0)
+        profile = build_dendrogram(self, p, n_bits, mcs, t0)
         if n < 2 * mcs:
-            return self._finish_single(bits, f"{n} clients < 2 * min_cluster_size", t0)
+            return finish_single(self, bits, f"{n} clients < 2 * min_cluster_size", t0)
         if profile.heights[-1] == 0:
-            return self._finish_single(bits, "all sketches identical", t0)
-        labels, reason = self._cut(bits, profile, rs)
+            return finish_single(self, bits, "all sketches identical", t0)
+        labels, reason = choose_cut(self, bits, profile, rs)
         if labels is None:
-            return self._finish_single(bits, reason, t0)
+            return finish_single(self, bits, reason, t0)
         return self._finish_several(p, n_bits, bits, labels, rs, t0)
 
     _depth = 0
 
-    def _start_fit(self, n_bits: int) -> None:
-        """Reset the fitted attributes that every exact fit sets."""
-        self.n_bits_ = n_bits
-        self.search_: list[dict[str, Any]] = []
-        self.threshold_range_: tuple[float, float] | None = None
-        self.max_ch_ = 0.0
-        self.null_ch_ = np.empty(0)
-        self.null_observed_ch_: float | None = None
-        self.null_pvalue_: float | None = None
-        self.refinements_: list[dict[str, Any]] = []
-        self.consolidated_ = 0
-
-    def _dendrogram(self, p: np.ndarray, n_bits: int, mcs: int, t0: float) -> CutProfile:
-        """Distances and the Ward dendrogram (``distances_``, ``linkage_``, ``max_ch_``); its cuts' profile."""
-        # Memory: scipy's linkage copies its float64 input, so at peak the
-        # process holds two float64 condensed arrays (2 x 8 bytes per pair).
-        # The int32 distances are dropped meanwhile and rebuilt exactly from
-        # the square roots, which saves 4 bytes per pair (1.8 GB at 30,000).
-        d = sketch_pdist(p, n_bits, self.block_bits, self.noise_clip)
-        t1 = time.perf_counter()
-        roots = sqrt_float64(d)
-        del d
-        self.linkage_ = linkage(roots, method="ward")
-        t2 = time.perf_counter()
-        self.distances_ = square_int32(roots)
-        del roots
-        log.debug("distances %.3f s, Ward linkage %.3f s", t1 - t0, t2 - t1)
-        profile = cut_profile(self.linkage_, mcs)
-        self.max_ch_ = profile.best()[1]
-        return profile
-
-    def _cut(self, bits: np.ndarray, profile: CutProfile,
-             rs: np.random.RandomState) -> tuple[np.ndarray | None, str]:
-        """The permutation test, the threshold search (Bayesian optimisation of CH) and the separation check.
-
-        Returns the labels of the chosen cut, or None and why the clients form one cluster.
-        """
-        if self.n_null:
-            # the test reads every admissible cut of the dendrogram, not the
-            # search's result, so it runs first: a homogeneous set skips the search
-            t4 = time.perf_counter()
-            self.null_ch_, self.null_observed_ch_, self.null_pvalue_ = permutation_test(
-                bits, profile, rs, min_cluster_size=self.min_cluster_size, null_max_clients=self.null_max_clients,
-                single_cluster_alpha=self.single_cluster_alpha, n_null=self.n_null, block_bits=self.block_bits,
-                noise_clip=self.noise_clip)
-            log.debug("permutation test %.3f s", time.perf_counter() - t4)
-            if self.null_pvalue_ > self.single_cluster_alpha:
-                return None, "permutation test: no cluster structure"
-        t3 = time.perf_counter()
-        best, found = None, search_range(profile, self.threshold_range)
-        if found is not None:
-            self.threshold_range_ = found
-            best = bayes_search(profile, *found, self.search_, n_calls=int(self.n_calls),
-                                n_initial_points=int(self.n_initial_points), acq_func=self.acq_func,
-                                kappa=float(self.kappa), random_state=rs)
-        log.debug("threshold search %.3f s", time.perf_counter() - t3)
-        if best is None:
-            return None, "no admissible threshold probed"
-
-        self.threshold_ = float(best["threshold"])
-        labels = relabel(fcluster(self.linkage_, self.threshold_, criterion="distance"))
-        k = int(labels.max()) + 1
-        if k != best["n_clusters"]:  # pragma: no cover - would be a scipy change
-            raise RuntimeError(f"fcluster gave {k} clusters where the dendrogram gives {best['n_clusters']}")
-        if self.min_separation and (np.bincount(labels) >= MIN_SIDE).sum() >= 2:  # else nothing to measure
-            merged, pairs = merge_inseparable(bits, labels, float(self.min_separation),
-                                              np.random.default_rng(rs.randint(2**31 - 1)))
-            labels = relabel(merged)
-            self.separations_.extend({"depth": self._depth, **pair} for pair in pairs)
-            if int(labels.max()) + 1 == 1:
-                return None, "no two clusters of the cut are separated"
-        return labels, ""
-
     def _finish_several(self, p: np.ndarray, n_bits: int, bits: np.ndarray, labels: np.ndarray,
                         rs: np.random.RandomState, t0: float) -> SketchClustering:
         """Refine and consolidate the cut's clusters, then set the fitted attributes."""
-        k = int(labels.max()) + 1
         if self.refine and self._depth < int(self.max_depth):
             labels = self._refined(p, n_bits, labels, rs)
-            k = int(labels.max()) + 1
         if self._depth == 0 and self.consolidate and np.bincount(labels).min() >= MIN_SIDE:
             labels, self.consolidated_ = consolidate(bits, labels, int(self.consolidate))
-            k = int(labels.max()) + 1
-        self.labels_ = labels
-        self.n_clusters_ = k
-        sums, counts = cluster_sums(bits, labels, k)
-        self.centroids_ = sums / counts[:, None]
-        self.ch_score_ = calinski_harabasz_bits(bits, labels)
-        self._log(t0, "several clusters")
-        return self
+        return finish_several(self, bits, labels, t0)
 
     def _refined(self, packed: np.ndarray, n_bits: int, labels: np.ndarray, rs: Any) -> np.ndarray:
         """Split each large enough cluster again when its own test finds structure."""
@@ -480,32 +370,8 @@ class SketchClustering(NearestCentroids):
         sample = draw_sample(n, m, rs)
         inner = SketchClustering(**sample_params(self.get_params(), n, m, rs)).fit(packed[sample], n_bits)
         adopt_sample_fit(self, inner, packed, n_bits, sample)
-        self._log(t0, f"{m} sampled with the full method, {n - m} assigned to the nearest centroid")
+        log_fit(self, t0, f"{m} sampled with the full method, {n - m} assigned to the nearest centroid")
         return self
-
-    def _finish_single(self, bits: np.ndarray, reason: str, t0: float) -> SketchClustering:
-        n = bits.shape[0]
-        self.labels_ = np.zeros(n, dtype=np.intp)
-        self.n_clusters_ = 1
-        self.threshold_ = float(self.linkage_[-1, 2]) if n > 1 else 0.0
-        self.ch_score_ = None
-        self.centroids_ = bits.mean(axis=0, dtype=np.float64)[None, :]
-        self._log(t0, f"one cluster ({reason})")
-        return self
-
-    def _log(self, t0: float, verdict: str) -> None:
-        n_valid = sum(1 for s in self.search_ if s["valid"])
-        ch = "n/a" if self.ch_score_ is None else f"{self.ch_score_:.4g}"
-        if self.null_pvalue_ is None:
-            null = "null test not run"
-        else:
-            null = (f"null test: observed {self.null_observed_ch_:.4g} vs null max {self.null_ch_.max():.4g} "
-                    f"over {self.null_ch_.size} permutations, p = {self.null_pvalue_:.3g}")
-        log.info(
-            "%d clients: %d probes (%d admissible), threshold %.4g -> k = %d, CH %s; %s; %s (%.3f s)",
-            self.labels_.size, len(self.search_), n_valid, self.threshold_, self.n_clusters_, ch, null,
-            verdict, time.perf_counter() - t0,
-        )
 
     def fit_predict(self, packed: np.ndarray, n_bits: int) -> np.ndarray:
         """Fit and return :attr:`labels_`."""
