@@ -9,35 +9,38 @@ kept in a private models folder), and keeps going across broker
 restarts (paho reconnects with back-off; the persistent session keeps its
 subscriptions and queued QoS 1 messages). The application says when the
 local data changed (``data_changed``). All work is done by an
-:class:`edge_sdk.worker.LocalWorker`; this module only speaks the protocol,
-and what each command does is in :mod:`edge_sdk.client_commands`. The
+:class:`edge_sdk.worker.LocalWorker`; this module only speaks the protocol.
+
+The device is in parts, each with one job: :mod:`edge_sdk.client_state`
+(what the runs gave it), :mod:`edge_sdk.client_link` (its connection),
+:mod:`edge_sdk.client_commands` (what each command does),
+:mod:`edge_sdk.client_encoders` (the encoders received),
+:mod:`edge_sdk.client_drift` (its own drift signal) and
+:mod:`edge_sdk.client_keep` (the end of a run's ``keep``). The
 ``fedsketch-client`` command is :mod:`edge_sdk.client_cli`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import logging
 import queue
-import random
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from .client_commands import SERVER_STATUS, VIA, ClientCommands, DeviceDrift
-from .client_keep import KeepOutcome
-from .compress import Compression, ErrorFeedback
+from .client_commands import HANDLERS, DeviceContext, Handler, handle, report_progress
+from .client_drift import DeviceDrift
+from .client_encoders import ReceivedEncoders
+from .client_link import DeviceLink
+from .client_state import DeviceState
 from .held_models import HeldModel, ModelStore
 from .keeping import ModelKeeper
-from .protocol import SERVER_ID, Kind, Message, ProtocolError, Topics
+from .protocol import Kind, Message, Topics
+from .protocol.commands import Op
 from .rejections import RejectionLog
-from .schema import check_meta
 from .worker import LocalWorker
 
 __all__ = ["KEEPS_MODELS", "EdgeClient"]
@@ -48,12 +51,36 @@ KEEPS_MODELS = "keep-model"
 log = logging.getLogger(__name__)
 
 
-class EdgeClient(ClientCommands):
+class _Part:
+    """An attribute of one of the client's parts (``part``: its dotted path from the client), read and set
+    through the client."""
+
+    def __init__(self, part: str, name: str | None = None) -> None:
+        self._part = attrgetter(part)
+        self._name = name
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if self._name is None:
+            self._name = name
+
+    def __get__(self, client: Any, owner: type | None = None) -> Any:
+        return self if client is None else getattr(self._part(client), self._name)
+
+    def __set__(self, client: Any, value: Any) -> None:
+        setattr(self._part(client), self._name, value)
+
+
+class EdgeClient:
     """Answers the server's commands for one :class:`LocalWorker`.
 
-    What each command does is in :class:`edge_sdk.client_commands.ClientCommands`
-    (:meth:`handle`); this class holds the connection, the models received and
-    the hello.
+    It puts together the device's parts: what the runs gave it
+    (:attr:`state`, a :class:`~edge_sdk.client_state.DeviceState`), its
+    connection (:attr:`link`, a :class:`~edge_sdk.client_link.DeviceLink`)
+    and what its command handlers work with (:attr:`context`, a
+    :class:`~edge_sdk.client_commands.DeviceContext`); it runs the loop that
+    gives each command to its handler (:attr:`handlers`, by op), and says
+    hello. The state's and the parts' attributes read through it
+    (``client.model_key``, ``client.store``, ``client.followed``, ...).
 
     Parameters
     ----------
@@ -122,165 +149,103 @@ class EdgeClient(ClientCommands):
         keeper: ModelKeeper | None = None,
         get_model: bool = False,
     ) -> None:
-        self.transport = transport
-        self.worker = worker
         #: What the hello says of the device's own benchmark (``cpu``, ``bench``), or nothing.
         self.bench: dict[str, Any] = dict(bench or {})
         self.cid = worker.cid
         self.federation = federation
         self.topics = Topics(root, federation)
-        self.seed = seed
-        #: The sketch key and the last sketch sent, for :meth:`data_changed`.
-        self.drift = DeviceDrift(seed)
-        self.model_timeout_s = model_timeout_s
-        #: The models held (whole or kept up to date by compressed changes), bounded by ``max_models``.
-        self.store = ModelStore(max_models)
-        #: The part of each delta not sent yet (compression on), per model key; kept in ``state_dir`` if given.
-        self.feedback = ErrorFeedback(Compression())
-        self.state_dir = None if state_dir is None else Path(state_dir)
-        #: Where the run's model is kept (None: not kept), and what the last ``keep`` command came to.
-        self.keeper = keeper
-        self.kept: KeepOutcome | None = None
-        self.get_model = bool(get_model)
-        #: Whether the state folder's feedback was read (at the first compressed update: its method is known then).
-        self._feedback_read = False
-        self.model_key: str | None = None
-        #: The model topic filters this device subscribes to (every model until an assign narrows it).
-        self.followed: frozenset[str] = frozenset({self.topics.model("+")})
-        self._welcomed = False
-        self._models_cv = self.store.cv
-        self._cmds: queue.Queue[Message] = queue.Queue(maxsize=1000)
-        self._encoders: dict[str, Any] = {} if encoders is None else encoders
-        #: Encoders received from the server: name -> the folder holding it and its manifest.
-        self.encoder_dirs: dict[str, Path] = {}
-        self._encoder_root: Path | None = None
-        #: Why received encoders were refused (for logs and tests).
-        self.rejected_encoders: list[str] = []
-        self._stop = threading.Event()
-        self.handled: dict[str, int] = {}
-        self.stay = bool(stay)
-        self.progress_interval_s = float(progress_interval_s)
-        if not float(hello_jitter_s) >= 0:
-            raise ValueError(f"hello_jitter_s must be a non-negative number of seconds, got {hello_jitter_s!r}")
-        self.hello_jitter_s = float(hello_jitter_s)
-        self._hello_due: float | None = None  # when the scheduled hello goes out (monotonic), if one is
-        self._hello_lock = threading.Lock()
-        self._jitter = random.Random()  # from the OS: devices must not jitter alike
-        self._commands_run = 0
-        #: What :func:`main` exits with: 0, 4 when the server refused this device, 5 when the server failed.
-        self.exit_code = 0
-        #: The run the server last announced (its status), None before the first announcement.
-        self.run_id: str | None = None
-        #: Runs announced while this device served (the first one included).
-        self.runs_seen = 0
-        #: Whether the server's last status said it is online (None: no status seen yet).
-        self.server_online: bool | None = None
-        #: The network thread's own record that the server said it was away (:meth:`ModelStore.rewind` on its return).
-        self._server_was_away = False
-        #: Why the server refused this device (None while admitted or not yet answered).
-        self.refused_reason: str | None = None
-        self._connections = 0
         self._rejections = RejectionLog(log)
         #: Refused commands and models per reason (logged once per reason per interval).
         self.rejected: dict[str, int] = self._rejections.counts
+        store = ModelStore(max_models)
+        #: What the server's runs gave this device.
+        self.state = DeviceState(store=store, encoders=ReceivedEncoders(self.cid, store.cv, encoders),
+                                 state_dir=None if state_dir is None else Path(state_dir))
+        #: The connection: topics, the command queue, the models followed, the hello's time.
+        self.link = DeviceLink(transport, cid=self.cid, federation=federation, topics=self.topics,
+                               receive_model=self.state.receive_model, server_back=store.rewind,
+                               rejections=self._rejections, hello_jitter_s=hello_jitter_s)
+        #: What the command handlers work with besides the state.
+        self.context = DeviceContext(worker=worker, link=self.link, drift=DeviceDrift(seed),
+                                     reject=self._rejections, hello=self.hello, stop=self.stop, keeper=keeper,
+                                     seed=seed, model_timeout_s=model_timeout_s,
+                                     progress_interval_s=float(progress_interval_s), stay=bool(stay),
+                                     get_model=bool(get_model))
+        self._handlers: dict[str, Handler] = dict(self.handlers)
+        own_train = getattr(self, "_do_train", None)
+        if own_train is not None:  # a subclass that trains its own way: _do_train(fields, round)
+            self._handlers[Op.TRAIN] = lambda state, cmd, ctx: own_train(cmd.fields, cmd.round)
+        self._stop = threading.Event()
+        self._commands_run = 0
+
+    #: The handler of each command, by op (:data:`edge_sdk.client_commands.HANDLERS`). A subclass may give
+    #: its own table (``{**HANDLERS, Op.TRAIN: its_train}``); a subclass's method ``_do_train(fields, round)``,
+    #: if it has one, replaces the train handler (it may use ``_wait_model``, ``_send``, ``_report_progress``).
+    handlers: Mapping[str, Handler] = HANDLERS
+
+    # -- what the runs gave the device (DeviceState) -------------------------------------
+    store = _Part("state")
+    feedback = _Part("state")
+    state_dir = _Part("state")
+    run_id = _Part("state")
+    runs_seen = _Part("state")
+    server_online = _Part("state")
+    refused_reason = _Part("state")
+    model_key = _Part("state")
+    kept = _Part("state")
+    exit_code = _Part("state")
+    handled = _Part("state")
+    load_feedback = _Part("state")
+    save_feedback = _Part("state")
+    encoder_dirs = _Part("state.encoders", "dirs")
+    rejected_encoders = _Part("state.encoders", "rejected")
+    _encoders = _Part("state.encoders", "loaded")
+    # -- what the handlers work with (DeviceContext) ---------------------------------------
+    worker = _Part("context")
+    drift = _Part("context")
+    keeper = _Part("context")
+    seed = _Part("context")
+    model_timeout_s = _Part("context")
+    progress_interval_s = _Part("context")
+    stay = _Part("context")
+    get_model = _Part("context")
+    # -- the connection (DeviceLink) --------------------------------------------------------
+    transport = _Part("link")
+    followed = _Part("link")
+    hello_jitter_s = _Part("link")
+    # the link's command queue and receivers, under the names the server side's tests use
+    _cmds = _Part("link", "commands")
+    _on_cmd = _Part("link", "on_command")
+    _on_model = _Part("link", "on_model")
 
     @property
     def max_models(self) -> int:
         """Most models held at once (the store's bound)."""
         return self.store.max_models
 
-    # -- transport callbacks (network thread: enqueue only) ---------------
-    def _on_cmd(self, topic: str, msg: Message) -> None:
-        if msg.kind == Kind.MODEL and msg.sender == SERVER_ID and topic == self.topics.cmd(self.cid):
-            self._on_model(topic, msg)  # a model for this client alone, ahead of the command that uses it
-            return
-        if msg.kind != Kind.CMD or msg.sender != SERVER_ID:
-            self._rejections("sender", msg.sender, f"ignoring {msg.kind.name} on {topic}")
-            return
-        # which topic it came by (a broadcast may not concern this device); set here, never by the sender
-        self._enqueue(msg, "broadcast" if topic == self.topics.broadcast() else "cmd")
-
-    def _enqueue(self, msg: Message, via: str) -> None:
-        """Queue a message from the server for the client's loop, marked with the way it came (``VIA``)."""
-        msg = dataclasses.replace(msg, meta={**msg.meta, VIA: via})
-        try:
-            self._cmds.put_nowait(msg)
-        except queue.Full:
-            what = msg.meta.get("op") if via != SERVER_STATUS else "the server's status"
-            self._rejections("queue-full", msg.sender, f"command queue full; dropping {what!r}")
-
-    def _on_model(self, topic: str, msg: Message) -> None:
-        if msg.kind != Kind.MODEL or msg.sender != SERVER_ID:
-            return
-        try:
-            meta = check_meta(msg)
-            key = meta["key"]
-            if key == "encoder":  # raw ONNX bytes, not tensors
-                self._on_encoder(msg)
-                return
-            self.store.receive(key, msg, meta)
-        except ProtocolError as e:
-            self._rejections(e.reason, msg.sender, f"model for round {msg.round}: {e}")
-        except Exception as e:  # never let a message end the device
-            self._rejections("handler-error", msg.sender, f"model: {type(e).__name__}: {e}")
-
-    def _reject_encoder(self, reason: str) -> None:
-        self.rejected_encoders.append(reason)
-        log.error("rejected encoder: %s", reason)
-
-    def _on_encoder(self, msg: Message) -> None:
-        """Keep an encoder the server sent, if its bytes match the sha256 of its meta and entry."""
-        m = msg.meta
-        name, sha, entry = m.get("name"), m.get("sha256"), m.get("entry")
-        if not isinstance(name, str) or not name or Path(name).name != name or name.startswith("."):
-            return self._reject_encoder(f"invalid encoder name {name!r}")
-        if not isinstance(sha, str) or not isinstance(entry, dict):
-            return self._reject_encoder(f"encoder {name!r}: meta lacks sha256 or its manifest entry")
-        actual = hashlib.sha256(msg.body).hexdigest()
-        if actual != sha.lower():
-            return self._reject_encoder(f"encoder {name!r}: bytes have sha256 {actual}, meta says {sha}")
-        if str(entry.get("sha256", "")).lower() != actual:
-            return self._reject_encoder(f"encoder {name!r}: manifest entry sha256 differs from the bytes'")
-        fname = entry.get("file")
-        if not isinstance(fname, str) or Path(fname).name != fname or not fname.endswith(".onnx"):
-            return self._reject_encoder(f"encoder {name!r}: invalid file name {fname!r}")
-        try:
-            from .artifacts import ArtifactSpec
-
-            ArtifactSpec.from_entry(name, entry)
-            if self._encoder_root is None:
-                self._encoder_root = Path(tempfile.mkdtemp(prefix=f"fedsketch-{self.cid}-encoders-"))
-            folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self._encoder_root))
-            (folder / fname).write_bytes(msg.body)
-            (folder / "manifest.json").write_text(json.dumps({"artifacts": {name: entry}}, indent=1))
-        except (ValueError, TypeError, KeyError, OSError) as e:
-            return self._reject_encoder(f"encoder {name!r}: {e}")
-        with self._models_cv:
-            self.encoder_dirs[name] = folder
-            self._encoders.pop(name, None)
-            self._models_cv.notify_all()
-        log.info("received encoder %s (%d bytes)", name, len(msg.body))
-
+    # -- for a subclass that trains its own way (``_do_train``) ----------------------------
     def _wait_model(self, key: str, rnd: int) -> HeldModel:
         return self.store.wait(key, rnd, self.model_timeout_s)
 
-    # -- outgoing -----------------------------------------------------------
     def _send(self, topic: str, kind: Kind, rnd: int = 0, meta: Mapping[str, Any] | None = None,
               body: bytes = b"") -> None:
-        self.transport.publish(topic, Message(kind, self.federation, self.cid, rnd, dict(meta or {}), body))
+        self.link.send(topic, kind, rnd, meta, body)
 
+    def _report_progress(self, r: int, done: threading.Event) -> None:
+        report_progress(self.context, r, done)
+
+    # -- the hello ----------------------------------------------------------------------------
     def hello(self) -> None:
         """Register now: one HELLO (the server takes it as "online": no STATUS goes with it).
 
         A hello scheduled by a (re)connection and not yet sent is cancelled:
         this one says the same.
         """
-        with self._hello_lock:
-            self._hello_due = None
+        self.link.hello_sent()
         meta = {**self.worker.hello(), **self.bench}
         if self.keeper is not None:  # the server sends the run's last model only to devices that keep it
             meta["capabilities"] = [*meta["capabilities"], KEEPS_MODELS]
-        self._send(self.topics.hello(self.cid), Kind.HELLO, meta=meta)
+        self.link.send(self.topics.hello(self.cid), Kind.HELLO, meta=meta)
 
     @property
     def hello_due(self) -> float | None:
@@ -289,88 +254,62 @@ class EdgeClient(ClientCommands):
         :meth:`step` (and :meth:`run`) send it once due; a driver stepping
         many clients wakes this one then.
         """
-        return self._hello_due
-
-    def _hello_if_due(self) -> None:
-        with self._hello_lock:
-            due = self._hello_due
-            if due is None or due > time.monotonic():
-                return
-        try:
-            self.hello()
-        except (ConnectionError, ValueError) as e:  # closed meanwhile: the next connection says it again
-            log.warning("hello not sent: %s", e)
+        return self.link.hello_due
 
     def schedule_hello(self) -> float:
         """Say hello up to ``hello_jitter_s`` from now (:meth:`step` sends it when due); returns the wait.
 
         A hello already scheduled keeps its (earlier) time.
         """
-        delay = self._jitter.uniform(0.0, self.hello_jitter_s) if self.hello_jitter_s else 0.0
-        with self._hello_lock:
-            due = time.monotonic() + delay
-            if self._hello_due is None or due < self._hello_due:
-                self._hello_due = due
-            return max(0.0, self._hello_due - time.monotonic())
+        return self.link.schedule_hello()
 
-    def _on_connected(self) -> None:
-        """Every (re)connection: schedule a hello, up to ``hello_jitter_s`` from now (network thread: no wait).
-
-        :meth:`step` sends it when due; nothing here blocks the network thread.
-        """
-        self._connections += 1
-        delay = self.schedule_hello()
-        if self._connections > 1:
-            log.info("reconnected: announcing this device again in %.1f s", delay)
-
-    def _on_server_status_msg(self, topic: str, msg: Message) -> None:
-        """The server's status (network thread): queued, handled on the client's loop between two commands."""
-        if msg.kind != Kind.STATUS or msg.sender != SERVER_ID:
-            self._rejections("sender", msg.sender, f"ignoring {msg.kind.name} on {topic}")
+    def _hello_if_due(self) -> None:
+        if not self.link.hello_is_due():
             return
-        state = msg.meta.get("state")
-        if state == "offline":
-            self._server_was_away = True
-        elif state == "online" and self._server_was_away:
-            # here, before the models the server sends next: a resumed run's rounds may be below the ones held
-            self._server_was_away = False
-            self.store.rewind()
-        self._enqueue(msg, SERVER_STATUS)
+        try:
+            self.hello()
+        except (ConnectionError, ValueError) as e:  # closed meanwhile: the next connection says it again
+            log.warning("hello not sent: %s", e)
 
-    def _forget_run(self) -> None:
-        """A new run: drop what the last one left (admission, model, models and encoders received)."""
-        self._welcomed = False
-        self.model_key = None
-        self.refused_reason = None
-        self._follow(["+"], confirm=False)
-        self.feedback.reset()  # what was not sent belongs to the last run's models
-        self.save_feedback()
-        with self._models_cv:
-            self.store.clear()
-            for name in self.encoder_dirs:
-                self._encoders.pop(name, None)
-            self.encoder_dirs.clear()
-        self._remove_encoder_folders()
+    # -- the loop -----------------------------------------------------------------------------
+    def handle(self, msg: Message) -> bool:
+        """Do one message of the loop (:func:`edge_sdk.client_commands.handle`); False when told to stop."""
+        return handle(self.state, msg, self.context, self._handlers)
 
-    def _remove_encoder_folders(self) -> None:
-        """Delete the folder of the encoders received (nothing of a run stays on the device's disk)."""
-        root, self._encoder_root = self._encoder_root, None
-        if root is not None:
-            shutil.rmtree(root, ignore_errors=True)
+    def data_changed(self, x: Any, y: Any, x_test: Any = None, y_test: Any = None) -> None:
+        """Say that the device's local data changed: a moved camera, another user (thread-safe).
+
+        Any thread may call it. The client's own loop (:meth:`run`, or
+        :meth:`step` for a driver that steps clients itself: step the client
+        after this call) then, between two commands (never during training),
+        gives the worker the new data (:meth:`~edge_sdk.worker.LocalWorker.replace_data`;
+        test data default to the training data), sketches it with the
+        device's own sketcher (its key unchanged) and, when the new sketch is
+        farther from the last one sent than flip noise explains
+        (:class:`edge_sdk.drift.DriftWatch`), sends it unasked: a server
+        that follows drift may move the device to another cluster. A smaller
+        change sends nothing, nor does a device that never sent a sketch (the
+        server's request will get the new data). The sample count of the
+        hello is not said again: the server weighs the device's updates by at
+        most the one it registered. See :func:`edge_sdk.client_commands.apply_data_change`.
+
+        Raises
+        ------
+        ValueError
+            If ``x`` and ``y`` differ in length or are empty (in the caller's thread).
+        """
+        if len(x) != len(y):
+            raise ValueError(f"x and y differ in length: {len(x)} vs {len(y)}")
+        if len(y) == 0:
+            raise ValueError(f"client {self.cid!r} has no training samples")
+        self.drift.offer((x, y, x_test, y_test))
+        self.link.wake()  # the change is taken before the next command
 
     def start(self) -> None:
         """Connect, subscribe, register (and register again after every reconnection)."""
-        self.transport.subscribe(self.topics.cmd(self.cid), self._on_cmd)
-        self.transport.subscribe(self.topics.broadcast(), self._on_cmd)
-        self.transport.subscribe(self.topics.server_status(), self._on_server_status_msg)
-        for f in sorted(self.followed):  # every model until an assign says which to follow
-            self.transport.subscribe(f, self._on_model)
-        self.transport.on_connected(self._on_connected)
-        self.transport.connect()
-        if self._connections == 0:  # connected before this listener was added (connect(wait=False) on a loop)
-            self._on_connected()
+        self.link.start()
         log.info("connected as %s; hello in %.1f s (%d samples)", self.cid,
-                 max(0.0, (self._hello_due or time.monotonic()) - time.monotonic()), len(self.worker.y))
+                 max(0.0, (self.hello_due or time.monotonic()) - time.monotonic()), len(self.worker.y))
 
     def step(self, timeout: float = 0.0) -> bool:
         """Send the scheduled hello if due, then handle at most one queued command.
@@ -394,10 +333,10 @@ class EdgeClient(ClientCommands):
         if self._stop.is_set():
             return False
         self._hello_if_due()
-        due = self._hello_due
+        due = self.link.hello_due
         wait = timeout if due is None else min(timeout, max(0.0, due - time.monotonic()))
         try:
-            msg = self._cmds.get(timeout=wait) if wait > 0 else self._cmds.get_nowait()
+            msg = self.link.commands.get(timeout=wait) if wait > 0 else self.link.commands.get_nowait()
         except queue.Empty:
             self._hello_if_due()
             return not self._stop.is_set()
@@ -425,9 +364,11 @@ class EdgeClient(ClientCommands):
     def close(self) -> None:
         """Disconnect and delete the encoders received: the device keeps nothing of its runs on disk."""
         try:
-            self.transport.close()
+            self.link.close()
         finally:
-            self._remove_encoder_folders()
+            self.state.encoders.remove_folders()
 
     def stop(self) -> None:
+        """Stop serving: :meth:`step` returns False from now on."""
         self._stop.set()
+

@@ -1,6 +1,6 @@
 """A device's answer to a ``keep`` command: check the model against the server's sha256, then keep it or not.
 
-:func:`keep_from_command` is what :meth:`edge_sdk.client_commands.ClientCommands._do_keep`
+:func:`keep_from_command` is what the ``keep`` handler (:func:`edge_sdk.client_commands.keep`)
 does, with what it needs passed in: the command's checked fields, a way to
 wait for a model, the device's worker (its test split, its IFCA choice) and
 its :class:`~edge_sdk.keeping.ModelKeeper` (None: no model folder). The

@@ -24,7 +24,7 @@ def device(state_dir=None) -> tuple[EdgeClient, list[Message]]:
     ec = EdgeClient(MemoryTransport(MemoryBroker(), "c1", federation=FED), w, federation=FED, state_dir=state_dir,
                     model_timeout_s=2)
     sent: list[Message] = []
-    ec._send = lambda topic, kind, rnd=0, meta=None, body=b"": sent.append(Message(kind, FED, "c1", rnd,
+    ec.link.send = lambda topic, kind, rnd=0, meta=None, body=b"": sent.append(Message(kind, FED, "c1", rnd,
                                                                                      dict(meta or {}), body))
     return ec, sent
 
@@ -49,7 +49,7 @@ def test_the_update_is_the_compressed_delta_and_the_rest_is_kept_across_a_restar
     pytest.importorskip("torch")
     w0 = template()
     ec, sent = device(tmp_path)
-    ec._on_model("t", model_msg(1, {"key": "c0", "version": 4}, tensors_body(w0)))
+    ec.link.on_model("t", model_msg(1, {"key": "c0", "version": 4}, tensors_body(w0)))
     train(ec, 1, "topk:0.1")
     (upd,) = [m for m in sent if m.kind == Kind.UPDATE]
     assert upd.meta["version"] == 4 and upd.meta["model_key"] == "c0"
@@ -60,15 +60,15 @@ def test_the_update_is_the_compressed_delta_and_the_rest_is_kept_across_a_restar
     assert ec.feedback.residual_norm("c0") > 0 and (tmp_path / "residual.safetensors").is_file()
     # a restarted device reads its feedback back at its first compressed update
     again, _ = device(tmp_path)
-    again._on_model("t", model_msg(2, {"key": "c0", "version": 5}, tensors_body(w0)))
+    again.link.on_model("t", model_msg(2, {"key": "c0", "version": 5}, tensors_body(w0)))
     train(again, 2, "topk:0.1")
-    assert again._feedback_read and again.feedback.keys == ["c0"]
+    assert again.state.feedback_read and again.feedback.keys == ["c0"]
     # moved to another cluster: the unsent part of c0 is dropped, on disk too
     again.handle(Message(Kind.CMD, FED, SERVER_ID, 2, {**build(Op.ASSIGN, model_key="c0"), "_via": "cmd"}))
     again.handle(Message(Kind.CMD, FED, SERVER_ID, 2, {**build(Op.ASSIGN, model_key="c1"), "_via": "cmd"}))
     assert again.feedback.keys == []
     fresh, _ = device(tmp_path)
-    fresh._feedback_read = False
+    fresh.state.feedback_read = False
     fresh.load_feedback(Compression.parse("topk:0.1"))
     assert fresh.feedback.keys == []
 
@@ -83,12 +83,12 @@ def test_a_chain_of_changes_brings_the_held_model_to_the_servers_bits():
         server = {n: np.asarray(np.add(server[n], sent[n], dtype=np.float32)) for n in server}
         steps.append(Step(v - 1, v, body))
     ec, _ = device()
-    ec._on_model("t", model_msg(1, {"key": "c0", "version": 0}, tensors_body(w0)))
-    ec._on_model("t", model_msg(3, {"key": "c0", "version": 3, "base": 0, "codec": "stc"}, chain_body(steps)))
+    ec.link.on_model("t", model_msg(1, {"key": "c0", "version": 0}, tensors_body(w0)))
+    ec.link.on_model("t", model_msg(3, {"key": "c0", "version": 3, "base": 0, "codec": "stc"}, chain_body(steps)))
     held = ec.store.get("c0")
     assert held.version == 3 and held.round == 3 and model_digest(held.weights) == model_digest(server)
     # a chain that starts after the version held is refused, the model kept
-    ec._on_model("t", model_msg(4, {"key": "c0", "version": 5, "base": 4, "codec": "stc"},
+    ec.link.on_model("t", model_msg(4, {"key": "c0", "version": 5, "base": 4, "codec": "stc"},
                                 chain_body([Step(4, 5, steps[0].body)])))
     assert ec.rejected == {"model-base": 1} and ec.store.get("c0").version == 3
     with pytest.raises(ProtocolError, match="no version of it is held"):
@@ -102,15 +102,15 @@ def test_a_late_copy_of_an_earlier_rounds_model_is_refused_until_the_server_come
     w0 = template()
     w1 = {n: a + 1 for n, a in w0.items()}
     ec, _ = device()
-    ec._on_model("t", model_msg(3, {"key": "c0"}, tensors_body(w1)))
-    ec._on_model("t", model_msg(2, {"key": "c0"}, tensors_body(w0)))
+    ec.link.on_model("t", model_msg(3, {"key": "c0"}, tensors_body(w1)))
+    ec.link.on_model("t", model_msg(2, {"key": "c0"}, tensors_body(w0)))
     assert ec.rejected == {"model-stale": 1}
     held = ec.store.wait("c0", 3, 0.1)
     assert held.round == 3 and model_digest(held.weights) == model_digest(w1)
     # the run's server goes away and comes back (resumed from a checkpoint of round 1): its models go in again
     for state in ("offline", "online"):
-        ec._on_server_status_msg("s", Message(Kind.STATUS, FED, SERVER_ID, 0, {"state": state, "run": "r1"}))
-    ec._on_model("t", model_msg(2, {"key": "c0"}, tensors_body(w0)))
+        ec.link.on_server_status("s", Message(Kind.STATUS, FED, SERVER_ID, 0, {"state": state, "run": "r1"}))
+    ec.link.on_model("t", model_msg(2, {"key": "c0"}, tensors_body(w0)))
     assert ec.store.get("c0").round == 2 and model_digest(ec.store.get("c0").weights) == model_digest(w0)
-    ec._on_model("t", model_msg(1, {"key": "c0"}, tensors_body(w1)))  # the rewind lets one model in, not more
+    ec.link.on_model("t", model_msg(1, {"key": "c0"}, tensors_body(w1)))  # the rewind lets one model in, not more
     assert ec.rejected == {"model-stale": 2} and ec.store.get("c0").round == 2

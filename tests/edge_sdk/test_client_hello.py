@@ -39,8 +39,8 @@ def test_a_hello_is_one_message_without_a_status():
 
 
 class FakeClock:
-    """Stands in for the ``time`` module of edge_sdk.client: ``monotonic()`` moves only when a test says; any
-    ``sleep`` fails the test (nothing there may block)."""
+    """Stands in for the ``time`` module of the device (edge_sdk.client, edge_sdk.client_link): ``monotonic()``
+    moves only when a test says; any ``sleep`` fails the test (nothing there may block)."""
 
     def __init__(self, now: float = 1000.0) -> None:
         self.now = now
@@ -54,9 +54,11 @@ class FakeClock:
 
 def test_the_hello_after_connecting_waits_a_random_jitter_without_blocking(monkeypatch):
     import edge_sdk.client
+    import edge_sdk.client_link
 
     clock = FakeClock()
     monkeypatch.setattr(edge_sdk.client, "time", clock)
+    monkeypatch.setattr(edge_sdk.client_link, "time", clock)
     broker = MemoryBroker()
     ec = device(broker, hello_jitter_s=0.4)
     ec.start()  # schedules the hello: no sleep (the fake clock refuses one), the clock stands still

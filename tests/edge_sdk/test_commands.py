@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edge_sdk.client import EdgeClient
-from edge_sdk.client_commands import ENDINGS, HANDLERS
+from edge_sdk.client_commands import HANDLERS
 from edge_sdk.protocol import Kind, Message, ProtocolError, decode_message, encode_message
 from edge_sdk.protocol.commands import FIELDS, Op, build, parse
 from edge_sdk.schema import COMMANDS
@@ -48,8 +48,8 @@ def test_the_vocabulary_is_the_schemas_and_names_every_command_once():
     assert [op.value for op in Op] == list(COMMANDS)
     assert set(EVERY_FIELD) == set(COMMANDS)
     assert {op: set(fields) for op, fields in EVERY_FIELD.items()} == {op: set(f) for op, f in FIELDS.items()}
-    assert set(ENDINGS) | set(HANDLERS) == set(Op) and not set(ENDINGS) & set(HANDLERS)
-    assert all(callable(getattr(EdgeClient, name)) for name in [*ENDINGS.values(), *HANDLERS.values()])
+    assert set(HANDLERS) == set(Op) and all(callable(h) for h in HANDLERS.values())
+    assert EdgeClient.handlers is HANDLERS
 
 
 @pytest.mark.parametrize("op", list(Op))
@@ -118,7 +118,7 @@ def test_the_client_dispatches_parsed_commands_and_counts_refused_ones():
     assert ec.handle(over_the_wire({"op": "nope"})) is True
     assert ec.rejected == {"meta-field": 1} and ec.handled == {}
     assert ec.handle(over_the_wire(build(Op.WELCOME, num_classes=7, architecture=ARCH))) is True
-    assert ec.worker.num_classes == 7 and ec._welcomed
+    assert ec.worker.num_classes == 7 and ec.state.welcomed
     assert ec.handle(over_the_wire(build(Op.ASSIGN, model_key="c2"))) is True and ec.model_key == "c2"
     assert ec.handle(over_the_wire(build(Op.REFUSED, reason="no"))) is False
     assert (ec.exit_code, ec.refused_reason) == (4, "no")

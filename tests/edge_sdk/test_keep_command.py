@@ -136,7 +136,7 @@ def test_an_unsigned_model_keep_or_serving_announcement_is_ignored_and_counted(t
     for topic, msg in forged:
         server.publish(topic, msg)
     while c.step():
-        if c._cmds.empty():
+        if c.link.commands.empty():
             break
     assert c.transport.rejected == {"unsigned": 3}
     assert c.store.get("c0") is None and c.kept is None and c.run_id is None
@@ -146,7 +146,7 @@ def test_an_unsigned_model_keep_or_serving_announcement_is_ignored_and_counted(t
     signed.connect()
     for topic, msg in forged[:2]:  # the same, signed by the server: kept
         signed.publish(topic, msg)
-    while c.step() and not c._cmds.empty():
+    while c.step() and not c.link.commands.empty():
         pass
     assert read_model_folder(tmp_path / "model" / "current")[0].key == "c0"
 

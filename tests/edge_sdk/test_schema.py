@@ -254,7 +254,7 @@ def test_device_keeps_a_bounded_model_cache(device):
 
     body = tensors_body({"w": np.zeros(1000, np.float32)})
     for i in range(40):
-        device._on_model("t", Message(Kind.MODEL, FED, "server", i, {"key": f"k{i}"}, body))
+        device.link.on_model("t", Message(Kind.MODEL, FED, "server", i, {"key": f"k{i}"}, body))
     assert sorted(device.store.keys(), key=lambda k: int(k[1:])) == [f"k{i}" for i in range(32, 40)]
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from edge_sdk.client import EdgeClient
 from edge_sdk.client_cli import private_tmp
-from edge_sdk.client_commands import SERVER_STATUS, VIA
+from edge_sdk.client_link import SERVER_STATUS, VIA
 from edge_sdk.held_models import HeldModel
 from edge_sdk.protocol import SERVER_ID, Kind, Message, Topics
 from edge_sdk.protocol.commands import Op, build
@@ -41,7 +41,7 @@ def _give_encoder(ec: EdgeClient) -> None:
     body = b"onnx bytes"
     sha = hashlib.sha256(body).hexdigest()
     entry = {"file": "fedae.onnx", "sha256": sha, "role": "encoder", "input_shape": [64], "latent_dim": 20}
-    ec._on_model(Topics("fedsketch", FED).model("encoder"),
+    ec.link.on_model(Topics("fedsketch", FED).model("encoder"),
                  Message(Kind.MODEL, FED, SERVER_ID, 0, {"key": "encoder", "name": "fedae", "sha256": sha,
                                                          "entry": entry}, body))
 
@@ -52,7 +52,7 @@ def test_a_new_run_drops_what_the_last_one_left_and_says_hello(caplog):
     assert ec.handle(_status("online", "run-1"))
     assert ec.run_id == "run-1" and ec.hello_due is not None
     ec.hello()
-    ec._welcomed, ec.model_key = True, "c0"
+    ec.state.welcomed, ec.model_key = True, "c0"
     ec.store.put("c0", HeldModel(3, {"w": np.zeros(2, np.float32)}))
     _give_encoder(ec)
     folder = ec.encoder_dirs["fedae"]
@@ -68,7 +68,7 @@ def test_a_new_run_drops_what_the_last_one_left_and_says_hello(caplog):
     assert "the server is away (run run-1); waiting for its next run" in caplog.text
     assert "the server announces run run-2: joining it" in caplog.text
     assert (ec.run_id, ec.runs_seen, ec.server_online) == ("run-2", 2, True)
-    assert ec.model_key is None and not ec._welcomed and not ec.store.keys() and not ec.encoder_dirs
+    assert ec.model_key is None and not ec.state.welcomed and not ec.store.keys() and not ec.encoder_dirs
     assert not folder.exists() and not folder.parent.exists()
     assert ec.hello_due is not None
 
@@ -92,7 +92,7 @@ def test_a_bad_status_is_refused_and_counted():
     ec = _device()
     assert ec.handle(_status("online", "a/run"))  # not an id: refused, the device keeps serving
     assert ec.run_id is None and ec.rejected == {"meta-field": 1}
-    ec._on_server_status_msg("fedsketch/svc/server/status", Message(Kind.STATUS, FED, "c9", 0, {"state": "online"}))
+    ec.link.on_server_status("fedsketch/svc/server/status", Message(Kind.STATUS, FED, "c9", 0, {"state": "online"}))
     assert ec.rejected == {"meta-field": 1, "sender": 1}
 
 
