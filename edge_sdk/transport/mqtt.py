@@ -1,4 +1,3 @@
-# Long on purpose: the one class that owns paho (connect, failover across a broker list, subscribe, publish, acks) reads best whole.
 """MqttTransport: the one class that owns paho.
 
 It wraps a paho-mqtt 2.x client (it never subclasses it nor lets paho types
@@ -10,50 +9,35 @@ broker of the list, round robin. It runs its own network and dispatcher
 threads, or, given ``loop=``, a shared
 :class:`~edge_sdk.transport.netloop.NetworkLoop`. The package docstring
 (:mod:`edge_sdk.transport`) tells the whole story.
+
+Its other jobs have their modules: the paho client's setup from the
+configuration (:mod:`~edge_sdk.transport.paho_client`), the broker list it
+goes round (:mod:`~edge_sdk.transport.failover`), the publishes in flight
+(:mod:`~edge_sdk.transport.acks`) and the receive side, from paho's callback
+to the handlers (:mod:`~edge_sdk.transport.dispatch`). This module is the
+session: connect, reconnect, subscribe, publish, close.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import queue
 import random
 import threading
-import time
 from typing import Any
 
-from ..protocol import Message, encode_message
+from ..protocol import Message
+from .acks import InFlight
 from .base import TransportBase
 from .config import BrokerConfig
-from .filters import check_filter, check_topic
-from .inbox import Delivery, Handler
+from .dispatch import Dispatcher
+from .failover import BrokerList
+from .filters import check_filter
+from .inbox import Handler
+from .paho_client import connect_kwargs, new_client, refusal_hint
 
 __all__ = ["MqttTransport"]
 
 log = logging.getLogger(__name__)
-
-#: The logger paho writes to (``enable_logger``); the programs set its level by this name.
-_PAHO_LOGGER = "edge_sdk.transport.paho"
-
-
-class _WhileReconnecting(logging.Filter):
-    """paho's "Client is not connected" (logged as an error on each pass of its loop while the connection
-    is down) is kept only at DEBUG: the transport says itself that it lost the connection and reconnects."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR and str(record.msg).startswith("Client is not connected"):
-            return logging.getLogger(_PAHO_LOGGER).isEnabledFor(logging.DEBUG)
-        return True
-
-
-logging.getLogger(_PAHO_LOGGER).addFilter(_WhileReconnecting())
-
-#: Seconds between two expiry passes over partial chunked transfers, while idle.
-_EXPIRY_PERIOD_S = 1.0
-
-#: CONNACK refusals that say this broker cannot take the client now, not that the client may not connect:
-#: with a list of brokers, the first connect tries the next one instead of giving up.
-_BUSY_REFUSALS = frozenset({"Server unavailable", "Server busy", "Use another server", "Server moved"})
 
 
 class MqttTransport(TransportBase):
@@ -112,47 +96,27 @@ class MqttTransport(TransportBase):
         dispatch_queue: int = 1000,
         loop: Any = None,
     ) -> None:
-        import paho.mqtt.client as mqtt
-        from paho.mqtt.enums import CallbackAPIVersion
-
         super().__init__(client_id, federation, root, config.max_payload, config.max_message,
                          chunk_timeout_s=config.chunk_timeout_s, chunk_deadline_s=config.chunk_deadline_s,
                          chunk_pending_per_sender=config.chunk_pending_per_sender,
                          chunk_memory_bytes=config.chunk_memory_bytes,
                          chunk_sender_bytes=config.chunk_sender_bytes)
         self.config = config
-        self._urls = config.urls
-        self._endpoints = config.endpoints
-        #: Index in the broker list of the broker in use, or tried next.
-        self._at = 0
+        self._brokers = BrokerList(config)
         self._connect_kwargs: dict[str, Any] = {}
-        v5 = config.protocol == "5"
-        kwargs: dict[str, Any] = {"client_id": self.client_id,
-                                  "protocol": mqtt.MQTTv5 if v5 else mqtt.MQTTv311}
-        if not v5:
-            kwargs["clean_session"] = False
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, **kwargs)
-        client.enable_logger(logging.getLogger(_PAHO_LOGGER))
-        if config.username is not None:
-            client.username_pw_set(config.username, config.password)
-        if config.tls:
-            client.tls_set(ca_certs=config.ca_certs, certfile=config.certfile, keyfile=config.keyfile)
-            if config.tls_insecure:
-                client.tls_insecure_set(True)
-        client.reconnect_delay_set(config.reconnect_min_s, config.reconnect_max_s)
-        if (will_topic is None) != (will_payload is None):
-            raise ValueError("will_topic and will_payload go together")
-        if will_topic is not None:
-            payload = encode_message(will_payload) if isinstance(will_payload, Message) else bytes(will_payload)
-            client.will_set(check_topic(will_topic), payload, qos=1, retain=will_retain)
+        client = new_client(config, self.client_id, will_topic=will_topic, will_payload=will_payload,
+                            will_retain=will_retain)
+        self._in_flight = InFlight()
+        self._dispatcher = Dispatcher(self.client_id, self._inbox, self._meter, self._deliver,
+                                      lambda: self._closing, dispatch_queue=dispatch_queue, loop=loop)
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
-        client.on_message = self._on_message
+        client.on_message = self._dispatcher.on_message
         client.on_publish = self._on_publish
         client.on_subscribe = self._on_subscribe
         self._client = client
-        self._v5 = v5
+        self._v5 = config.protocol == "5"
         self._connected = threading.Event()
         self._connack = threading.Event()
         self._refused: str | None = None
@@ -161,17 +125,10 @@ class MqttTransport(TransportBase):
         self._closing = False
         self._stopping = False
         self._started = False
-        self._acks = threading.Condition()
-        self._unacked: set[int] = set()
-        self._early_acks: set[int] = set()
-        self._queue: queue.Queue[list[Delivery] | None] = queue.Queue(maxsize=dispatch_queue)
-        self._worker: threading.Thread | None = None
         self._loop = loop
-        self._lane = loop.pool.lane(self.client_id) if loop is not None else None
         #: With a loop: whether the connection is wanted (reconnect after a loss), and failed attempts in a row.
         self._want = False
         self._attempts = 0
-        self._next_expiry = 0.0
         self._gone = threading.Event()
 
     def __repr__(self) -> str:
@@ -181,7 +138,7 @@ class MqttTransport(TransportBase):
     @property
     def broker_url(self) -> str:
         """The broker of the list this transport is connected to, or tries next (one of ``config.urls``)."""
-        return self._urls[self._at]
+        return self._brokers.url
 
     def _fail_over(self, why: str) -> None:
         """Aim the next connection attempt at the next broker of the list (network thread; one broker: no-op).
@@ -189,28 +146,25 @@ class MqttTransport(TransportBase):
         paho refuses a new host while its connection is not closed for good; ``connect_async`` (public)
         marks it closed and sets host and port, and paho's reconnect then dials them.
         """
-        n = len(self._endpoints)
+        n = len(self._brokers)
         if n < 2 or self._closing or self._stopping:
             return
         was = self.broker_url
-        self._at = (self._at + 1) % n
-        host, port = self._endpoints[self._at]
+        host, port = self._brokers.advance()
         self._client.connect_async(host, port, int(self.config.keepalive), **self._connect_kwargs)
         self._meter.bump(self._meter.errors, "failover")
         log.info("%s: %s %s; failing over to broker %s (%d of %d)", self.client_id, why, was, self.broker_url,
-                 self._at + 1, n)
+                 self._brokers.position, n)
 
     def _final_refusal(self, reason: str) -> bool:
         """Whether a refusal ends connect(): while it waits, unless another broker of the list may take us."""
-        return self._first_wait and not (reason in _BUSY_REFUSALS and len(self._endpoints) > 1)
+        return self._first_wait and not self._brokers.passes_over(reason)
 
     # -- paho callbacks (network thread) --
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
         if reason_code.is_failure:
             self._refused = str(reason_code)
-            hint = ""
-            if self._v5 and self._refused == "Unsupported protocol version":
-                hint = " (it does not speak MQTT 5: use protocol 3.1.1)"
+            hint = refusal_hint(self._v5, self._refused)
             log.error("broker %s refused %s: %s%s", self.broker_url, self.client_id, reason_code, hint)
             if self._final_refusal(self._refused):
                 self._connack.set()
@@ -248,53 +202,17 @@ class MqttTransport(TransportBase):
         if self._loop is not None and self._want:
             self._retry_later()
 
-    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
-        if self._lane is not None:  # validated and handled on the loop's pool, in order
-            self._loop.submit(self._lane, functools.partial(
-                self._receive, message.topic, message.payload, bool(getattr(message, "retain", False))))
-            return
-        try:
-            deliveries = self._inbox.process(message.topic, message.payload, bool(getattr(message, "retain", False)))
-        except Exception:  # never raise into paho's thread
-            self._meter.bump(self._meter.errors, "receive")
-            log.exception("failed to process a message on %s", getattr(message, "topic", "?"))
-            return
-        while deliveries and not self._closing:
-            try:
-                self._queue.put(deliveries, timeout=0.5)
-                break
-            except queue.Full:
-                log.warning("handlers are behind: %d messages waiting", self._queue.qsize())
-
     def _on_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
         if getattr(reason_code, "is_failure", False):
             self._meter.bump(self._meter.errors, "publish")
             log.warning("broker did not accept message %d: %s", mid, reason_code)
-        with self._acks:
-            if mid in self._unacked:
-                self._unacked.discard(mid)
-            else:
-                self._early_acks.add(mid)
-            self._acks.notify_all()
+        self._in_flight.acked(mid)
 
     def _on_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
         for rc in reason_codes:
             if rc.is_failure:
                 self._meter.bump(self._meter.errors, "subscribe")
                 log.warning("broker refused a subscription of %s: %s", self.client_id, rc)
-
-    def _receive(self, topic: str, payload: bytes, retained: bool) -> None:
-        """With a loop: validate and deliver one message (on the loop's pool)."""
-        if self._closing:
-            return
-        try:
-            deliveries = self._inbox.process(topic, payload, retained)
-        except Exception:
-            self._meter.bump(self._meter.errors, "receive")
-            log.exception("failed to process a message on %s", topic)
-            return
-        if deliveries:
-            self._deliver(deliveries)
 
     # -- with a loop: connecting, reconnecting, timers (network thread) --
     def _try_connect(self) -> None:
@@ -316,37 +234,7 @@ class MqttTransport(TransportBase):
 
     def _tick(self) -> None:
         """Called by the loop about once a second: expiry of stalled chunked transfers."""
-        if self._inbox.partials() and time.monotonic() >= self._next_expiry:
-            self._next_expiry = time.monotonic() + _EXPIRY_PERIOD_S
-            self._loop.submit(self._lane, self._expire)
-
-    def _expire(self) -> None:
-        try:
-            self._inbox.expire()
-        except Exception:
-            self._meter.bump(self._meter.errors, "expire")
-            log.exception("expiring partial transfers failed")
-
-    # -- dispatcher thread --
-    def _dispatch(self) -> None:
-        # Also the timer that frees stalled partial transfers when no chunk comes.
-        next_expiry = time.monotonic() + _EXPIRY_PERIOD_S
-        while True:
-            try:
-                item = self._queue.get(timeout=max(0.0, next_expiry - time.monotonic()))
-            except queue.Empty:
-                item = []
-            if item is None:
-                return
-            if time.monotonic() >= next_expiry:
-                try:
-                    self._inbox.expire()
-                except Exception:  # keep the dispatcher alive
-                    self._meter.bump(self._meter.errors, "expire")
-                    log.exception("expiring partial transfers failed")
-                next_expiry = time.monotonic() + _EXPIRY_PERIOD_S
-            if item:
-                self._deliver(item)
+        self._dispatcher.tick()
 
     # -- public API --
     @property
@@ -390,18 +278,11 @@ class MqttTransport(TransportBase):
             if not self._connected.wait(timeout):
                 raise ConnectionError(f"not reconnected to {self.config.url} within {timeout:g} s")
             return
-        from paho.mqtt.packettypes import PacketTypes
-        from paho.mqtt.properties import Properties
-
-        kwargs: dict[str, Any] = {}
-        if self._v5:
-            props = Properties(PacketTypes.CONNECT)
-            props.SessionExpiryInterval = int(self.config.session_expiry_s)
-            kwargs = {"clean_start": False, "properties": props}
+        kwargs = connect_kwargs(self.config)
         self._connect_kwargs = kwargs
         self._connack.clear()
         self._first_wait = wait
-        host, port = self._endpoints[self._at]
+        host, port = self._brokers.endpoint
         self._client.connect_async(host, port, int(self.config.keepalive), **kwargs)
         if self._loop is not None:
             self._loop.attach(self, self._client)
@@ -413,10 +294,7 @@ class MqttTransport(TransportBase):
         else:
             self._client.loop_start()
             self._started = True
-        if self._worker is None and self._loop is None:
-            self._worker = threading.Thread(target=self._dispatch, name=f"fedsketch-{self.client_id}",
-                                            daemon=True)
-            self._worker.start()
+        self._dispatcher.start()
         answered = self._connack.wait(timeout)
         self._first_wait = False
         if not answered:
@@ -432,9 +310,7 @@ class MqttTransport(TransportBase):
         if self._refused is not None:
             reason, url = self._refused, self.broker_url
             self._stop_network(refused=True)
-            hint = " (it does not speak MQTT 5: use protocol 3.1.1)" if (
-                self._v5 and reason == "Unsupported protocol version") else ""
-            raise ConnectionError(f"broker {url} refused {self.client_id}: {reason}{hint}")
+            raise ConnectionError(f"broker {url} refused {self.client_id}: {reason}{refusal_hint(self._v5, reason)}")
 
     def _stop_network(self, *, refused: bool = False, timeout: float = 5.0) -> None:
         self._stopping = True
@@ -501,29 +377,15 @@ class MqttTransport(TransportBase):
             info = self._client.publish(topic, frame, qos=qos, retain=retain)
             if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
                 raise ConnectionError(f"paho could not queue a message on {topic}: {mqtt.error_string(info.rc)}")
-            with self._acks:
-                if info.mid in self._early_acks:
-                    self._early_acks.discard(info.mid)
-                else:
-                    self._unacked.add(info.mid)
+            self._in_flight.sent(info.mid)
             mids.append(info.mid)
         if wait:
             self._wait_acks(set(mids), timeout)
         return sum(map(len, frames))
 
     def _wait_acks(self, mids: set[int] | None, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        with self._acks:
-            while True:
-                left = self._unacked if mids is None else (mids & self._unacked)
-                if not left:
-                    return True
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    if mids is not None:
-                        raise TimeoutError(f"{len(left)} message(s) not acknowledged within {timeout:g} s")
-                    return False
-                self._acks.wait(min(remaining, 0.5))
+        """Wait for the broker's acknowledgements of ``mids`` (None: all in flight): :meth:`InFlight.wait`."""
+        return self._in_flight.wait(mids, timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         """Flush unacknowledged messages (up to ``timeout`` s), disconnect cleanly, stop threads.
@@ -533,15 +395,11 @@ class MqttTransport(TransportBase):
         if self._closing:
             return
         if self._started and self._connected.is_set() and not self._wait_acks(None, timeout):
-            log.warning("closing with %d unacknowledged message(s)", len(self._unacked))
+            log.warning("closing with %d unacknowledged message(s)", len(self._in_flight))
         self._closing = True
         if self._started:
             self._stop_network(timeout=timeout)
-        if self._worker is not None:
-            self._queue.put(None)
-            if self._worker is not threading.current_thread():
-                self._worker.join(timeout)
-            self._worker = None
+        self._dispatcher.stop(timeout)
 
     def __enter__(self) -> MqttTransport:
         self.connect()

@@ -467,7 +467,7 @@ def test_connect_errors():
 def test_paho_not_connected_is_no_error_while_the_transport_reconnects(caplog):
     """paho logs "Client is not connected" as an error on each loop pass while the connection is down;
     the transport says it reconnects, so that line is kept only when paho's logger is at DEBUG."""
-    import edge_sdk.transport.mqtt as m
+    import edge_sdk.transport.paho_client as m
 
     paho = logging.getLogger(m._PAHO_LOGGER)
     with caplog.at_level(logging.INFO):
