@@ -310,7 +310,7 @@ def cold_start(args, out: Path, new) -> tuple[list[NewDevice], dict[str, str], s
             server.close()
             raise RuntimeError("the server did not start serving the export (see the error above)")
         log.info("the server serves %d model(s) over %s at %s; %d new device(s), %d at a time",
-                 len(orch.offers), broker_name, broker.url, len(new), args.batch)
+                 len(orch.service.offers), broker_name, broker.url, len(new), args.batch)
         bar = progress_bar(len(new), "cold start", args.progress)
         try:
             for first in range(0, len(new), args.batch):

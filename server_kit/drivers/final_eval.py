@@ -12,7 +12,6 @@ answered or ``eval_timeout_s``.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from edge_sdk.protocol.commands import Op
 
@@ -24,7 +23,7 @@ from .fleet import Fleet
 from .intake import Intake
 from .link import ServerLink
 from .phase import Phase
-from .records import eval_result, eval_sample
+from .records import FinalEvaluation, eval_result, eval_sample
 
 __all__ = ["final_evaluation"]
 
@@ -32,8 +31,8 @@ log = logging.getLogger(__name__)
 
 
 def final_evaluation(config: ServerConfig, strategy: Strategy, *, architecture: str | None, link: ServerLink,
-                     fleet: Fleet, intake: Intake, assignments: Assignments, delivery: Delivery) -> dict[str, Any]:
-    """Run the final evaluation (see the module docstring); returns :func:`~.records.eval_result`'s record."""
+                     fleet: Fleet, intake: Intake, assignments: Assignments, delivery: Delivery) -> FinalEvaluation:
+    """Run the final evaluation (see the module docstring); returns what it found (:func:`~.records.eval_result`)."""
     intake.run.enter(Phase.EVALUATE, rnd=config.rounds + 1)
     intake.metrics = {}
     keys = {c: strategy.model_key_for(c) for c in fleet.online() if strategy.is_clustered(c)}

@@ -163,6 +163,20 @@ class ServerLink:
             meta["serving"] = True
         return self.send(self.topics.server_status(), Kind.STATUS, meta=meta)
 
+    def stop_devices(self, run_id: str, reason: str, *, failed: bool = False) -> None:
+        """Tell every device that run ``run_id`` ended (``failed``: it could not finish, for ``reason``), then
+        that the server left it."""
+        if failed:
+            self.broadcast(Op.STOP, reason=reason, failed=True, run=run_id)
+        else:
+            self.broadcast(Op.STOP, reason=reason, run=run_id)
+        self.announce(run_id, online=False)
+
+    def subscribe_aggregators(self) -> None:
+        """Put every aggregator's receipts and partial sums in the inbox."""
+        for leaf in ("receipt", "partial"):
+            self.transport.subscribe(self.topics.aggregator("+", leaf), self.enqueue)
+
     # -- receiving ----------------------------------------------------------
     def subscribe(self, leaves: Iterable[str]) -> None:
         """Put every message on the device topics ``clients/+/<leaf>`` in the inbox."""

@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from edge_sdk.protocol import Message
@@ -49,6 +50,7 @@ from edge_sdk.sketch import Sketch
 
 from ..ids import some_ids
 from ..strategies.base import Strategy
+from ..strategies.drift import DriftReport
 from .assignment import Assignments
 from .config import ServerConfig
 from .delivery import Delivery
@@ -56,13 +58,34 @@ from .fleet import Fleet
 from .intake import Intake
 from .link import ServerLink
 
-__all__ = ["Resketch", "drift_totals"]
+__all__ = ["Resketch", "ResketchOutcome", "drift_totals"]
 
 log = logging.getLogger(__name__)
 
 #: The per-round counts of a drift summary that :func:`drift_totals` adds up.
 _COUNTED = ("sketches", "asked", "answered", "unasked", "reassigned", "bytes")
 _LISTED = ("moves", "pooled", "new_clusters", "retired")
+
+
+@dataclass(frozen=True)
+class ResketchOutcome:
+    """What fresh sketches did before a round: the strategy's report, and what the server asked and moved."""
+
+    #: What the strategy changed (moves, pool, new and retired clusters), or None: it ignored them.
+    report: DriftReport | None
+    asked: int
+    answered: int
+    unasked: int
+    reassigned: int
+    #: Bytes of the sketches and of the commands asking for them, since the last outcome.
+    bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The round record's ``summary["drift"]``."""
+        out = {} if self.report is None else self.report.summary()
+        out.update({"asked": self.asked, "answered": self.answered, "unasked": self.unasked,
+                    "reassigned": self.reassigned, "bytes": self.bytes})
+        return out
 
 
 def drift_totals(history: Sequence[Mapping[str, Any]]) -> dict[str, int]:
@@ -133,8 +156,8 @@ class Resketch:
             self._unasked.add(cid)
 
     # -- between rounds ----------------------------------------------------------
-    def before_round(self, rnd: int) -> dict[str, Any] | None:
-        """Before round ``rnd`` trains: ask if due, hand the fresh sketches over, re-assign; the summary or None."""
+    def before_round(self, rnd: int) -> ResketchOutcome | None:
+        """Before round ``rnd`` trains: ask if due, hand the fresh sketches over, re-assign; None: no fresh sketch."""
         if not self.follows:
             return None
         self.link.drain()  # what arrived between rounds counts now
@@ -144,15 +167,15 @@ class Resketch:
         fresh, self.fresh = self.fresh, {}
         unasked, self._unasked = len(self._unasked & set(fresh)), set()
         before = self.strategy.clusters()
-        summary = dict(self.strategy.on_resketch(rnd, fresh))
+        report = self.strategy.on_resketch(rnd, fresh)
         reassigned = self._reassign(before)
-        summary.update({"asked": len(asked), "answered": len(set(asked) & set(fresh)), "unasked": unasked,
-                        "reassigned": len(reassigned), "bytes": self._bytes})
+        outcome = ResketchOutcome(report, asked=len(asked), answered=len(set(asked) & set(fresh)), unasked=unasked,
+                                  reassigned=len(reassigned), bytes=self._bytes)
         self._bytes = 0
         log.info("round %d: %d fresh sketch(es) (%d asked, %d unasked): %d device(s) re-assigned%s", rnd,
                  len(fresh), len(asked), unasked, len(reassigned),
                  f" ({some_ids(reassigned)})" if reassigned else "")
-        return summary
+        return outcome
 
     def _ask(self, rnd: int) -> list[str]:
         """Ask the clustered devices that can train the strategy wants fresh sketches of (if any); wait for them."""

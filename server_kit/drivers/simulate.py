@@ -39,6 +39,7 @@ from ..rounds.pace import Pace
 from ..rounds.recorded import RecordedIntake
 from ..rounds.training import TrainingRound
 from ..strategies.base import ClientInfo, Strategy
+from ..strategies.drift import DriftReport
 from .sim_round import SimulatedPort
 
 __all__ = ["RoundRecord", "SimulationResult", "Simulator"]
@@ -225,7 +226,7 @@ class Simulator:
             self._sketchers[cid] = Sketcher(self.encoder, self.num_classes, self.flip_prob, seed=self.seed * 1000 + i)
         return self._sketchers[cid]
 
-    def _drift_step(self, rnd: int, s: Strategy, ledger: CommLedger, result: SimulationResult) -> dict[str, Any]:
+    def _drift_step(self, rnd: int, s: Strategy, ledger: CommLedger, result: SimulationResult) -> DriftReport | None:
         """Before round ``rnd``: drifting data changes, fresh sketches (unasked and asked) reach the strategy."""
         fresh: dict[str, Sketch] = {}
         before = ledger.total()
@@ -246,12 +247,12 @@ class Simulator:
             fresh.update({cid: self.workers[cid].sketch(self._sketcher(cid)) for cid in asked})
         for sk in fresh.values():
             ledger.add("SKETCH", "up", message_bytes(Kind.SKETCH, sketch_body(sk)))
-        summary = s.on_resketch(rnd, fresh) if fresh else {}
+        report = s.on_resketch(rnd, fresh) if fresh else None
         for cid, sk in fresh.items():
             if cid in self._watches:
                 self._watches[cid].sent(sk)
         result.drift_bytes += ledger.total() - before
-        return summary
+        return report
 
     def run(self, rounds: int, *, stop: Callable[[Strategy, RoundRecord], bool] | None = None) -> SimulationResult:
         """Sketch (if the strategy asks), then train ``rounds`` rounds; score the final clusters.
@@ -301,7 +302,7 @@ class Simulator:
         for rnd in bar:
             tr = time.perf_counter()
             drift = self._drift_step(rnd, s, ledger, result)
-            report = training.run(rnd, cids, drift=drift or None)
+            report = training.run(rnd, cids, drift=None if drift is None else drift.summary())
             acc, per = mean_accuracy(self.workers, s, [t.cid for t in port.tasks])
             record = RoundRecord(rnd, acc, per, report.tasked, dict(report.summary), time.perf_counter() - tr,
                                  ledger.total())

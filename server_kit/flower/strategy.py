@@ -37,9 +37,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.serverapp.strategy import Strategy as FlwrStrategy
 
+from edge_sdk.compress.update_codec import compression_for
 from edge_sdk.flower import EVALUATE, TRAIN
 from edge_sdk.flower import records as rec
-from edge_sdk.compress.update_codec import compression_for
 from edge_sdk.protocol import ProtocolError
 
 from ..metrics import CommLedger, clustering_scores

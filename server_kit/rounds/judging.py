@@ -22,7 +22,15 @@ import numpy as np
 from edge_sdk.compress.update_codec import with_delta
 from edge_sdk.tasks import Update
 
-from ..robust import RobustConfig, ScreenReport, Verdict, apply_verdicts, cap_samples, judge_norms, update_norms
+from ..robust import (
+    RobustConfig,
+    ScreenReport,
+    Verdict,
+    apply_verdicts,
+    cap_samples,
+    judge_norms,
+    update_norms,
+)
 
 __all__ = ["Aggregation", "Judged", "Screening", "decompressed", "screen_round"]
 

@@ -29,13 +29,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable
 
 from edge_sdk.tasks import Task
 
-__all__ = ["Awaited", "CloseReason", "DeviceOutcome", "RoundClose", "RoundGroup", "RoundWait"]
+__all__ = ["Awaited", "CloseReason", "DeviceOutcome", "RoundClose", "RoundGroup", "RoundWait", "WaitRecord"]
 
 
 class Awaited:
@@ -248,19 +248,60 @@ class RoundWait(Awaited):
             return DeviceOutcome.REPORTED
         return DeviceOutcome.STRAGGLER if online(cid) else DeviceOutcome.OFFLINE
 
-    def record(self, close: RoundClose, online: Callable[[str], bool]) -> dict[str, Any]:
-        """The round's wait for its record in ``results.json``: selected, reported, stragglers, refused."""
+    def record(self, close: RoundClose, online: Callable[[str], bool]) -> WaitRecord:
+        """What became of the round's wait: selected, reported, stragglers, refused, goals, close."""
         outcomes = {c: self.outcome(c, online) for c in sorted(self.expected)}
+        return WaitRecord(
+            selected=len(self.expected), spares=len(self.spares),
+            reported=sum(1 for o in outcomes.values() if o is DeviceOutcome.REPORTED),
+            stragglers=tuple(sorted(c for c, o in outcomes.items() if o is DeviceOutcome.STRAGGLER)),
+            offline=tuple(sorted(c for c, o in outcomes.items() if o is DeviceOutcome.OFFLINE)),
+            refused={c: self.refusals[c] for c, o in outcomes.items() if o is DeviceOutcome.REFUSED},
+            goals={"+".join(g): GroupGoal(needed=grp.needed, goal=grp.goal, selected=len(grp.members),
+                                          reported=self._reported[g]) for g, grp in self.groups.items()},
+            reported_s={c: round(s, 3) for c, s in sorted(self.reported_at.items())},
+            close=close.reason, close_s=round(close.close_s, 3),
+            goal_s=None if close.goal_s is None else round(close.goal_s, 3),
+            extended_by=tuple(sorted(close.extended_by)))
+
+
+@dataclass(frozen=True)
+class GroupGoal:
+    """One group's report goal in a round: the updates it needed, its goal, its selected and reported devices."""
+
+    needed: int
+    goal: int
+    selected: int
+    reported: int
+
+
+@dataclass(frozen=True)
+class WaitRecord:
+    """What became of a round's wait (:meth:`RoundWait.record`); :meth:`to_dict` is its part of the round's record."""
+
+    selected: int
+    spares: int
+    reported: int
+    stragglers: tuple[str, ...]
+    offline: tuple[str, ...]
+    #: The devices whose answer was refused, with the reason.
+    refused: dict[str, str]
+    #: Each group's goal, by its model keys joined with "+".
+    goals: dict[str, GroupGoal]
+    #: When each device's update arrived (seconds into the round).
+    reported_s: dict[str, float]
+    close: CloseReason
+    close_s: float
+    goal_s: float | None = None
+    #: The devices whose progress claims extended the deadline.
+    extended_by: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wait's fields of the round's record in ``results.json``."""
         return {
-            "selected": len(self.expected), "spares": len(self.spares),
-            "reported": sum(1 for o in outcomes.values() if o is DeviceOutcome.REPORTED),
-            "stragglers": sorted(c for c, o in outcomes.items() if o is DeviceOutcome.STRAGGLER),
-            "offline": sorted(c for c, o in outcomes.items() if o is DeviceOutcome.OFFLINE),
-            "refused": {c: self.refusals[c] for c, o in outcomes.items() if o is DeviceOutcome.REFUSED},
-            "goals": {"+".join(g): {"needed": grp.needed, "goal": grp.goal, "selected": len(grp.members),
-                                    "reported": self._reported[g]} for g, grp in self.groups.items()},
-            "reported_s": {c: round(s, 3) for c, s in sorted(self.reported_at.items())},
-            "close": close.reason.value, "close_s": round(close.close_s, 3),
-            "goal_s": None if close.goal_s is None else round(close.goal_s, 3),
-            "extended_by": sorted(close.extended_by),
+            "selected": self.selected, "spares": self.spares, "reported": self.reported,
+            "stragglers": list(self.stragglers), "offline": list(self.offline), "refused": dict(self.refused),
+            "goals": {k: vars(g).copy() for k, g in self.goals.items()}, "reported_s": dict(self.reported_s),
+            "close": self.close.value, "close_s": self.close_s, "goal_s": self.goal_s,
+            "extended_by": list(self.extended_by),
         }

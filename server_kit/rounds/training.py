@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -41,7 +41,7 @@ from .arrivals import PartialSum, Receipt
 from .judging import Aggregation, screen_round
 from .pace import Pace
 from .plan import plan_tasks
-from .round_wait import RoundClose, RoundWait
+from .round_wait import RoundClose, RoundWait, WaitRecord
 
 __all__ = ["HeldElsewhere", "OpenRound", "RoundIntake", "RoundPort", "RoundReport", "TrainingRound"]
 
@@ -133,7 +133,7 @@ class RoundReport:
     summary: Mapping[str, Any]
     seconds: float
     #: The round's wait: selected, spares, reported, stragglers, offline, refused, goals, close...
-    wait: Mapping[str, Any] = field(default_factory=dict)
+    wait: WaitRecord | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The round's record, as ``results.json`` and the report page read it."""
@@ -142,7 +142,7 @@ class RoundReport:
             "acc_before": self.acc_before, "acc_before_per_model": dict(self.acc_before_per_model),
             "loss": self.loss, "model_bytes_delivered": self.model_bytes_delivered,
             "deliveries": dict(self.deliveries), "clipped": self.clipped, "refused_norm": self.refused_norm,
-            "summary": dict(self.summary), "seconds": self.seconds, **self.wait,
+            "summary": dict(self.summary), "seconds": self.seconds, **(self.wait.to_dict() if self.wait else {}),
         }
 
 

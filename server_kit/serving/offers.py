@@ -11,29 +11,13 @@ count; None before a final evaluation).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
-import numpy as np
 
 from edge_sdk.keep_offer import KeepOffer
 from edge_sdk.model_folder import weights_sha256
 
 from ..strategies.base import ClientInfo, Strategy  # noqa: TC001 - strategies sit below serving
 
-__all__ = ["final_accuracy_per_model", "model_offers"]
-
-
-def final_accuracy_per_model(final: Mapping[str, Any] | None) -> dict[str, tuple[float, int]]:
-    """Each model's final-evaluation accuracy (mean over its devices) and how many devices evaluated it."""
-    if not final:
-        return {}
-    per_client = final.get("per_client") or {}
-    keys = final.get("model_per_client") or {}
-    out: dict[str, list[float]] = {}
-    for cid, acc in per_client.items():
-        if cid in keys:
-            out.setdefault(keys[cid], []).append(float(acc))
-    return {k: (float(np.mean(v)), len(v)) for k, v in out.items()}
+__all__ = ["model_offers"]
 
 
 def model_offers(strategy: Strategy, *, rnd: int, clients: Mapping[str, ClientInfo],

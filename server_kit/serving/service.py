@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ from edge_sdk.keep_offer import KeepOffer
 from ..strategies.base import Strategy
 from .export import ExportedRun, export_models, exported_accuracy
 from .handover import hand_over, keep_all
-from .offers import final_accuracy_per_model, model_offers
+from .offers import model_offers
 
 if TYPE_CHECKING:  # the orchestrator's parts (drivers import this module: no import back at run time)
     from ..drivers.assignment import Assignments
@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # the orchestrator's parts (drivers import this module: no im
     from ..drivers.intake import Intake
     from ..drivers.link import ServerLink
     from ..drivers.models import RunModels
+    from ..drivers.records import FinalEvaluation
 
 __all__ = ["ModelService"]
 
@@ -105,18 +106,18 @@ class ModelService:
             log.error("models not exported to %s: %s", folder, e)
             return None
 
-    def keep(self, final: Mapping[str, Any]) -> None:
+    def keep(self, final: FinalEvaluation) -> None:
         """The end of the run: every assigned online device that keeps models told to keep its own."""
         strategy, clients = self.strategy, self.fleet.clients
         self.offers = model_offers(strategy, rnd=self.config.rounds, clients=self._infos(),
-                                   accuracy=final_accuracy_per_model(final))
+                                   accuracy=final.accuracy_per_model())
         keys = {c: strategy.model_key_for(c) for c in self.fleet.online()
                 if strategy.is_clustered(c) and KEEPS_MODELS in clients[c].info.capabilities}
         if not keys:
             log.info("keep: no device of the run keeps its model (none said %r in its hello)", KEEPS_MODELS)
             return
         keep_all(strategy, self.offers, keys=keys, told=self.assignments.told,
-                 evaluated=set(final.get("per_client") or ()), link=self.link, delivery=self.delivery,
+                 evaluated=set(final.per_client), link=self.link, delivery=self.delivery,
                  rnd=self.intake.round, run_id=self.run_id(), architecture=self.run_models.architecture)
 
     def hand_over(self, cid: str) -> None:

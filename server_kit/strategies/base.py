@@ -50,6 +50,7 @@ from ..robust import (
 from ..rounds.arrivals import PartialSum
 from ..rounds.judging import Aggregation, Screening, screen_round
 from .capabilities import Capabilities
+from .drift import DriftReport
 
 __all__ = ["RESKETCH_SALT", "ClientInfo", "Strategy", "Weights", "add_updates", "copy_weights"]
 
@@ -187,12 +188,12 @@ class Strategy(ABC):
         """
         return []
 
-    def on_resketch(self, rnd: int, sketches: Mapping[str, Any]) -> dict[str, Any]:
-        """Fresh sketches during training (asked, or sent unasked by a drifting device); a summary.
+    def on_resketch(self, rnd: int, sketches: Mapping[str, Any]) -> DriftReport | None:
+        """Fresh sketches during training (asked, or sent unasked by a drifting device); what they changed.
 
-        Default: ignored (methods that do not follow drift).
+        Default: ignored, None (methods that do not follow drift).
         """
-        return {}
+        return None
 
     @abstractmethod
     def configure_round(self, rnd: int, available: Sequence[str]) -> list[Task]:

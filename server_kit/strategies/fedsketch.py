@@ -16,7 +16,7 @@ from ..pretrain.settings import pretrain_config
 from .base import RESKETCH_SALT, ClientInfo, copy_weights
 from .capabilities import Capabilities
 from .clustered import ClusteredFedAvg
-from .drift import WARMUP_EPOCHS, DriftTracker
+from .drift import WARMUP_EPOCHS, DriftReport, DriftTracker
 
 __all__ = ["FedAESketchClustered", "SketchClustered"]
 
@@ -111,10 +111,10 @@ class SketchClustered(ClusteredFedAvg):
             return []
         return self._sample(candidates, rnd, RESKETCH_SALT)
 
-    def on_resketch(self, rnd: int, sketches: Mapping[str, Sketch]) -> dict[str, Any]:
+    def on_resketch(self, rnd: int, sketches: Mapping[str, Sketch]) -> DriftReport | None:
         """Move, pool or regroup devices from their fresh sketches; new clusters get their models here."""
         if self.drift_ is None:
-            return {}
+            return None
         report = self.drift_.observe(rnd, {c: s.packed() for c, s in sketches.items()}, self.assignment)
         for new in report.new_clusters:
             src = new["started_from"]
@@ -122,7 +122,7 @@ class SketchClustered(ClusteredFedAvg):
             self.models[self.key(new["cluster"])] = copy_weights(start)
         for k in report.retired:
             self.models.pop(self.key(k), None)
-        return report.summary()
+        return report
 
     def assign_late(self, cid: str, sketch: Sketch | None = None, info: ClientInfo | None = None) -> str:
         if info is not None:

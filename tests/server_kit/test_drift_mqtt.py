@@ -208,7 +208,7 @@ def test_a_scheduled_resketch_asks_every_device_at_once_and_moves_nobody(broker,
     assert (drift["asked"], drift["answered"], drift["sketches"], drift["unasked"]) == (12, 12, 12, 0)
     assert drift["moves"] == drift["pooled"] == drift["new_clusters"] == []
     # the devices keep their sketch key: unchanged data, the same bits as the sketches clustered
-    assert all(orch.sketches[c.cid].packed().tobytes() == strategy.drift_.sketches[c.cid].tobytes() for c in clients)
+    assert all(orch.intake.sketches[c.cid].packed().tobytes() == strategy.drift_.sketches[c.cid].tobytes() for c in clients)
     assert strategy.drift_.counts == {"moves": 0, "pooled": 0, "new_clusters": 0, "retired": 0, "sketches": 12}
     # one broadcast before clustering, one before round 2
     assert [t for t, what in published if what == "sketch"] == [server.topics.broadcast()] * 2

@@ -98,7 +98,7 @@ def test_fedae_federation_over_the_memory_broker(digits8, tmp_path, start_edge_c
     # 2 AE rounds x 8 updates + 2 training rounds x 8 updates
     assert stats["received"]["UPDATE"]["messages"] == 2 * 8 + 2 * 8
     assert stats["received"]["SKETCH"]["messages"] == 8
-    assert all(sk.latent_dim == 20 for sk in orch.sketches.values())
+    assert all(sk.latent_dim == 20 for sk in orch.intake.sketches.values())
     # clustering covers every client; training rounds ran
     assert set(result.assignment) == {c.cid for c in digits8}
     assert [h["updates"] for h in result.history] == [8, 8]

@@ -19,8 +19,8 @@ from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.drivers.phase import Phase, RunPhase
 from server_kit.rounds.closing import ClosePolicy, wait_round
-from server_kit.rounds.plan import plan_tasks
 from server_kit.rounds.pace import Pace
+from server_kit.rounds.plan import plan_tasks
 from server_kit.rounds.round_wait import CloseReason, DeviceOutcome, RoundWait
 from server_kit.stallers import STALLERS, run_and_release, start_devices
 from server_kit.strategies.fedsketch import SketchClustered
@@ -101,7 +101,7 @@ def test_a_refused_device_holds_no_round_past_its_goal():
     # goal (3 answers) at 5 s; grace max(0.2 x 5, 0.2) = 1 s for c's place; closed at 6 s, not at the 60 s deadline
     assert close.reason is CloseReason.GOAL and close.goal_s == 5.0 and close.close_s == pytest.approx(6.0)
     rec = w.record(close, lambda c: True)
-    assert rec["refused"] == {"c": "non-finite"} and rec["reported"] == 2 and rec["stragglers"] == []
+    assert rec.refused == {"c": "non-finite"} and rec.reported == 2 and rec.stragglers == ()
 
 
 def test_spares_let_the_round_close_at_its_goal_and_drop_the_stragglers():
@@ -113,7 +113,7 @@ def test_spares_let_the_round_close_at_its_goal_and_drop_the_stragglers():
     s.at(100.0, lambda: w.answer("update", "b"))  # a stalled SD card
     close = wait_round(s.pump, w, POLICY, Pace(), claims=dict, clock=s.clock)
     assert close.reason is CloseReason.GOAL and close.close_s == pytest.approx(4.8)  # 4 s + 20 %
-    assert w.record(close, lambda c: True)["stragglers"] == ["b"]
+    assert w.record(close, lambda c: True).stragglers == ("b",)
 
 
 def test_everybody_answering_closes_at_once_as_before():

@@ -9,6 +9,7 @@ its log; a device in ``--stay`` stays.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np

@@ -32,6 +32,8 @@ from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.drivers.delivery import _Follow
 from server_kit.drivers.final_eval import final_evaluation
 from server_kit.drivers.phase import Phase
+from server_kit.drivers.registration import register
+from server_kit.drivers.sketch_phase import cluster_from_sketches
 from server_kit.strategies.fedsketch import SketchClustered
 
 from helpers import ARCH
@@ -146,9 +148,9 @@ def _fleet_costs(server_transport, n: int) -> tuple[dict[str, int], dict[str, in
     for c in cids:
         put((FED, Message(Kind.HELLO, FED, c, 0, hello)))
     meter.phase = "register"
-    orch._register()
+    register(orch.parts, orch.config, orch.run_id)
     assert len(orch.clients) == n
-    orch.strategy.setup([s.info for s in orch.clients.values()], orch.template)
+    orch.strategy.setup([s.info for s in orch.clients.values()], orch.run_models.template)
 
     def cluster(got):  # the clustering itself is not what is measured here: 4 clusters by position
         strategy.set_assignment({c: i % 4 for i, c in enumerate(cids)})
@@ -159,7 +161,7 @@ def _fleet_costs(server_transport, n: int) -> tuple[dict[str, int], dict[str, in
     for c in cids[:k]:
         put((FED, Message(Kind.SKETCH, FED, c, 0, {}, bits)))
     meter.phase = "sketch"
-    orch._cluster()
+    cluster_from_sketches(orch.parts, orch.strategy, orch.config)
     orch.intake.run.enter(Phase.TRAIN, rnd=0)
     orch.assignments.announce()
     body = tensors_body({"w": np.ones((2, 3), np.float32)})
@@ -175,9 +177,9 @@ def _fleet_costs(server_transport, n: int) -> tuple[dict[str, int], dict[str, in
         put((FED, Message(Kind.METRICS, FED, c, 2, {"round": 2, "model_key": strategy.model_key_for(c),
                                                     "accuracy": 0.5, "n_test": 3})))
     meter.phase = "evaluate"
-    final = final_evaluation(orch.config, strategy, architecture=orch.architecture, link=orch.link, fleet=orch.fleet,
+    final = final_evaluation(orch.config, strategy, architecture=orch.run_models.architecture, link=orch.link, fleet=orch.fleet,
                              intake=orch.intake, assignments=orch.assignments, delivery=orch.delivery)
-    assert len(final["per_client"]) == k
+    assert len(final.per_client) == k
     return ({p: max(v) for p, v in meter.until.items()}, {m: max(v) for m, v in meter.handler.items()}, orch)
 
 
@@ -425,7 +427,7 @@ def test_a_fleet_registering_logs_the_first_admissions_then_the_count(caplog, se
     for i in range(n):
         orch.link.inbox.put_nowait((FED, Message(Kind.HELLO, FED, f"d{i:03d}", 0, hello)))
     with caplog.at_level(logging.DEBUG, logger="server_kit.drivers"):
-        orch._register()
+        register(orch.parts, orch.config, orch.run_id)
     admitted = [r for r in caplog.records if "admitted (10 samples" in r.getMessage()]
     assert [r.levelno for r in admitted] == [logging.INFO] * ADMISSIONS_LOGGED + [logging.DEBUG] * 10
     info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
