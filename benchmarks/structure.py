@@ -8,7 +8,13 @@ Reads the source (nothing is run) and prints, against the goals:
   (``edge_sdk/compress/``, ``server_kit/downstream.py``; goal: 0);
 - the definitions of decompression (``base + delta`` in float32), of update
   admission (``duplicate-update`` raised) and of the sample cap (goal: 1 each);
-- the modules over 500 lines.
+- the modules over 500 lines;
+- the functions that pass a string-keyed result dict (``-> dict[str, Any]``)
+  to another module (goal: 0), the documents (a JSON record, a message's
+  fields, settings) listed apart with what each is;
+- the device: the attributes ``EdgeClient.__init__`` sets, the dispatches by
+  method name (``getattr(self, ...)``) and the command handlers registered
+  by ``Op``.
 
 Usage::
 
@@ -28,6 +34,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("edge_sdk", "server_kit")
 CODEC_MODULES = ("edge_sdk/compress/", "server_kit/downstream.py")
+#: Functions returning ``dict[str, Any]`` that build a document, not a result: what each one is.
+DOCUMENTS = {
+    "build": "a command's fields (the wire)", "parse": "a command's fields read back (the wire)",
+    "check_meta": "a message's meta, checked (the wire)", "check_fields": "a message's fields, checked (the wire)",
+    "hello_fields": "a hello's fields (the wire)", "sketch_request": "a sketch command's fields (the wire)",
+    "read_hello": "a Flower hello record (the wire)", "read_sketch_request": "a Flower record (the wire)",
+    "connect_kwargs": "paho's CONNECT options", "parse_params": "--set key=value settings",
+    "pretrain_config": "the pre-training's settings table", "sample_params": "an estimator's parameters",
+    "child_params": "an estimator's parameters", "orchestrator_args": "an Orchestrator's keyword arguments",
+    "classifier_io": "a model.json record (a file)", "read_manifest": "a JSON file read",
+    "read_models_json": "a JSON file read", "load_truth": "a JSON file read",
+    "clustering_against_truth": "results.json's clustering record", "report": "the Flower run's JSON report",
+    "predict": "fedsketch predict's JSON output", "info": "fedsketch info's JSON output",
+    "summarize": "a partition's JSON summary", "tally_clients": "a partition's JSON summary",
+    "monitor": "a NATS monitoring endpoint's JSON", "snapshot": "an emulated fleet's JSON counters",
+    "close": "an emulated fleet's JSON counters", "stats": "a transport's JSON counters",
+    "chunk_stats": "a transport's JSON counters", "run_round": "the pre-training's history record",
+    "get_params": "an estimator's parameters (scikit-learn)", "build_results": "results.json, whole",
+    "hello": "a hello's fields (the wire)", "run": "the Flower run's JSON report",
+}
+SERIALISERS = ("to_dict", "as_dict", "to_wire", "to_meta", "command_meta", "base_meta", "state", "summary")
 
 
 def sources() -> dict[str, str]:
@@ -67,6 +94,41 @@ def public_methods(text: str, cls: str) -> list[str]:
     raise SystemExit(f"class {cls} not found")
 
 
+def dict_results(src: dict[str, str]) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Public functions returning ``dict[str, Any]`` called from another module: results, and documents."""
+    defined: dict[str, list[str]] = {}
+    for path, text in src.items():
+        for node in ast.walk(ast.parse(text)):
+            if (isinstance(node, ast.FunctionDef) and node.returns is not None and not node.name.startswith("_")
+                    and node.name not in SERIALISERS
+                    and re.fullmatch(r"(dict|Mapping)\[str, Any\]( \| None)?", ast.unparse(node.returns))):
+                defined.setdefault(node.name, []).append(path)
+    results, documents = {}, {}
+    for name, where in sorted(defined.items()):
+        callers = [p for p, t in src.items() if p not in where and re.search(rf"\b{name}\(", t)]
+        if not callers:
+            continue
+        if name in DOCUMENTS:
+            documents[name] = DOCUMENTS[name]
+        else:
+            results[name] = where
+    return results, documents
+
+
+def device(src: dict[str, str]) -> tuple[int, int, int]:
+    """Attributes ``EdgeClient.__init__`` sets, dispatches by method name in the device, handlers by ``Op``."""
+    init_attrs = 0
+    for node in ast.walk(ast.parse(src["edge_sdk/client.py"])):
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            init_attrs = len({ast.unparse(t) for n in ast.walk(node) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                              for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                              if ast.unparse(t).startswith("self.")})
+    device_src = [t for p, t in src.items() if p.startswith("edge_sdk/client")]
+    by_name = sum(len(re.findall(r"getattr\(self, ", t)) for t in device_src)
+    handlers = sum(len(re.findall(r"@handles\(Op\.", t)) for t in device_src)
+    return init_attrs, by_name, handlers
+
+
 def main() -> int:
     src = sources()
     orch = project_imports("server_kit/drivers/orchestrator.py", src["server_kit/drivers/orchestrator.py"])
@@ -85,10 +147,19 @@ def main() -> int:
     print(f"update admission defined in {len(admission)} place(s): {', '.join(admission)}")
     print(f"sample cap defined in {len(caps)} place(s): {', '.join(caps)}")
     print(f"modules over 500 lines: {len(long)}" + "".join(f"\n  {p}: {n}" for p, n in sorted(long.items())))
+    results, documents = dict_results(src)
+    print(f"string-keyed result dicts passed between modules: {len(results)} (goal 0)"
+          + "".join(f"\n  {n}: {', '.join(w)}" for n, w in results.items()))
+    print(f"  documents apart ({len(documents)}): " + "; ".join(f"{n} ({why})" for n, why in documents.items()))
+    init_attrs, by_name, handlers = device(src)
+    print(f"device: EdgeClient.__init__ sets {init_attrs} attributes; {by_name} dispatches by method name; "
+          f"{handlers} command handlers registered by Op")
     print(json.dumps({"orchestrator_imports": len(orch), "strategy_public_methods": len(methods),
                       "enabled_tests": sum(enabled.values()), "enabled_modules": len(enabled),
                       "decompressions": len(decompress), "admissions": len(admission), "sample_caps": len(caps),
-                      "modules_over_500": len(long)}))
+                      "modules_over_500": len(long), "dict_results": len(results), "documents": len(documents),
+                      "client_init_attributes": init_attrs, "dispatch_by_name": by_name,
+                      "handlers_by_op": handlers}))
     return 0
 
 

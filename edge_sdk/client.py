@@ -31,12 +31,12 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from .client_commands import HANDLERS, DeviceContext, Handler, handle, report_progress
+from .client_commands import HANDLERS, DeviceContext, Handler, handle
 from .client_drift import DeviceDrift
 from .client_encoders import ReceivedEncoders
 from .client_link import DeviceLink
 from .client_state import DeviceState
-from .held_models import HeldModel, ModelStore
+from .held_models import ModelStore
 from .keeping import ModelKeeper
 from .protocol import Kind, Message, Topics
 from .protocol.commands import Op
@@ -128,6 +128,11 @@ class EdgeClient:
     get_model : bool
         Leave once a ``keep`` command was done (``fedsketch-client --get-model``:
         a cold start), exit code 0 with a kept model, 6 without.
+    handlers : mapping, optional
+        The handler of each command, by op; default
+        :data:`edge_sdk.client_commands.HANDLERS`. A device that answers a
+        command its own way (a test's hostile device) gives
+        ``{**HANDLERS, Op.TRAIN: its_train}``.
     """
 
     def __init__(
@@ -148,6 +153,7 @@ class EdgeClient:
         state_dir: str | Path | None = None,
         keeper: ModelKeeper | None = None,
         get_model: bool = False,
+        handlers: Mapping[Op, Handler] | None = None,
     ) -> None:
         #: What the hello says of the device's own benchmark (``cpu``, ``bench``), or nothing.
         self.bench: dict[str, Any] = dict(bench or {})
@@ -171,17 +177,9 @@ class EdgeClient:
                                      seed=seed, model_timeout_s=model_timeout_s,
                                      progress_interval_s=float(progress_interval_s), stay=bool(stay),
                                      get_model=bool(get_model))
-        self._handlers: dict[str, Handler] = dict(self.handlers)
-        own_train = getattr(self, "_do_train", None)
-        if own_train is not None:  # a subclass that trains its own way: _do_train(fields, round)
-            self._handlers[Op.TRAIN] = lambda state, cmd, ctx: own_train(cmd.fields, cmd.round)
+        self._handlers: dict[Op, Handler] = dict(HANDLERS if handlers is None else handlers)
         self._stop = threading.Event()
         self._commands_run = 0
-
-    #: The handler of each command, by op (:data:`edge_sdk.client_commands.HANDLERS`). A subclass may give
-    #: its own table (``{**HANDLERS, Op.TRAIN: its_train}``); a subclass's method ``_do_train(fields, round)``,
-    #: if it has one, replaces the train handler (it may use ``_wait_model``, ``_send``, ``_report_progress``).
-    handlers: Mapping[str, Handler] = HANDLERS
 
     # -- what the runs gave the device (DeviceState) -------------------------------------
     store = _Part("state")
@@ -199,7 +197,6 @@ class EdgeClient:
     save_feedback = _Part("state")
     encoder_dirs = _Part("state.encoders", "dirs")
     rejected_encoders = _Part("state.encoders", "rejected")
-    _encoders = _Part("state.encoders", "loaded")
     # -- what the handlers work with (DeviceContext) ---------------------------------------
     worker = _Part("context")
     drift = _Part("context")
@@ -213,26 +210,11 @@ class EdgeClient:
     transport = _Part("link")
     followed = _Part("link")
     hello_jitter_s = _Part("link")
-    # the link's command queue and receivers, under the names the server side's tests use
-    _cmds = _Part("link", "commands")
-    _on_cmd = _Part("link", "on_command")
-    _on_model = _Part("link", "on_model")
 
     @property
     def max_models(self) -> int:
         """Most models held at once (the store's bound)."""
         return self.store.max_models
-
-    # -- for a subclass that trains its own way (``_do_train``) ----------------------------
-    def _wait_model(self, key: str, rnd: int) -> HeldModel:
-        return self.store.wait(key, rnd, self.model_timeout_s)
-
-    def _send(self, topic: str, kind: Kind, rnd: int = 0, meta: Mapping[str, Any] | None = None,
-              body: bytes = b"") -> None:
-        self.link.send(topic, kind, rnd, meta, body)
-
-    def _report_progress(self, r: int, done: threading.Event) -> None:
-        report_progress(self.context, r, done)
 
     # -- the hello ----------------------------------------------------------------------------
     def hello(self) -> None:

@@ -251,7 +251,7 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         # the server's own status: after its run it keeps serving its models to devices that ask (cold start)
         "serving": Field("bool"),
     },
-    # sent by a device whose data changed, without being asked (edge_sdk.client_commands: data_changed)
+    # sent by a device whose data changed, without being asked (edge_sdk.client: EdgeClient.data_changed)
     Kind.SKETCH: {"unasked": Field("bool")},
     Kind.FEATURES: {"summary": Field("str", max_len=64, required=True)},
     Kind.UPDATE: {

@@ -1,15 +1,18 @@
 """Devices that would hold a round open, for the tests and ``benchmarks/robustness.py``.
 
-* :class:`MalformedUpdates`: every update refused: in odd rounds a meta
-  field of ``1e400`` (refused by the transport before it is decoded), in
-  even rounds a body that is no tensors (refused by the server's checks);
-* :class:`ClaimsForever`: says "training round r" every
-  ``progress_interval_s`` and never sends an update;
+* :func:`malformed_updates`: a train handler whose every update is refused:
+  in odd rounds a meta field of ``1e400`` (refused by the transport before
+  it is decoded), in even rounds a body that is no tensors (refused by the
+  server's checks);
+* :func:`claims_forever`: a train handler that says "training round r" every
+  ``progress_interval_s`` and never sends an update (until ``release``);
 * :class:`SlowWorker`: an honest device whose training starts ``sleep_s``
   late (a stalled SD card), longer than the round's deadline.
 
-Each takes a ``release`` event (keyword; set it after the last round): from
-then on it answers at once, so that the final evaluation hears from it.
+A device plays one of the first two with its handler table
+(``EdgeClient(..., handlers={**HANDLERS, Op.TRAIN: handler})``). Each takes
+a ``release`` event (set it after the last round): from then on it answers
+at once, so that the final evaluation hears from it.
 :func:`start_devices` starts a fleet with the three of them (``c00``,
 ``c01``, ``c02``) or without, and :func:`run_and_release` runs a server over
 it and lets them go.
@@ -19,15 +22,18 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from edge_sdk.client import EdgeClient
+from edge_sdk.client_commands import HANDLERS, Command, DeviceContext, Handler, report_progress
+from edge_sdk.client_state import DeviceState
 from edge_sdk.protocol import MAGIC, PROTOCOL_VERSION, Kind, Message
+from edge_sdk.protocol.commands import Op
 from edge_sdk.tasks import Task, Update
 from edge_sdk.worker import LocalWorker
 
-__all__ = ["STALLERS", "ClaimsForever", "MalformedUpdates", "SlowWorker", "raw_update", "run_and_release",
+__all__ = ["STALLERS", "SlowWorker", "claims_forever", "malformed_updates", "raw_update", "run_and_release",
            "start_devices"]
 
 #: Which device plays which staller in :func:`start_devices`.
@@ -41,47 +47,42 @@ def raw_update(federation: str, cid: str, meta_json: str, rnd: int) -> bytes:
     return head + bytes((len(federation),)) + federation.encode() + bytes((len(cid),)) + cid.encode() + meta
 
 
-class _Released:
-    """The ``release`` keyword of the stallers."""
-
-    def __init__(self, *args: Any, release: threading.Event | None = None, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.release = release if release is not None else threading.Event()
-
-
-class MalformedUpdates(_Released, EdgeClient):
-    """A device whose every update is refused (see the module docstring)."""
-
-    def _do_train(self, m: Mapping[str, Any], rnd: int) -> None:
-        r, key = m["round"], m["models"][0]
-        topic = self.topics.update(self.cid)
-        if r % 2:
-            raw = raw_update(self.federation, self.cid, f'{{"round":{r},"model_key":"{key}","n_samples":1e400}}', r)
-            if hasattr(self.transport, "publish_raw"):  # the in-memory broker
-                self.transport.publish_raw(topic, raw)
-            else:  # MQTT: straight through paho, as a device with its own credentials could
-                self.transport._client.publish(topic, raw, qos=1)
-        else:
-            meta = {"round": r, "model_key": key, "n_samples": 50, "loss": 0.1, "metrics": {}}
-            self.transport.publish(topic, Message(Kind.UPDATE, self.federation, self.cid, r, meta, b"\x01" * 64))
+def malformed_updates(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
+    """A train handler whose every update is refused (see the module docstring)."""
+    link = ctx.link
+    r, key = cmd.fields["round"], cmd.fields["models"][0]
+    topic = link.topics.update(link.cid)
+    if r % 2:
+        raw = raw_update(link.federation, link.cid, f'{{"round":{r},"model_key":"{key}","n_samples":1e400}}', r)
+        if hasattr(link.transport, "publish_raw"):  # the in-memory broker
+            link.transport.publish_raw(topic, raw)
+        else:  # MQTT: straight through paho, as a device with its own credentials could
+            link.transport._client.publish(topic, raw, qos=1)
+    else:
+        meta = {"round": r, "model_key": key, "n_samples": 50, "loss": 0.1, "metrics": {}}
+        link.transport.publish(topic, Message(Kind.UPDATE, link.federation, link.cid, r, meta, b"\x01" * 64))
 
 
-class ClaimsForever(_Released, EdgeClient):
-    """A device that says it trains and never sends an update, until ``release``."""
-
-    def _do_train(self, m: Mapping[str, Any], rnd: int) -> None:
+def claims_forever(release: threading.Event) -> Handler:
+    """A train handler that says it trains and never sends an update, until ``release``."""
+    def train(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
         done = threading.Event()
-        beat = threading.Thread(target=self._report_progress, args=(m["round"], done), daemon=True,
-                                name=f"{self.cid}-claims")
+        beat = threading.Thread(target=report_progress, args=(ctx, cmd.fields["round"], done), daemon=True,
+                                name=f"{ctx.link.cid}-claims")
         beat.start()
-        self.release.wait()
+        release.wait()
         done.set()
+    return train
 
 
-class SlowWorker(_Released, LocalWorker):
+class SlowWorker(LocalWorker):
     """An honest device that starts training ``sleep_s`` late (until ``release``)."""
 
     sleep_s = 60.0
+
+    def __init__(self, *args: Any, release: threading.Event, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.release = release
 
     def fit(self, task: Task) -> Update:
         self.release.wait(self.sleep_s)
@@ -96,17 +97,17 @@ def start_devices(clients: Sequence[Any], transport: Callable[[str], Any], *, ar
     ``transport(cid)`` makes a device's transport; device ``i`` is seeded ``seed * 1000 + i`` and reports
     progress every second.
     """
-    kinds: dict[str, type[EdgeClient]] = {"c00": MalformedUpdates, "c01": ClaimsForever} if stallers else {}
+    trains: dict[str, Handler] = {"c00": malformed_updates, "c01": claims_forever(release)} if stallers else {}
     threads = []
     for i, c in enumerate(clients):
         data = (c.cid, c.x_train, c.y_train, c.x_test, c.y_test)
         s = seed * 1000 + i
         worker = (SlowWorker(*data, architecture=architecture, seed=s, release=release)
                   if stallers and c.cid == "c02" else LocalWorker(*data, architecture=architecture, seed=s))
-        kw = {"release": release} if c.cid in kinds else {}
         t = transport(c.cid)
-        edge = kinds.get(c.cid, EdgeClient)(t, worker, federation=t.federation, seed=s, model_timeout_s=120,
-                                            progress_interval_s=1.0, **kw)
+        handlers = {**HANDLERS, Op.TRAIN: trains[c.cid]} if c.cid in trains else None
+        edge = EdgeClient(t, worker, federation=t.federation, seed=s, model_timeout_s=120, progress_interval_s=1.0,
+                          handlers=handlers)
         th = threading.Thread(target=edge.run, kwargs={"max_idle_s": max_idle_s}, daemon=True, name=c.cid)
         th.start()
         threads.append(th)

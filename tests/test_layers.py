@@ -167,3 +167,66 @@ def test_no_library_module_over_500_lines_nor_function_over_80_without_a_reason(
                 if size > 80 and not lines[first - 2].strip().startswith(_REASON):
                     too_long.append(f"{where}:{node.name}: {size} lines")
     assert too_long == []
+
+
+def _architecture() -> str:
+    return (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+
+
+def test_the_rooms_of_architecture_name_every_module_and_only_modules_that_exist():
+    """ARCHITECTURE's rooms list every module of both packages (``__init__.py`` aside), each where it is."""
+    block = _architecture().split("## The rooms", 1)[1].split("```", 2)[1]
+    listed: set[str] = set()
+    missing = []
+    pkg, sub = None, ""
+    for line in block.splitlines():
+        top = re.match(r"^(edge_sdk|server_kit)/\s*$", line)
+        if top:
+            pkg, sub = top.group(1), ""
+            continue
+        room = re.match(r"^  (\w+)/\s", line)
+        if room:
+            sub = room.group(1) + "/"
+        elif re.match(r"^  \S", line):
+            sub = ""
+        for name in re.findall(r"(?<![\w/])([\w*]+\.py)\b", line):
+            hits = sorted((ROOT / pkg / sub).glob(name)) if pkg else []
+            if not hits:
+                missing.append(f"{pkg}/{sub}{name}")
+            listed.update(h.relative_to(ROOT).as_posix() for h in hits)
+    modules = {p.relative_to(ROOT).as_posix() for pk in ("edge_sdk", "server_kit") for p in (ROOT / pk).rglob("*.py")
+               if p.name not in ("__init__.py", "_version.py")}
+    assert missing == []
+    assert sorted(modules - listed) == []
+
+
+def test_every_path_and_name_the_architecture_tables_give_exists():
+    """Each `path` and `path: name` of ARCHITECTURE (before its worked example) names a file, and a name in it."""
+    text = _architecture().split("## How to add a strategy", 1)[0]
+    refs = re.findall(r"`((?:edge_sdk|server_kit|ext|benchmarks|tests|deploy|examples)/[\w/.\-]*)(?::\s*([\w.]+))?`",
+                      text)
+    assert len(refs) > 100
+    wrong = []
+    for path, name in refs:
+        where = ROOT / path
+        if not where.exists():
+            wrong.append(f"{path}: no such file")
+        elif name and where.suffix == ".py" and name not in _defined(where):
+            wrong.append(f"{path}: defines no {name}")
+    assert wrong == []
+
+
+def _defined(path: Path) -> set[str]:
+    """The functions, classes, methods (``Class.method``) and assigned names a module defines."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+            if isinstance(node, ast.ClassDef):
+                out.update(f"{node.name}.{n.name}" for n in node.body
+                           if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        elif isinstance(node, ast.Assign):
+            out.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out.add(node.target.id)
+    return out

@@ -35,7 +35,11 @@ The modules, one job each:
 * :mod:`~edge_sdk.transport.filters`: topic filters, :func:`topic_matches`;
 * :mod:`~edge_sdk.transport.inbox`: the receive path (validate, reassemble, count, route);
 * :mod:`~edge_sdk.transport.base`: the :class:`Transport` interface and the shared send side;
-* :mod:`~edge_sdk.transport.mqtt`: :class:`MqttTransport`, the one class that owns paho;
+* :mod:`~edge_sdk.transport.mqtt`: :class:`MqttTransport`, the one class that owns paho (the session);
+* :mod:`~edge_sdk.transport.paho_client`: the paho client built from a :class:`BrokerConfig`;
+* :mod:`~edge_sdk.transport.failover`: ``BrokerList``, the broker in use and which refusals pass to the next;
+* :mod:`~edge_sdk.transport.acks`: ``InFlight``, the publishes not yet acknowledged and the wait for them;
+* :mod:`~edge_sdk.transport.dispatch`: ``Dispatcher``, paho's messages to the handlers;
 * :mod:`~edge_sdk.transport.memory`: :class:`MemoryBroker` and :class:`MemoryTransport`;
 * :mod:`~edge_sdk.transport.netloop`: :class:`NetworkLoop`, one epoll thread for many connections;
 * :mod:`~edge_sdk.transport.pool`: :class:`OrderedPool`, the handlers' threads, in order per transport.

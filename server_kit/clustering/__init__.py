@@ -7,7 +7,8 @@
     model.labels_, model.n_clusters_, model.predict(late_joiners)
 
 The estimator (:mod:`.sketch`) runs the steps of the method, each in its own
-module: the dendrogram, its cuts and their CH (:mod:`.dendrogram`), the
+module: the exact method's dendrogram and the choice of its cut, in order
+(:mod:`.exact`), the fitted attributes (:mod:`.fitted`), the dendrogram, its cuts and their CH (:mod:`.dendrogram`), the
 threshold search (:mod:`.threshold`), the permutation test
 (:mod:`.permutation`), the separation check (:mod:`.separation`), refinement
 and consolidation (:mod:`.refine`), the late-joiner rule (:mod:`.centroids`),

@@ -80,11 +80,11 @@ def choose_cut(model: Any, bits: np.ndarray, profile: CutProfile,
     if best is None:
         return None, "no admissible threshold probed"
 
-    model.threshold_ = float(best["threshold"])
+    model.threshold_ = best.threshold
     labels = relabel(fcluster(model.linkage_, model.threshold_, criterion="distance"))
     k = int(labels.max()) + 1
-    if k != best["n_clusters"]:  # pragma: no cover - would be a scipy change
-        raise RuntimeError(f"fcluster gave {k} clusters where the dendrogram gives {best['n_clusters']}")
+    if k != best.n_clusters:  # pragma: no cover - would be a scipy change
+        raise RuntimeError(f"fcluster gave {k} clusters where the dendrogram gives {best.n_clusters}")
     if model.min_separation and (np.bincount(labels) >= MIN_SIDE).sum() >= 2:  # else nothing to measure
         merged, pairs = merge_inseparable(bits, labels, float(model.min_separation),
                                           np.random.default_rng(rs.randint(2**31 - 1)))

@@ -8,6 +8,7 @@ is the best probe actually evaluated, not the surrogate's arg-max.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from threadpoolctl import threadpool_limits
 
 from .dendrogram import CutProfile
 
-__all__ = ["ACQ_FUNCS", "bayes_search", "search_range"]
+__all__ = ["ACQ_FUNCS", "BestCut", "bayes_search", "search_range"]
 
 #: Acquisition functions of ``skopt.gp_minimize`` that the estimator accepts.
 #: "LCB" on -CH is the paper's upper confidence bound on CH.
@@ -48,11 +49,11 @@ def search_range(profile: CutProfile,
 
 def bayes_search(profile: CutProfile, low: float, high: float, probes: list[dict[str, Any]], *,
                  n_calls: int, n_initial_points: int, acq_func: str, kappa: float,
-                 random_state: np.random.RandomState) -> dict[str, Any] | None:
+                 random_state: np.random.RandomState) -> BestCut | None:
     """Bayesian optimisation of CH over thresholds in ``[low, high]``; the best admissible probe or None.
 
-    Each probe is appended to ``probes`` as ``{"threshold", "ch", "n_clusters",
-    "valid"}``, in order.
+    Each probe is appended to ``probes`` (the estimator's ``search_``) as
+    ``{"threshold", "ch", "n_clusters", "valid"}``, in order.
     """
     from skopt import gp_minimize  # imported here: it takes most of a second
     from skopt.space import Real
@@ -86,4 +87,13 @@ def bayes_search(profile: CutProfile, low: float, high: float, probes: list[dict
     for probe in probes:
         if probe["valid"] and (best is None or probe["ch"] > best["ch"]):
             best = probe
-    return best
+    return None if best is None else BestCut(float(best["threshold"]), int(best["n_clusters"]), best["ch"])
+
+
+@dataclass(frozen=True)
+class BestCut:
+    """The threshold search's best admissible cut: its threshold, its clusters, its CH."""
+
+    threshold: float
+    n_clusters: int
+    ch: float | None

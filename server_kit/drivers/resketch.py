@@ -15,7 +15,7 @@ goes on, as the in-process driver gives them
   first sketches (``sketch_quorum``), at most ``sketch_timeout_s`` or the
   round's deadline, whichever is shorter;
 - **unasked**: a device whose data changed sends its new sketch with
-  ``unasked`` in the meta (:meth:`edge_sdk.client_commands.ClientCommands.data_changed`).
+  ``unasked`` in the meta (:meth:`edge_sdk.client.EdgeClient.data_changed`).
   One that arrives during a round is kept and handed to the strategy before
   the next round trains (never during an aggregation); one that arrived
   between rounds is handled at once, at the start of the next round. A run

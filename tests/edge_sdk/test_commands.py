@@ -49,7 +49,22 @@ def test_the_vocabulary_is_the_schemas_and_names_every_command_once():
     assert set(EVERY_FIELD) == set(COMMANDS)
     assert {op: set(fields) for op, fields in EVERY_FIELD.items()} == {op: set(f) for op, f in FIELDS.items()}
     assert set(HANDLERS) == set(Op) and all(callable(h) for h in HANDLERS.values())
-    assert EdgeClient.handlers is HANDLERS
+
+
+def test_a_device_given_its_own_handler_runs_it_for_that_command_only():
+    rng = np.random.default_rng(0)
+    w = LocalWorker("c1", rng.random((12, 8, 8), dtype=np.float32), np.arange(12) % 10)
+    seen = []
+
+    def own_assign(state, cmd, ctx):
+        seen.append((cmd.fields["model_key"], cmd.round, ctx.link.cid))
+
+    ec = EdgeClient(MemoryTransport(MemoryBroker(), "c1", federation=FED), w, federation=FED,
+                    handlers={**HANDLERS, Op.ASSIGN: own_assign})
+    assert ec.handle(over_the_wire(build(Op.ASSIGN, model_key="c2"))) is True
+    assert seen == [("c2", 1, "c1")] and ec.model_key is None  # its own handler, not the table's
+    assert ec.handle(over_the_wire(build(Op.WELCOME, num_classes=7, architecture=ARCH))) is True
+    assert ec.state.welcomed and ec.handled == {"assign": 1, "welcome": 1}
 
 
 @pytest.mark.parametrize("op", list(Op))

@@ -14,8 +14,10 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.client import EdgeClient
+from edge_sdk.client_commands import HANDLERS
 from edge_sdk.compress import Compression, encode_delta
 from edge_sdk.protocol import Kind, Topics
+from edge_sdk.protocol.commands import Op
 from edge_sdk.tasks import TrainSettings
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from edge_sdk.worker import LocalWorker
@@ -41,10 +43,11 @@ def digits():
     return rotation_partition(images, labels, 12, groups=4, seed=0)
 
 
-def start_device(c, i, url, passwords, cls=EdgeClient):
+def start_device(c, i, url, passwords, train=None):
     cfg = BrokerConfig.from_url(url, username=c.cid, password=passwords[c.cid], reconnect_min_s=0.1, protocol="5")
     w = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=i)
-    ec = cls(MqttTransport(cfg, c.cid, federation=FED), w, federation=FED, seed=i, model_timeout_s=30)
+    ec = EdgeClient(MqttTransport(cfg, c.cid, federation=FED), w, federation=FED, seed=i, model_timeout_s=30,
+                    handlers=None if train is None else {**HANDLERS, Op.TRAIN: train})
     th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 60}, daemon=True)
     th.start()
     return ec, th
@@ -141,27 +144,28 @@ HOSTILE = {
 }
 
 
-def hostile_device(kind: str):
+def hostile_train(kind: str):
+    """A train handler that sends a compressed body broken as ``kind`` says."""
     make, _ = HOSTILE[kind]
 
-    class Hostile(EdgeClient):
-        def _do_train(self, m, rnd):
-            r = m["round"]
-            held = self._wait_model(m["models"][0], r)
-            comp = Compression.from_meta(m["compress"])
-            zero = {n: np.zeros_like(w) for n, w in held.weights.items()}
-            body, _ = encode_delta(zero, comp)
-            first = sorted(held.weights)[0]
-            n = held.weights[first].size
-            # the first tensor's block ends where the second one's starts in an honest body
-            honest_first, _ = encode_delta({first: zero[first]}, comp)
-            rest = body[len(honest_first):]
-            bad = body[:8] + make(n) + rest
-            meta = {"round": r, "model_key": m["models"][0], "n_samples": 10, "loss": 0.0, "metrics": {},
-                    "version": held.version}
-            self._send(self.topics.update(self.cid), Kind.UPDATE, r, meta, bad)
+    def train(state, cmd, ctx):
+        m = cmd.fields
+        r = m["round"]
+        held = state.store.wait(m["models"][0], r, ctx.model_timeout_s)
+        comp = Compression.from_meta(m["compress"])
+        zero = {n: np.zeros_like(w) for n, w in held.weights.items()}
+        body, _ = encode_delta(zero, comp)
+        first = sorted(held.weights)[0]
+        n = held.weights[first].size
+        # the first tensor's block ends where the second one's starts in an honest body
+        honest_first, _ = encode_delta({first: zero[first]}, comp)
+        rest = body[len(honest_first):]
+        bad = body[:8] + make(n) + rest
+        meta = {"round": r, "model_key": m["models"][0], "n_samples": 10, "loss": 0.0, "metrics": {},
+                "version": held.version}
+        ctx.link.send(ctx.link.topics.update(ctx.link.cid), Kind.UPDATE, r, meta, bad)
 
-    return Hostile
+    return train
 
 
 def test_hostile_compressed_bodies_are_refused_and_the_federation_finishes(digits, shipped_acl):
@@ -169,7 +173,7 @@ def test_hostile_compressed_bodies_are_refused_and_the_federation_finishes(digit
     kinds = list(HOSTILE)
     with MosquittoBroker(acl=shipped_acl(FED), passwords=passwords) as broker:
         devices = [start_device(c, i, broker.url, passwords,
-                                hostile_device(kinds[i // 2]) if i % 2 == 0 else EdgeClient)
+                                hostile_train(kinds[i // 2]) if i % 2 == 0 else None)
                    for i, c in enumerate(digits)]
         _, strategy, result, _ = serve(broker.url, passwords, len(digits), compress="stc:0.05", rounds=2,
                                        fraction=1.0)

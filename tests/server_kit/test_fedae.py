@@ -88,7 +88,7 @@ def test_fedae_federation_over_the_memory_broker(digits8, tmp_path, start_edge_c
     name = f"fedae_{FED}"
     assert result.encoder == name
     assert all(name in ec.encoder_dirs and not ec.rejected_encoders for ec in edge)
-    assert all(ec._encoders[name].latent_dim == 20 for ec in edge)
+    assert all(ec.state.encoders.loaded[name].latent_dim == 20 for ec in edge)
     assert (tmp_path / "ckpt" / "encoder" / f"{name}.onnx").is_file()
     enc_bytes = (tmp_path / "ckpt" / "encoder" / f"{name}.onnx").stat().st_size
     delivered = result.delivered
@@ -119,15 +119,15 @@ def test_client_rejects_a_tampered_encoder(digits8, caplog):
     wrong = Message(Kind.MODEL, FED, "server", 0, {"key": "encoder", "name": "evil", "sha256": "0" * 64,
                                                     "entry": entry}, body)
     with caplog.at_level(logging.ERROR, logger="edge_sdk.client"):
-        ec._on_model(topic, wrong)
+        ec.link.on_model(topic, wrong)
     assert "evil" not in ec.encoder_dirs
     assert ec.rejected_encoders and "sha256" in ec.rejected_encoders[0]
     assert "rejected encoder" in caplog.text and "sha256" in caplog.text
     # the same bytes with their true hash are kept (and an entry disagreeing with them is not)
-    ec._on_model(topic, Message(Kind.MODEL, FED, "server", 0, {"key": "encoder", "name": "evil", "sha256": good,
+    ec.link.on_model(topic, Message(Kind.MODEL, FED, "server", 0, {"key": "encoder", "name": "evil", "sha256": good,
                                                                 "entry": {**entry, "sha256": "1" * 64}}, body))
     assert "evil" not in ec.encoder_dirs and len(ec.rejected_encoders) == 2
-    ec._on_model(topic, Message(Kind.MODEL, FED, "server", 0, {"key": "encoder", "name": "evil", "sha256": good,
+    ec.link.on_model(topic, Message(Kind.MODEL, FED, "server", 0, {"key": "encoder", "name": "evil", "sha256": good,
                                                                 "entry": entry}, body))
     assert (ec.encoder_dirs["evil"] / "evil.onnx").read_bytes() == body
     assert (ec.encoder_dirs["evil"] / "manifest.json").is_file()

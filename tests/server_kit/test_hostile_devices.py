@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.client import EdgeClient
+from edge_sdk.client_commands import HANDLERS
 from edge_sdk.protocol import (
     MAGIC,
     PROTOCOL_VERSION,
@@ -31,6 +32,7 @@ from edge_sdk.protocol import (
     encode_message,
     tensors_body,
 )
+from edge_sdk.protocol.commands import Op
 from edge_sdk.signing import Signer, Verifier, generate_key
 from edge_sdk.tasks import Task, TrainSettings
 from edge_sdk.transport import BrokerConfig, MemoryBroker, MemoryTransport, MqttTransport
@@ -104,8 +106,9 @@ def start_devices(clients, fed, make_transport, *, hostile: dict | None = None):
     threads, edges = [], []
     for i, c in enumerate(clients):
         w = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=i)
-        cls = (hostile or {}).get(c.cid, EdgeClient)
-        ec = cls(make_transport(c.cid), w, federation=fed, seed=i, model_timeout_s=30)
+        train = (hostile or {}).get(c.cid)  # a hostile device's train handler
+        ec = EdgeClient(make_transport(c.cid), w, federation=fed, seed=i, model_timeout_s=30,
+                        handlers=None if train is None else {**HANDLERS, Op.TRAIN: train})
         th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 60}, daemon=True)
         th.start()
         threads.append(th)
@@ -242,17 +245,16 @@ def test_forged_server_messages_are_dropped_without_the_acl(digits):
 # -- in memory --------------------------------------------------------------------------------
 
 
-class CrossClusterAttacker(EdgeClient):
-    """A member of one cluster that sends a x1000 update under another cluster's model key."""
-
-    def _do_train(self, m, rnd):
-        r, own = m["round"], m["models"][0]
-        victim = "c1" if own != "c1" else "c0"
-        upd = self.worker.fit(__import__("edge_sdk.worker", fromlist=["Task"]).Task(
-            self.cid, r, {own: self._wait_model(own, r).weights}, TrainSettings.from_dict(m)))
-        weights = {k: v * 1000 for k, v in upd.weights.items()}
-        self._send(self.topics.update(self.cid), Kind.UPDATE, r,
-                   {"round": r, "model_key": victim, "n_samples": 10**9, "loss": 0.0}, tensors_body(weights))
+def cross_cluster_attack(state, cmd, ctx):
+    """A member of one cluster's train handler: a x1000 update sent under another cluster's model key."""
+    m = cmd.fields
+    r, own = m["round"], m["models"][0]
+    victim = "c1" if own != "c1" else "c0"
+    held = state.store.wait(own, r, ctx.model_timeout_s)
+    upd = ctx.worker.fit(Task(ctx.link.cid, r, {own: held.weights}, TrainSettings.from_dict(m)))
+    weights = {k: v * 1000 for k, v in upd.weights.items()}
+    ctx.link.send(ctx.link.topics.update(ctx.link.cid), Kind.UPDATE, r,
+                  {"round": r, "model_key": victim, "n_samples": 10**9, "loss": 0.0}, tensors_body(weights))
 
 
 def _memory_run(server_transport, clients, hostile=None):
@@ -269,7 +271,7 @@ def _memory_run(server_transport, clients, hostile=None):
 
 def test_update_under_another_clusters_key_is_refused(digits, server_transport):
     clean = _memory_run(server_transport, digits)
-    attacked = _memory_run(server_transport, digits, hostile={digits[0].cid: CrossClusterAttacker})
+    attacked = _memory_run(server_transport, digits, hostile={digits[0].cid: cross_cluster_attack})
     assert attacked.rejected["wrong-model"] == 3  # one per round
     own = attacked.assignment[digits[0].cid]
     victim = "c1" if f"c{own}" != "c1" else "c0"

@@ -355,8 +355,8 @@ def _device(broker, cid="c1"):
 
 def _deliver_cmd(ec, topic, meta, rnd=0):
     """A command as the device's transport hands it over, then handled."""
-    ec._on_cmd(topic, Message(Kind.CMD, FED, "server", rnd, meta))
-    return ec.handle(ec._cmds.get_nowait())
+    ec.link.on_command(topic, Message(Kind.CMD, FED, "server", rnd, meta))
+    return ec.handle(ec.link.commands.get_nowait())
 
 
 def test_device_follows_its_cluster_topic_and_ignores_broadcasts_not_for_it(caplog, server_transport):
