@@ -78,7 +78,7 @@ class EdgeClient:
     connection (:attr:`link`, a :class:`~edge_sdk.client_link.DeviceLink`)
     and what its command handlers work with (:attr:`context`, a
     :class:`~edge_sdk.client_commands.DeviceContext`); it runs the loop that
-    gives each command to its handler (:attr:`handlers`, by op), and says
+    gives each command to its handler (the table of the ``handlers`` argument, by op), and says
     hello. The state's and the parts' attributes read through it
     (``client.model_key``, ``client.store``, ``client.followed``, ...).
 

@@ -13,7 +13,7 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,7 @@ from ..metrics import (
 )
 from ..rounds.pace import Pace
 from ..rounds.recorded import RecordedIntake
-from ..rounds.training import TrainingRound
+from ..rounds.training import RoundReport, TrainingRound
 from ..strategies.base import ClientInfo, Strategy
 from ..strategies.drift import DriftReport
 from .sim_round import SimulatedPort
@@ -47,22 +47,36 @@ __all__ = ["RoundRecord", "SimulationResult", "Simulator"]
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RoundRecord:
-    """What one round did.
+    """One round in the simulator: the round's own report, and what only the simulator measures after it.
 
-    ``bytes_total`` is the ledger's total after the round: every byte in and
-    out of the server since the start, the sketches (or pre-training) before
-    round 1 included.
+    ``accuracy`` and ``cluster_accuracy``: the mean local test accuracy of
+    the round's devices with their models after the round, overall and per
+    model. ``bytes_total`` is the ledger's total after the round: every byte
+    in and out of the server since the start, the sketches (or pre-training)
+    before round 1 included. ``seconds``: the round with its drift step.
     """
 
-    round: int
+    report: RoundReport
     accuracy: float
     cluster_accuracy: dict[str, float]
-    sampled: int
-    summary: dict[str, Any]
     seconds: float
     bytes_total: int = 0
+
+    @property
+    def round(self) -> int:
+        return self.report.round
+
+    @property
+    def sampled(self) -> int:
+        """The devices tasked."""
+        return self.report.tasked
+
+    @property
+    def summary(self) -> Mapping[str, Any]:
+        """The round's ``summary`` record (:meth:`~server_kit.rounds.judging.Aggregation.to_dict`, drift included)."""
+        return self.report.summary
 
 
 @dataclass
@@ -304,8 +318,7 @@ class Simulator:
             drift = self._drift_step(rnd, s, ledger, result)
             report = training.run(rnd, cids, drift=None if drift is None else drift.summary())
             acc, per = mean_accuracy(self.workers, s, [t.cid for t in port.tasks])
-            record = RoundRecord(rnd, acc, per, report.tasked, dict(report.summary), time.perf_counter() - tr,
-                                 ledger.total())
+            record = RoundRecord(report, acc, per, time.perf_counter() - tr, ledger.total())
             result.rounds.append(record)
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(acc=f"{acc:.3f}")

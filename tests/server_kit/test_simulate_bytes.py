@@ -9,6 +9,7 @@ from edge_sdk.tasks import TrainSettings
 from server_kit.data.partition import load_digits_images, rotation_groups
 from server_kit.drivers.simulate import RoundRecord, SimulationResult, Simulator
 from server_kit.metrics import message_bytes, weights_message_bytes
+from server_kit.rounds.training import RoundReport
 from server_kit.strategies.fedavg import FedAvg
 from server_kit.strategies.fedsketch import SketchClustered
 
@@ -81,7 +82,10 @@ def test_zero_rounds_and_early_stop(clients):
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "1"])
 def test_bytes_until_refuses_bad_rounds(bad):
-    res = SimulationResult("x", rounds=[RoundRecord(1, 0.5, {}, 1, {}, 0.1, bytes_total=7)])
+    report = RoundReport(round=1, tasked=1, updates=1, missing=(), acc_before=None, acc_before_per_model={},
+                         loss=None, model_bytes_delivered=0, deliveries={}, clipped=0, refused_norm=0, summary={},
+                         seconds=0.1)
+    res = SimulationResult("x", rounds=[RoundRecord(report, 0.5, {}, 0.1, bytes_total=7)])
     assert res.bytes_until(1) == 7
     with pytest.raises(ValueError, match="rnd must be a round number >= 0"):
         res.bytes_until(bad)
