@@ -10,9 +10,12 @@ Questions:
    each of a ResNet-18-sized model (11.7 M float32 parameters, 46.8 MB; chunked
    at the shipped 1 MB packets); timed from the first publish to the last
    partial sum at the server, i.e. every update received, reassembled,
-   decoded, checked, norm measured, receipted, then summed. The publishers
-   and the broker run on the same machine: on 2 cores they take CPU the
-   workers would use.
+   decoded, checked, norm measured, receipted, then summed. Before a rate is
+   reported, every device's update is checked to be in a partial sum (by
+   device id) and every partial sum to be the exact mean of its members'
+   updates; an update refused or lost is counted (``ingest_lost``) and named,
+   and the run then reports no rate. The publishers and the broker run on the
+   same machine: on 2 cores they take CPU the workers would use.
 2. **A site's uplink.** A site of ``--site-devices`` devices (LeNet-5-sized
    updates, 61,706 parameters) behind one uplink: the bytes its devices
    publish (flat: what the bridge would carry to the core) over the bytes a
@@ -20,9 +23,11 @@ Questions:
    partial sum per model). Measured on the wire, one round, with the site's
    devices in 1 and in 2 clusters.
 
-Prints a table and ends with one JSON line: ``ingest_updates_per_s_w1``,
-``ingest_updates_per_s_w2``, ``ingest_speedup_w2``, ``site_uplink_bytes_ratio``
-(1 cluster), ``site_uplink_bytes_ratio_2_clusters``.
+Prints a table and ends with one JSON line: ``ingest_lost`` (updates not
+summed, over both runs: 0 or no rate is reported), ``ingest_updates_per_s_w1``,
+``ingest_updates_per_s_w2``, ``ingest_speedup_w2`` (each None when its run
+lost an update), ``site_uplink_bytes_ratio`` (1 cluster),
+``site_uplink_bytes_ratio_2_clusters``.
 
 Run: ``.venv/bin/python benchmarks/scale_out.py`` (``--quick``: 6 devices
 of a 2 M-parameter model and a site of 10, about 20 s).
@@ -39,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk.protocol import Kind, Message, tensors_body
+from edge_sdk.protocol import Kind, Message, parse_tensors, tensors_body
 from edge_sdk.signing import Signer, Verifier, generate_key
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from server_kit.broker import MosquittoBroker
@@ -63,12 +68,16 @@ class _Counter:
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.receipts: dict[str, str] = {}
+        #: The updates an aggregator refused, with its reason (their receipts say so).
+        self.refused: dict[str, str] = {}
         self.partials: list[Message] = []
 
     def __call__(self, topic: str, msg: Message) -> None:
         with self.cond:
             if msg.kind == Kind.RECEIPT:
                 self.receipts[msg.meta["client"]] = msg.sender
+                if msg.meta.get("refused"):
+                    self.refused[msg.meta["client"]] = msg.meta["refused"]
             elif msg.kind == Kind.PARTIAL:
                 self.partials.append(msg)
             self.cond.notify_all()
@@ -125,6 +134,25 @@ def _round(server: MqttTransport, counter: _Counter, devices: list[MqttTransport
     return time.perf_counter() - t0
 
 
+def summed(counter: _Counter, model: dict[str, np.ndarray], offsets: dict[str, float]) -> tuple[list[str], int]:
+    """The devices whose update no partial sum carries, and how many partial sums are not their members' mean.
+
+    Device ``d``'s update is ``model + offsets[d]`` (100 samples each): a
+    partial sum must equal ``model`` plus the mean of its members' offsets.
+    """
+    carried: set[str] = set()
+    wrong = 0
+    spec = {k: (v.shape, "float32") for k, v in model.items()}
+    for p in counter.partials:
+        members = list(p.meta["members"])
+        carried.update(members)
+        got = parse_tensors(p.body, spec=spec)
+        shift = np.float32(np.mean([offsets[c] for c in members]))
+        if any(not np.allclose(got[k], v + shift, atol=1e-5) for k, v in model.items()):
+            wrong += 1
+    return sorted(set(offsets) - carried), wrong
+
+
 def _collect(server: MqttTransport, model: dict[str, np.ndarray], keys: set[str]) -> None:
     for key in sorted(keys):
         server.publish(server.topics.aggregation(), Message(Kind.COLLECT, FED, "server", 1,
@@ -135,7 +163,9 @@ def _collect(server: MqttTransport, model: dict[str, np.ndarray], keys: set[str]
 def ingest(workers: int, n_devices: int, params: int, timeout: float) -> dict[str, Any]:
     """One round of ``n_devices`` updates through ``workers`` ingest workers: seconds and updates per second."""
     model = _model(params)
-    bodies = [tensors_body({k: v + np.float32(0.01 * (i + 1)) for k, v in model.items()}) for i in range(n_devices)]
+    offsets = {f"d{i:03d}": 0.01 * (i + 1) for i in range(n_devices)}
+    bodies = [tensors_body({k: v + np.float32(offsets[f"d{i:03d}"]) for k, v in model.items()})
+              for i in range(n_devices)]
     with MosquittoBroker() as broker:
         pool = IngestWorkers(workers, BrokerConfig.from_url(broker.url), FED)
         counter = _Counter()
@@ -152,9 +182,17 @@ def ingest(workers: int, n_devices: int, params: int, timeout: float) -> dict[st
             d.close()
         server.close()
     mb = sum(map(len, bodies)) / 1e6
+    lost, wrong = summed(counter, model, offsets)
+    if wrong:
+        raise RuntimeError(f"{wrong} partial sum(s) are not the mean of their members' updates")
+    if lost:
+        print(f"W = {workers}: {len(lost)} of {n_devices} updates not summed ({', '.join(lost[:8])}"
+              f"{' ...' if len(lost) > 8 else ''}); refused by the workers: "
+              f"{sorted(set(counter.refused.values())) or 'none'}: no rate is reported", file=sys.stderr)
+    ok = not lost
     return {"workers": workers, "devices": n_devices, "mb": round(mb, 1), "seconds": round(seconds, 3),
-            "updates_per_s": round(n_devices / seconds, 3), "mb_per_s": round(mb / seconds, 1),
-            "partials": len(counter.partials)}
+            "lost": len(lost), "updates_per_s": round(n_devices / seconds, 3) if ok else None,
+            "mb_per_s": round(mb / seconds, 1) if ok else None, "partials": len(counter.partials)}
 
 
 def site(n_devices: int, clusters: int, timeout: float) -> dict[str, Any]:
@@ -195,16 +233,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.devices, args.params, args.site_devices = 6, 2_000_000, 10
     rows = [ingest(w, args.devices, args.params, args.timeout) for w in (1, 2)]
-    print(f"{'workers':>8} {'devices':>8} {'MB':>8} {'seconds':>8} {'updates/s':>10} {'MB/s':>8}", file=sys.stderr)
+    print(f"{'workers':>8} {'devices':>8} {'lost':>5} {'MB':>8} {'seconds':>8} {'updates/s':>10} {'MB/s':>8}",
+          file=sys.stderr)
     for r in rows:
-        print(f"{r['workers']:>8} {r['devices']:>8} {r['mb']:>8} {r['seconds']:>8} {r['updates_per_s']:>10} "
-              f"{r['mb_per_s']:>8}", file=sys.stderr)
+        print(f"{r['workers']:>8} {r['devices']:>8} {r['lost']:>5} {r['mb']:>8} {r['seconds']:>8} "
+              f"{str(r['updates_per_s']):>10} {str(r['mb_per_s']):>8}", file=sys.stderr)
     sites = [site(args.site_devices, k, args.timeout) for k in (1, 2)]
     for s in sites:
         print(f"site of {s['devices']} devices in {s['clusters']} cluster(s): flat {s['flat_bytes']:,} B, "
               f"aggregated {s['aggregated_bytes']:,} B, ratio {s['ratio']}", file=sys.stderr)
-    out = {"ingest_updates_per_s_w1": rows[0]["updates_per_s"], "ingest_updates_per_s_w2": rows[1]["updates_per_s"],
-           "ingest_speedup_w2": round(rows[1]["updates_per_s"] / rows[0]["updates_per_s"], 3),
+    w1, w2 = rows[0]["updates_per_s"], rows[1]["updates_per_s"]
+    out = {"ingest_lost": rows[0]["lost"] + rows[1]["lost"], "ingest_lost_w1": rows[0]["lost"],
+           "ingest_lost_w2": rows[1]["lost"], "ingest_updates_per_s_w1": w1, "ingest_updates_per_s_w2": w2,
+           "ingest_speedup_w2": round(w2 / w1, 3) if w1 and w2 else None,
            "ingest_devices": args.devices, "ingest_params": args.params,
            "site_uplink_bytes_ratio": sites[0]["ratio"], "site_uplink_bytes_ratio_2_clusters": sites[1]["ratio"],
            "site_devices": args.site_devices}

@@ -130,6 +130,9 @@ class DeviceLink:
             self._reject("sender", msg.sender, f"ignoring {msg.kind.name} on {topic}")
             return
         state = msg.meta.get("state")
+        will = msg.meta.get("will")
+        if state == "online" and isinstance(will, str) and len(will) <= 64:
+            self.transport.admit_signed(will)  # the server's last will: accepted whatever its age, once
         if state == "offline":
             self._server_was_away = True
         elif state == "online" and self._server_was_away:

@@ -250,6 +250,8 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "run": Field("id"),
         # the server's own status: after its run it keeps serving its models to devices that ask (cold start)
         "serving": Field("bool"),
+        # the server's own status: its last will, named (edge_sdk.signing.signature_id): accepted at any age
+        "will": Field("str", max_len=64),
     },
     # sent by a device whose data changed, without being asked (edge_sdk.client: EdgeClient.data_changed)
     Kind.SKETCH: {"unasked": Field("bool")},

@@ -23,6 +23,15 @@ newest it has seen by more than ``window_s`` (default 5 minutes), and any
 exact replay of one it has seen in that window. A captured ``stop`` cannot be
 replayed to a device later.
 
+The server's last will is the one exception, by design: it is signed when
+the server connects, and the broker publishes it only when the server's
+connection dies, hours later perhaps, so no freshness rule of age could
+accept it. Instead each of the server's run announcements (signed and
+fresh) names its will by :func:`signature_id`; a device admits that one
+signature (:meth:`Verifier.admit`) and accepts the will whatever its age,
+once. A captured will is good for nothing but telling the devices of that
+very server process that it is away.
+
 What this does not do: encrypt (use TLS), authenticate devices to the server
 (that is the broker's password and ACL: a device's message is trusted as far
 as the broker vouches for the user name on its topic), or stop a flood
@@ -50,6 +59,7 @@ __all__ = [
     "load_signer",
     "load_verifier",
     "sign_payload",
+    "signature_id",
     "verify_payload",
     "write_keypair",
 ]
@@ -141,6 +151,17 @@ def verify_payload(payload: bytes, public_key) -> int:
     return ts
 
 
+def signature_id(payload: bytes) -> str | None:
+    """A signed envelope's name: the first 16 bytes of its signature, in hex (None: not signed).
+
+    The only envelope whose signature verifies with that prefix is that one:
+    a device may admit it by this name (:meth:`Verifier.admit`).
+    """
+    if len(payload) < HEADER_SIZE + SIGNATURE_TRAILER or not payload[_FLAGS_OFFSET] & FLAG_SIGNED:
+        return None
+    return payload[-64:-48].hex()
+
+
 class Signer:
     """Signs envelopes with the server's private key (see the module docstring)."""
 
@@ -182,10 +203,24 @@ class Verifier:
         self.max_remembered = int(max_remembered)
         self._newest = 0
         self._seen: OrderedDict[bytes, int] = OrderedDict()
+        self._admitted: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Verifier(max_age_s={self.max_age_ms / 1000:g}, window_s={self.window_ms / 1000:g})"
+
+    #: Signatures admitted at once, at most (a run's will each; the oldest is forgotten first).
+    MAX_ADMITTED = 8
+
+    def admit(self, name: str) -> None:
+        """Accept, once and whatever its age, the signed envelope named ``name`` (:func:`signature_id`).
+
+        What a run's announcement says of the server's last will (see the module docstring).
+        """
+        with self._lock:
+            self._admitted[str(name)] = None
+            while len(self._admitted) > self.MAX_ADMITTED:
+                self._admitted.popitem(last=False)
 
     def check(self, payload: bytes) -> None:
         """Accept ``payload`` or raise :class:`~edge_sdk.protocol.ProtocolError`.
@@ -196,6 +231,10 @@ class Verifier:
         sig = payload[-64:]
         now = int(self.clock() * 1000)
         with self._lock:
+            if self._admitted and sig[:16].hex() in self._admitted:  # an admitted will: any age, once
+                del self._admitted[sig[:16].hex()]
+                self._seen[sig] = ts
+                return
             if ts < now - self.max_age_ms:
                 raise ProtocolError("stale", f"signed message is {(now - ts) / 1000:.0f} s old by this device's "
                                              f"clock (at most {self.max_age_ms / 1000:g}); are both clocks on NTP?")

@@ -14,6 +14,7 @@ from ..protocol import (
     encode_message,
     split_payload,
 )
+from ..signing import signature_id
 from .filters import check_topic
 from .inbox import Delivery, Handler, Inbox, Meter
 
@@ -70,6 +71,17 @@ class TransportBase:
         self._connect_listeners: tuple[Callable[[], None], ...] = ()
         self._delivery_listeners: tuple[Callable[[], None], ...] = ()
         self._inbox = Inbox(self.topics, self._meter, self.max_message, **chunk_limits)
+        #: The name of this transport's signed last will (:func:`edge_sdk.signing.signature_id`), which the
+        #: server's run announcements give; None without a will, or with an unsigned one.
+        self.will_name: str | None = None
+
+    def _name_will(self, will: Message | bytes | None) -> bytes | None:
+        """The will's bytes (encoded here if a :class:`Message`), and :attr:`will_name` set from them."""
+        if will is None:
+            return None
+        payload = encode_message(will) if isinstance(will, Message) else bytes(will)
+        self.will_name = signature_id(payload)
+        return payload
 
     def on_connected(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after every (re)connection, once the subscriptions are renewed.
@@ -126,6 +138,12 @@ class TransportBase:
         server's ``aggregation`` messages, not the devices' updates)."""
         self._inbox.verifier = verifier
         self._inbox.verifier_scopes = None if scopes is None else frozenset(scopes)
+
+    def admit_signed(self, name: str) -> None:
+        """With a verifier (:meth:`verify_with`): accept the signed envelope named ``name`` once, whatever its
+        age (:meth:`edge_sdk.signing.Verifier.admit`: the server's last will, named by its announcement)."""
+        if self._inbox.verifier is not None:
+            self._inbox.verifier.admit(name)
 
     def accept_aggregators(self, verifiers: Any) -> None:
         """Accept messages on ``aggregators/<id>/`` only signed by ``<id>``'s key (``{id: Verifier}``).

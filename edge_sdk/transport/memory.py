@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol import DEFAULT_MAX_MESSAGE, Message, encode_message
+from ..protocol import DEFAULT_MAX_MESSAGE, Message
 from .base import TransportBase
 from .filters import check_filter, check_topic, topic_matches
 from .inbox import Handler
@@ -164,8 +164,7 @@ class MemoryTransport(TransportBase):
         self.clean_session = clean_session
         self._will: tuple[str, bytes, bool] | None = None
         if will_topic is not None:
-            payload = encode_message(will_payload) if isinstance(will_payload, Message) else bytes(will_payload)
-            self._will = (check_topic(will_topic), payload, will_retain)
+            self._will = (check_topic(will_topic), self._name_will(will_payload), will_retain)
         self._connected = threading.Event()
 
     def __repr__(self) -> str:

@@ -104,8 +104,8 @@ class MqttTransport(TransportBase):
         self.config = config
         self._brokers = BrokerList(config)
         self._connect_kwargs: dict[str, Any] = {}
-        client = new_client(config, self.client_id, will_topic=will_topic, will_payload=will_payload,
-                            will_retain=will_retain)
+        client = new_client(config, self.client_id, will_topic=will_topic,
+                            will_payload=self._name_will(will_payload), will_retain=will_retain)
         self._in_flight = InFlight()
         self._dispatcher = Dispatcher(self.client_id, self._inbox, self._meter, self._deliver,
                                       lambda: self._closing, dispatch_queue=dispatch_queue, loop=loop)

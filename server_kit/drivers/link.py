@@ -161,6 +161,8 @@ class ServerLink:
         meta: dict[str, Any] = {"state": "online" if online else "offline", "run": run_id}
         if serving:
             meta["serving"] = True
+        if online and self.transport.will_name:  # the signed will, admitted by the devices whatever its age
+            meta["will"] = self.transport.will_name
         return self.send(self.topics.server_status(), Kind.STATUS, meta=meta)
 
     def stop_devices(self, run_id: str, reason: str, *, failed: bool = False) -> None:

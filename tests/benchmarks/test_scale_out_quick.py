@@ -21,6 +21,7 @@ def test_quick_run_ingests_every_update_and_divides_the_site_uplink():
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["ingest_lost"] == 0  # every update summed, checked by device id and by value
     assert summary["ingest_updates_per_s_w1"] > 0 and summary["ingest_updates_per_s_w2"] > 0
     # a site of 10 devices: 10 whole updates against one partial sum (plus 10 receipts) per cluster
     assert 9.0 < summary["site_uplink_bytes_ratio"] <= 10.0

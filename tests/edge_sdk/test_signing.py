@@ -24,6 +24,7 @@ from edge_sdk.signing import (
     load_signer,
     load_verifier,
     sign_payload,
+    signature_id,
     verify_payload,
 )
 from edge_sdk.transport import MemoryBroker, MemoryTransport
@@ -127,3 +128,62 @@ def test_signed_chunks_through_a_transport(key, server_transport):
     broker.publish(t.cmd("c1"), encode_message(STOP))
     assert len(got) == 1
     assert device.rejected == {"replay": 1, "unsigned": 1}
+
+
+def test_an_admitted_signature_is_accepted_at_any_age_once_and_only_that_one(key):
+    now = [1_000_000.0]
+    v = Verifier(key.public_key(), max_age_s=3600, window_s=300, clock=lambda: now[0])
+    offline = encode_message(Message(Kind.STATUS, FED, "server", 0, {"state": "offline"}))
+    will = sign_payload(offline, key, now_ms=int(now[0] * 1000))
+    other = sign_payload(encode_message(STOP), key, now_ms=int(now[0] * 1000))
+    assert signature_id(will) == will[-64:-48].hex() and signature_id(offline) is None
+    now[0] += 7200  # the server's connection lived two hours
+    with pytest.raises(ProtocolError, match="is 7200 s old") as info:
+        v.check(will)
+    assert info.value.reason == "stale"
+    v.admit(signature_id(will))
+    with pytest.raises(ProtocolError, match="is 7200 s old"):  # another old message is not admitted with it
+        v.check(other)
+    v.check(will)  # named by a fresh announcement: accepted whatever its age
+    with pytest.raises(ProtocolError) as info:
+        v.check(will)  # once: a second copy is as old as it is
+    assert info.value.reason == "stale"
+    forged = will[:-64] + bytes(64)
+    v.admit(signature_id(forged))
+    with pytest.raises(ProtocolError) as info:  # the name admits nothing whose signature does not verify
+        v.check(forged)
+    assert info.value.reason == "signature"
+
+
+def test_a_device_learns_that_its_server_died_hours_after_it_connected(key):
+    """The server's will, signed when it connected, names itself in the run's announcement: accepted late."""
+    from edge_sdk.client import EdgeClient
+    from edge_sdk.worker import LocalWorker
+
+    now = [1_000_000.0]
+    broker = MemoryBroker()
+    t = Topics("fedsketch", FED)
+    will = Signer(key, clock=lambda: now[0]).sign(encode_message(Message(Kind.STATUS, FED, "server", 0,
+                                                                         {"state": "offline"})))
+    server = MemoryTransport(broker, "server", federation=FED, will_topic=t.server_status(), will_payload=will)
+    server.sign_with(Signer(key, clock=lambda: now[0]))
+    server.connect()
+    rng = np.random.default_rng(0)
+    transport = MemoryTransport(broker, "c1", federation=FED)
+    transport.verify_with(Verifier(key.public_key(), clock=lambda: now[0]))
+    ec = EdgeClient(transport, LocalWorker("c1", rng.random((12, 8, 8), dtype=np.float32), np.arange(12) % 10),
+                    federation=FED)
+    ec.start()
+    assert server.will_name == signature_id(will)
+    server.publish(t.server_status(), Message(Kind.STATUS, FED, "server", 0,
+                                              {"state": "online", "run": "r1", "will": server.will_name}))
+    for _ in range(20):  # the announcement, and the hello it schedules
+        ec.step()
+    assert ec.server_online is True and ec.run_id == "r1"
+    now[0] += 3 * 3600  # hours of training: the newest signed message moves on with the clock
+    server.publish(t.cmd("c1"), Message(Kind.CMD, FED, "server", 0, {"op": "hello"}))
+    ec.step()
+    server.kill()  # the broker publishes the will, signed three hours ago
+    ec.step()
+    assert ec.server_online is False
+    assert transport.rejected == {}
