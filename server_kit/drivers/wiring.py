@@ -86,6 +86,10 @@ def round_deadline(config: ServerConfig, pace: Pace) -> Callable[[int], float]:
     return deadline
 
 
+def _no_router(topic: str, msg: Message) -> None:
+    raise RuntimeError("a message reached the link before its router was wired")
+
+
 def wire_run(strategy: Strategy, transport: Any, config: ServerConfig, *, run_id: Callable[[], str],
              write_state: Callable[[str | Path, int], None], template: Mapping[str, np.ndarray] | None = None,
              aggregators: Mapping[str, Any] | None = None, alive: Callable[[str], bool] | None = None) -> RunParts:
@@ -104,16 +108,12 @@ def wire_run(strategy: Strategy, transport: Any, config: ServerConfig, *, run_id
             raise ValueError(f"strategy {strategy.name!r} cannot take partial sums from aggregators: {why}")
     topics = Topics(config.root, config.federation)
     rejections = RejectionLog(log)
-    routes: list[MessageRouter] = []  # the router, once built: the link hands it every message
-
-    def handle(topic: str, msg: Message) -> None:
-        routes[0].route(topic, msg)
-
     def set_online(cid: str, online: bool) -> None:  # the pending follow confirmations and the phase's wait
         delivery.set_online(cid, online)
         intake.set_online(cid, online)
 
-    link = ServerLink(transport, topics, config.federation, handler=handle, rejections=rejections,
+    # the link hands every message to the router, built below from the parts that need the link
+    link = ServerLink(transport, topics, config.federation, handler=_no_router, rejections=rejections,
                       round_of=lambda: intake.round, on_refused=lambda cid, reason: intake.refuse_update(cid, reason))
     pace = Pace(config.bench_after)
     run_models = RunModels(strategy, config.encoder, config.architecture, seed=config.seed,
@@ -140,11 +140,12 @@ def wire_run(strategy: Strategy, transport: Any, config: ServerConfig, *, run_id
     port = MqttRoundPort(strategy=strategy, config=config, link=link, fleet=fleet, delivery=delivery, pace=pace,
                          codec=intake.codec, architecture=lambda: run_models.architecture, deadline=deadline,
                          remote=remote)
-    routes.append(MessageRouter(strategy=strategy, link=link, fleet=fleet, intake=intake, delivery=delivery,
-                                assignments=assignments, resketch=resketch, run_models=run_models, remote=remote,
-                                hand_over=hand_over))
+    router = MessageRouter(strategy=strategy, link=link, fleet=fleet, intake=intake, delivery=delivery,
+                           assignments=assignments, resketch=resketch, run_models=run_models, remote=remote,
+                           hand_over=hand_over)
+    link.handler = router.route
     training = TrainingRound(strategy, intake, port, pace, over_select=config.over_select,
                              report_goal=config.report_goal)
     return RunParts(topics=topics, rejections=rejections, link=link, pace=pace, run_models=run_models, fleet=fleet,
                     intake=intake, delivery=delivery, assignments=assignments, service=service, resketch=resketch,
-                    remote=remote, router=routes[0], training=training)
+                    remote=remote, router=router, training=training)
