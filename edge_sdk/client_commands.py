@@ -113,7 +113,7 @@ def handles(op: Op) -> Callable[[Handler], Handler]:
 
 
 def handle(state: DeviceState, msg: Message, ctx: DeviceContext,
-           handlers: Mapping[str, Handler] = HANDLERS) -> bool:
+           handlers: Mapping[Op, Handler] = HANDLERS) -> bool:
     """Do one message of the client's loop; returns False when the device should stop serving.
 
     The application's new data comes first (:func:`apply_data_change`). A
