@@ -27,10 +27,10 @@ from .deploy_conf import DEPLOY_CONF, adapt_deploy_conf
 from .embedded import EmbeddedBroker
 from .mosquitto import MosquittoBroker, find_mosquitto
 from .nats import NatsCluster, find_nats_server, nats_server_version
-from .ports import free_port
+from .ports import free_port, free_ports
 
 __all__ = ["DEPLOY_CONF", "EmbeddedBroker", "MosquittoBroker", "NatsCluster", "adapt_deploy_conf", "find_mosquitto",
-           "find_nats_server", "free_port", "nats_server_version", "start_broker"]
+           "find_nats_server", "free_port", "free_ports", "nats_server_version", "start_broker"]
 
 #: Either kind of broker (what :func:`start_broker` returns).
 AnyBroker = Union[MosquittoBroker, EmbeddedBroker]

@@ -40,12 +40,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .ports import find_binary, free_port, wait_port
+from .ports import find_binary, free_ports, wait_port
 from .process import BrokerProcess
 
 __all__ = ["NatsCluster", "NatsNode", "find_nats_server", "mqtt_connack", "nats_server_version"]
 
 log = logging.getLogger(__name__)
+
+PORT_TRIES = 3
+"""How many sets of ports a first :meth:`NatsCluster.start` tries when another process took one of them."""
+
+
+class PortTaken(RuntimeError):
+    """A node could not listen: a port chosen free was taken before the node bound it."""
 
 def find_nats_server() -> str | None:
     """Path of the ``nats-server`` binary: on PATH, else ``/usr/sbin/nats-server``, else None."""
@@ -302,12 +309,12 @@ class NatsCluster:
     # -- configuration -----------------------------------------------------------------------
     def _make_nodes(self) -> None:
         assert self._dir is not None
+        ports = iter(free_ports(4 * self.n, self.host))
         for i in range(self.n):
             d = self._dir / f"n{i + 1}"
             d.mkdir(parents=True, exist_ok=True)
-            self.nodes.append(NatsNode(i, f"fedsketch-n{i + 1}", self.host, d, client_port=free_port(self.host),
-                                       cluster_port=free_port(self.host), mqtt_port=free_port(self.host),
-                                       http_port=free_port(self.host)))
+            self.nodes.append(NatsNode(i, f"fedsketch-n{i + 1}", self.host, d, client_port=next(ports),
+                                       cluster_port=next(ports), mqtt_port=next(ports), http_port=next(ports)))
 
     def _authorization(self) -> list[str]:
         if self.users is None:
@@ -373,13 +380,29 @@ class NatsCluster:
 
     # -- life cycle --------------------------------------------------------------------------
     def start(self, timeout: float = 30.0) -> str:
-        """Write the configurations, start every node, wait until the cluster serves MQTT; returns :attr:`url`."""
+        """Write the configurations, start every node, wait until the cluster serves MQTT; returns :attr:`url`.
+
+        On a first start, ports that another process took between their choice and the node's bind are chosen
+        again (up to :data:`PORT_TRIES` times); the error says so if every try lost the race.
+        """
         if self.running:
             return self.url
         if self._dir is None:
             self._dir = Path(tempfile.mkdtemp(prefix="fedsketch-nats-"))
-        if not self.nodes:
+        if self.nodes:
+            return self._start_nodes(timeout)
+        for attempt in range(1, PORT_TRIES + 1):
             self._make_nodes()
+            try:
+                return self._start_nodes(timeout)
+            except PortTaken as e:
+                log.warning("NATS cluster start %d of %d: %s; choosing other ports", attempt, PORT_TRIES, e)
+                for node in self.nodes:
+                    shutil.rmtree(node.directory, ignore_errors=True)
+                self.nodes = []
+        raise RuntimeError(f"the NATS cluster did not come up: its ports were taken on each of {PORT_TRIES} tries")
+
+    def _start_nodes(self, timeout: float) -> str:
         for node in self.nodes:
             if not node.running:
                 self._write_conf(node)
@@ -389,6 +412,8 @@ class NatsCluster:
         except (RuntimeError, TimeoutError) as e:
             text = "".join(node._stderr() for node in self.nodes) + self.log_text()
             self.stop()
+            if "address already in use" in text:
+                raise PortTaken(str(e)) from None
             raise RuntimeError(f"the NATS cluster did not come up: {e}\n{text}") from None
         log.info("NATS cluster of %d node(s) serving MQTT on %s (dir %s)", self.n, self.url, self._dir)
         return self.url

@@ -6,7 +6,7 @@ import socket
 import time
 from typing import Any
 
-__all__ = ["free_port", "wait_listening", "wait_port"]
+__all__ = ["free_port", "free_ports", "wait_listening", "wait_port"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -14,6 +14,19 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports that were free a moment ago: all held open together while the OS picks them,
+    so no two are the same (calling :func:`free_port` ``n`` times may give one port twice)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def wait_port(host: str, port: int, timeout: float, alive: Any = None) -> None:

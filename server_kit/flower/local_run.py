@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..broker.ports import free_port
+from ..broker.ports import free_ports
 
 __all__ = ["flwr_run"]
 
@@ -61,7 +61,7 @@ def flwr_run(app: str | os.PathLike[str], run_config: Mapping[str, Any], nodes: 
     home = Path(tempfile.mkdtemp(prefix="fedsketch-flwr-"))
     (home / "config.toml").write_text(
         '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n')
-    http, control = free_port(), free_port()
+    http, control = free_ports(2)
     bindir = Path(sys.executable).parent
     env = {**os.environ, "FLWR_HOME": str(home), "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http),
            "FLWR_LOCAL_CONTROL_API_PORT": str(control), "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}

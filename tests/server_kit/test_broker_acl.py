@@ -14,7 +14,7 @@ import pytest
 
 from edge_sdk.protocol import Kind, Message, Topics
 from edge_sdk.transport import BrokerConfig, MqttTransport
-from server_kit.broker import MosquittoBroker, find_mosquitto, free_port
+from server_kit.broker import MosquittoBroker, find_mosquitto, free_ports
 
 from helpers import Collector, prove_subscribed
 
@@ -149,7 +149,7 @@ def production_broker(tmp_path_factory, shipped_acl):
     (d / "server.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
     _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
              "-days", "2", "-sha256", "-extfile", "server.ext", "-out", "server.crt", cwd=d)
-    plain, tls = free_port(), free_port()
+    plain, tls = free_ports(2)
     conf = (DEPLOY / "mosquitto.conf").read_text()
     for pattern, repl in [
         (r"^listener 1883 127\.0\.0\.1$", f"listener {plain} 127.0.0.1"),

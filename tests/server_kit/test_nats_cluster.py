@@ -23,6 +23,7 @@ import itertools
 import logging
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -35,7 +36,8 @@ import pytest
 
 from edge_sdk.protocol import Kind, Message, Topics, tensors_body
 from edge_sdk.transport import BrokerConfig, MqttTransport
-from server_kit.broker import NatsCluster, find_nats_server, nats_server_version
+from server_kit.broker import NatsCluster, find_nats_server, free_ports, nats_server_version
+from server_kit.broker import nats as nats_module
 from server_kit.broker.nats import NatsNode
 
 from helpers import ARCH, Collector, ari_against, prove_subscribed
@@ -575,3 +577,28 @@ def test_kill_and_restart_a_node(connect):
 def test_nats_cluster_refuses_bad_settings(kw, message):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         NatsCluster(**kw)
+
+
+def test_free_ports_are_distinct():
+    ports = free_ports(64)
+    assert len(set(ports)) == 64
+
+
+def test_a_port_taken_before_its_node_binds_it_is_chosen_again(monkeypatch, caplog):
+    """Another process takes a chosen port before the node listens: the cluster chooses its ports again."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        real, asked = nats_module.free_ports, []
+
+        def first_try_taken(n: int, host: str) -> list[int]:
+            asked.append(n)
+            ports = real(n, host)
+            return [port, *ports[1:]] if len(asked) == 1 else ports
+
+        monkeypatch.setattr(nats_module, "free_ports", first_try_taken)
+        with caplog.at_level(logging.WARNING, logger=nats_module.__name__), NatsCluster(1) as c:
+            assert c.running and c.nodes[0].client_port != port
+    assert asked == [4, 4]
+    assert "NATS cluster start 1 of 3:" in caplog.text and "choosing other ports" in caplog.text
