@@ -25,7 +25,7 @@ import numpy as np
 
 from .client_drift import DeviceDrift
 from .client_link import LOCAL, SERVER_STATUS, VIA, DeviceLink
-from .client_state import DeviceState
+from .client_state import DeviceState, SentUpdate
 from .compress import Compression
 from .compress.update_codec import update_codec
 from .install import install_hint
@@ -327,6 +327,26 @@ def apply_data_change(ctx: DeviceContext) -> None:
 
 
 # -- training, evaluation, keeping ---------------------------------------------------------
+def send_update(state: DeviceState, ctx: DeviceContext, r: int, meta: Mapping[str, Any], body: bytes) -> None:
+    """Send round ``r``'s update, keep it (until the next) for a ``resend``, and say it went out."""
+    link = ctx.link
+    sent = state.last_update = SentUpdate(r, link.topics.update(link.cid), dict(meta), body)
+    link.send(sent.topic, Kind.UPDATE, r, sent.meta, sent.body)
+    link.send(link.topics.status(link.cid), Kind.STATUS, r, {"state": "online", "sent": r})
+
+
+@handles(Op.RESEND)
+def resend(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
+    """Send the kept update of the round named again (the receiver lost it, or had no room for it then)."""
+    r, sent = cmd.fields["round"], state.last_update
+    if sent is None or sent.round != r:
+        log.warning("the server asks for round %d's update again; this device holds %s: nothing sent", r,
+                    "none" if sent is None else f"round {sent.round}'s")
+        return
+    ctx.link.send(sent.topic, Kind.UPDATE, r, sent.meta, sent.body)
+    log.info("round %d: update sent again, as the server asked (%d bytes)", r, len(sent.body))
+
+
 def report_progress(ctx: DeviceContext, r: int, done: threading.Event) -> None:
     """Say "training round r" now and every ``progress_interval_s`` until ``done``."""
     link = ctx.link
@@ -366,7 +386,7 @@ def train(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
         body, extra, _ = codec.encode(upd.model_key, upd.weights, start.weights, start.version, state)
     except ValueError as e:
         raise ValueError(f"round {r}: {e}") from None
-    link.send(link.topics.update(link.cid), Kind.UPDATE, r, {**meta, **extra}, body)
+    send_update(state, ctx, r, {**meta, **extra}, body)
     log.info("round %d: trained %s on %d samples, loss %.4f; update sent (%d bytes, %s)", r, upd.model_key,
              upd.n_samples, upd.loss, len(body), codec.compression)
 
@@ -376,14 +396,14 @@ def train_ae(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
     """Train the sketch autoencoder of the round (federated pre-training) and send its weights."""
     from .trainer import train_autoencoder_local
 
-    m, link = cmd.fields, ctx.link
+    m = cmd.fields
     r = m["round"]
     weights = state.store.wait("ae", r, ctx.model_timeout_s).weights
     seed = None if ctx.seed is None else int(ctx.seed) * 1000 + r
     res = train_autoencoder_local(m["architecture"], weights, ctx.worker.x, epochs=m["epochs"],
                                   lr=m["lr"], batch_size=m["batch_size"], seed=seed)
     meta = {"round": r, "model_key": "ae", "n_samples": int(res.n_samples), "loss": float(res.loss)}
-    link.send(link.topics.update(link.cid), Kind.UPDATE, r, meta, tensors_body(res.weights))
+    send_update(state, ctx, r, meta, tensors_body(res.weights))
     log.info("AE round %d: trained, MSE %.5f", r, res.loss)
 
 

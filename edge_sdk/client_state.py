@@ -20,10 +20,20 @@ from .compress import Compression, ErrorFeedback
 from .held_models import ModelStore
 from .protocol import Message
 
-__all__ = ["DeviceState"]
+__all__ = ["DeviceState", "SentUpdate"]
 
 # the device's log keeps its one name: these lines were the client's and still are
 log = logging.getLogger("edge_sdk.client")
+
+
+@dataclass(frozen=True)
+class SentUpdate:
+    """An update as it went out: its round, topic, meta and body (sent again as it is when asked)."""
+
+    round: int
+    topic: str
+    meta: Mapping[str, Any]
+    body: bytes
 
 
 @dataclass(eq=False)
@@ -63,6 +73,8 @@ class DeviceState:
     exit_code: int = 0
     #: Commands handled, per op.
     handled: dict[str, int] = field(default_factory=dict)
+    #: The last update sent, kept until the next one: the server may ask for it again (``resend``).
+    last_update: SentUpdate | None = None
 
     def receive_model(self, msg: Message, meta: Mapping[str, Any]) -> None:
         """A MODEL message from the server (its checked ``meta``): an encoder, or a model for the store.

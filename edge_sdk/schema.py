@@ -226,6 +226,7 @@ COMMANDS: dict[str, dict[str, Field]] = {
     "keep": {"round": _ROUND, "run": Field("id"), "strategy": Field("str", max_len=64), "architecture": _ARCH,
              "model_key": Field("id"), "choose": Field("bool", default=False),
              "models": Field("object", max_len=256, required=True)},
+    "resend": {"round": _ROUND},
 }
 
 _SCHEMAS: dict[Kind, dict[str, Field]] = {
@@ -245,6 +246,7 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
     Kind.STATUS: {
         "state": Field("str", choices=("online", "offline"), default="online"),
         "working": Field("int", 0, MAX_ROUND),  # the round it is training, while it trains
+        "sent": Field("int", 0, MAX_ROUND),  # the round whose update it just sent (the server re-asks a lost one)
         "follow": _FOLLOW,  # the model topics it now follows (the answer to an assign's "follow")
         # the server's own status (retained on server/status): the run it serves ("online") or served
         "run": Field("id"),

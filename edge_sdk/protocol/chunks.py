@@ -175,7 +175,12 @@ class Reassembler:
     """Puts chunked payloads back together.
 
     Partial transfers are keyed by (federation, sender, transfer id), so one
-    sender cannot complete or spoil another's. Each sender also has its own
+    sender cannot complete or spoil another's. A transfer that would take the
+    reassembler past its memory (``max_total_bytes``) or its count of
+    transfers (``max_pending``) while others are in progress is refused as
+    ``busy``: it is not the sender's fault, and its chunks are dropped
+    quietly (:attr:`deferred_chunks`) so that the sender can be asked to send
+    it again once there is room (the server does so: :mod:`server_kit.rounds.reask`). Each sender also has its own
     budget (``max_pending_per_sender`` transfers, ``max_sender_bytes``
     declared bytes), checked after the global ones: a sender over its budget
     is refused without taking a slot or a byte from anyone else. A transfer
@@ -189,11 +194,12 @@ class Reassembler:
     ----------
     max_total_bytes : int
         Most bytes all pending transfers may declare together; a transfer that
-        would exceed it is refused (reason ``oversized``).
+        would exceed it is refused: ``busy`` while others are in progress (it
+        may be sent again), ``oversized`` when it alone is larger.
     timeout_s : float
         A transfer that receives no chunk for this long is dropped (logged).
     max_pending : int
-        Most transfers in progress at once (reason ``pending`` above it).
+        Most transfers in progress at once (reason ``busy`` above it).
     max_size : int, optional
         Largest single transfer (reason ``oversized`` above it).
     clock : callable
@@ -250,6 +256,10 @@ class Reassembler:
         self.expired_deadline = 0
         #: Chunks refused by :meth:`feed` (every ProtocolError it raised), per reason.
         self.refused: dict[str, int] = {}
+        # Transfers refused as busy: their later chunks are dropped without a word (counted).
+        self._deferred: OrderedDict[tuple[str, str, str], float] = OrderedDict()
+        #: Chunks dropped because their transfer was refused as busy.
+        self.deferred_chunks = 0
 
     def pending(self) -> int:
         """Number of transfers in progress."""
@@ -265,7 +275,7 @@ class Reassembler:
 
     def stats(self) -> dict[str, Any]:
         """Counters: ``pending``, ``pending_bytes``, ``held_bytes``, ``expired``
-        (idle), ``expired_deadline`` and ``refused`` (per reason)."""
+        (idle), ``expired_deadline``, ``refused`` (per reason) and ``deferred_chunks``."""
         return {
             "pending": self.pending(),
             "pending_bytes": self.pending_bytes(),
@@ -273,6 +283,7 @@ class Reassembler:
             "expired": self.expired,
             "expired_deadline": self.expired_deadline,
             "refused": dict(self.refused),
+            "deferred_chunks": self.deferred_chunks,
         }
 
     def _sender_load(self, federation: str, sender: str) -> tuple[int, int]:
@@ -309,9 +320,9 @@ class Reassembler:
                 "age %.1f s, %s",
                 key[2], key[0], key[1], len(p.parts), p.n, p.received, p.size, now - p.started, why,
             )
-        while self._done and (now - next(iter(self._done.values())) > self.timeout_s
-                              or len(self._done) > _MAX_DONE):
-            self._done.popitem(last=False)
+        for seen in (self._done, self._deferred):
+            while seen and (now - next(iter(seen.values())) > self.timeout_s or len(seen) > _MAX_DONE):
+                seen.popitem(last=False)
         return dropped
 
     def _validate(self, msg: Message) -> tuple[str, int, int, int, str, int | None]:
@@ -355,8 +366,10 @@ class Reassembler:
             Reasons: ``kind``, ``chunk`` (malformed or inconsistent chunks;
             the transfer is dropped), ``oversized`` (too large for the limit
             on one transfer, on all pending transfers or on one sender's),
-            ``pending`` (too many transfers in progress, in all or from this
-            sender), ``checksum``. Each is counted in :attr:`refused`.
+            ``busy`` (no room now beside the transfers in progress: once per
+            transfer, whose later chunks are dropped), ``pending`` (too many
+            transfers in progress from this sender), ``checksum``. Each is
+            counted in :attr:`refused`.
         """
         try:
             return self._feed(msg)
@@ -372,18 +385,24 @@ class Reassembler:
         if key in self._done:
             log.debug("late duplicate chunk %d of completed transfer %s ignored", i, tid)
             return None
+        if key in self._deferred:
+            self.deferred_chunks += 1
+            return None
         part = self._partials.get(key)
         if part is None:
-            if len(self._partials) >= self.max_pending:
-                raise ProtocolError(
-                    "pending", f"too many transfers in progress ({self.max_pending}); refusing transfer {tid}"
-                )
-            if self.pending_bytes() + size > self.max_total_bytes:
+            if size > self.max_total_bytes:
                 raise ProtocolError(
                     "oversized",
-                    f"transfer {tid} of {size} bytes would exceed the {self.max_total_bytes} bytes "
-                    "allowed for pending transfers",
+                    f"transfer {tid} of {size} bytes exceeds the {self.max_total_bytes} bytes allowed for "
+                    "pending transfers",
                 )
+            busy = (f"{len(self._partials)} transfers in progress, the most at once"
+                    if len(self._partials) >= self.max_pending else
+                    f"{self.pending_bytes()} of the {self.max_total_bytes} bytes allowed for pending transfers "
+                    "are taken" if self.pending_bytes() + size > self.max_total_bytes else None)
+            if busy is not None:
+                self._deferred[key] = now
+                raise ProtocolError("busy", f"transfer {tid} of {size} bytes must wait its turn: {busy}")
             count, nbytes = self._sender_load(msg.federation, msg.sender)
             if count >= self.max_pending_per_sender:
                 raise ProtocolError(

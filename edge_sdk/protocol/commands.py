@@ -51,6 +51,8 @@ class Op(str, Enum):
     EVALUATE = "evaluate"
     #: Keep a trained model of round ``round`` (the assigned one, ``model_key``, or the lowest-loss candidate).
     KEEP = "keep"
+    #: Send the update of round ``round`` again: the receiver lost it, or had no room for it then.
+    RESEND = "resend"
 
 
 #: The fields of each command, by op: their type, range, default (:class:`edge_sdk.schema.Field`).

@@ -65,8 +65,10 @@ class BrokerConfig:
         Most chunked transfers in progress per sender; more are refused
         (reason ``pending``) without touching the other senders' budget.
     chunk_memory_bytes : int
-        Most bytes all partial transfers may declare together (reason
-        ``oversized`` above it).
+        Most bytes all partial transfers may declare together: a transfer
+        that does not fit beside the others is refused as ``busy`` (the
+        server asks its sender for it again later), one larger alone as
+        ``oversized``.
     chunk_sender_bytes : int, optional
         Most bytes the partial transfers of one sender may declare together
         (default: ``max_message``).

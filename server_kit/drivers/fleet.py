@@ -41,6 +41,8 @@ class ClientState:
     trains: bool = True
     #: The round it last said it is training, and when.
     working: tuple[int, float] | None = None
+    #: The round whose update it last said it sent, and when (a lost one is asked for again).
+    sent: tuple[int, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,8 @@ class Fleet:
         self.set_online(cid, online)
         if "working" in meta:
             state.working = (meta["working"], time.monotonic())
+        if "sent" in meta:
+            state.sent = (meta["sent"], time.monotonic())
 
     def restore(self, infos: Mapping[str, ClientInfo]) -> None:
         """The devices of a checkpoint, all offline until they say hello again."""

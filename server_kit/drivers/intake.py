@@ -19,6 +19,7 @@ reason and counts it as the device's answer toward its report goal.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -39,6 +40,7 @@ from ..pretrain.rounds import AEPretraining
 from ..rounds.admission import admit_update
 from ..rounds.arrivals import Receipt
 from ..rounds.pace import Pace
+from ..rounds.reask import BUSY
 from ..rounds.round_wait import Awaited, RoundWait
 from ..strategies.base import Strategy
 from .link import ServerLink
@@ -46,6 +48,8 @@ from .models import RunModels
 from .phase import Phase, RunPhase
 
 __all__ = ["Awaited", "Intake"]
+
+log = logging.getLogger(__name__)
 
 
 class Intake:
@@ -140,10 +144,17 @@ class Intake:
     def refuse_update(self, cid: str, reason: str) -> None:
         """An update from ``cid`` was refused (by anything): its round, if it tasked ``cid``, counts it as an answer.
 
-        In pre-training, the autoencoder round gives up on the device likewise.
+        A receiver that had no room for it (``busy``) refused nothing: the round, while it waits for ``cid``,
+        asks for it again later (:mod:`~server_kit.rounds.reask`). In pre-training, the autoencoder round gives
+        up on the device.
         """
-        if self.wait is not None:
-            self.wait.refuse(cid, reason)
+        wait = self.wait
+        if wait is not None and reason == BUSY and cid in wait.left:
+            delay = wait.reasks.busy(cid)
+            log.info("round %d: no room for %s's update now; asking for it again in %.1f s", wait.round, cid, delay)
+            return
+        if wait is not None:
+            wait.refuse(cid, reason)
         elif self.phase is Phase.PRETRAIN:
             self.awaited.give_up("ae", cid)
 

@@ -11,6 +11,7 @@ it can, per device otherwise: :mod:`.delivery`), sends each device its
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -31,6 +32,9 @@ from .remote import RemoteRound
 __all__ = ["MqttRoundPort"]
 
 log = logging.getLogger(__name__)
+
+#: How often a waiting round looks for updates to ask for again (seconds).
+REASK_TICK_S = 0.2
 
 
 class MqttRoundPort:
@@ -75,11 +79,29 @@ class MqttRoundPort:
         policy = ClosePolicy(deadline_s=self.deadline(rnd), max_round_s=c.max_round_s or 10 * c.round_timeout_s,
                              progress_grace_s=c.progress_grace_s, straggler_grace=c.straggler_grace)
         clients = self.fleet.clients
+        wait.reasks.lost_after_s = c.reask_lost_s
 
         def claims() -> dict[str, tuple[int, float]]:
             return {cid: w for cid in wait.left if (w := clients[cid].working) is not None}
 
-        return wait_round(self.link.pump, wait, policy, self.pace, claims)
+        def pump(until: Callable[[], bool], timeout: float) -> bool:
+            """The link's pump, asking for updates again (:mod:`~server_kit.rounds.reask`) every 0.2 s or so."""
+            end = time.monotonic() + timeout
+            while True:
+                self.ask_again(wait)
+                left = end - time.monotonic()
+                if self.link.pump(until, max(0.0, min(left, REASK_TICK_S))) or left <= REASK_TICK_S:
+                    return until()
+
+        return wait_round(pump, wait, policy, self.pace, claims)
+
+    def ask_again(self, wait: RoundWait) -> None:
+        """Send the ``resend`` commands the round's :class:`~server_kit.rounds.reask.Reasks` says are due."""
+        clients = self.fleet.clients
+        sent = {cid: s for cid in wait.left if (s := clients[cid].sent) is not None}
+        for cid, why in wait.reasks.due(wait.left, sent):
+            log.info("round %d: asking %s for its update again (%s)", wait.round, cid, why.value)
+            self.link.command(cid, Op.RESEND, round=wait.round)
 
     def remote(self) -> RemoteRound | None:
         return self._remote

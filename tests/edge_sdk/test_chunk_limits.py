@@ -104,14 +104,22 @@ def test_sender_byte_cap_defaults_to_the_transfer_limit():
     assert Reassembler(max_total_bytes=5000, max_size=1000, max_sender_bytes=3000).max_sender_bytes == 3000
 
 
-def test_global_memory_cap_counts_declared_bytes():
+def test_global_memory_cap_counts_declared_bytes_and_makes_a_transfer_wait_its_turn():
     r = Reassembler(max_total_bytes=100_000, clock=Clock())
     r.feed(drip("c01", "a", 0, size=60_000))
-    with pytest.raises(ProtocolError, match="transfer b of 50000 bytes would exceed the 100000 bytes "
-                                            "allowed for pending transfers") as info:
+    with pytest.raises(ProtocolError, match="^transfer b of 50000 bytes must wait its turn: 60000 of the 100000 "
+                                            "bytes allowed for pending transfers are taken$") as info:
         r.feed(drip("c02", "b", 0, size=50_000))
-    assert info.value.reason == "oversized"
+    assert info.value.reason == "busy"
+    # its later chunks are dropped without a word (the sender is asked again), and take no memory
+    assert r.feed(drip("c02", "b", 1, size=50_000)) is None
     assert r.pending_bytes() == 60_000 and r.held_bytes() == 1
+    assert r.refused == {"busy": 1} and r.stats()["deferred_chunks"] == 1
+    # alone, a transfer larger than the whole bound is the sender's fault: oversized
+    with pytest.raises(ProtocolError, match="^transfer c of 100001 bytes exceeds the 100000 bytes allowed for "
+                                            "pending transfers$") as info:
+        r.feed(drip("c03", "c", 0, size=100_001))
+    assert info.value.reason == "oversized"
 
 
 def test_deadline_from_the_first_chunk_drops_a_drip_fed_transfer(caplog):
@@ -153,7 +161,7 @@ def test_idle_transfer_expires_and_frees_its_bytes():
     assert r.expire() == 1
     assert (r.pending(), r.pending_bytes(), r.held_bytes()) == (0, 0, 0)
     assert r.stats() == {"pending": 0, "pending_bytes": 0, "held_bytes": 0, "expired": 1,
-                         "expired_deadline": 0, "refused": {}}
+                         "expired_deadline": 0, "refused": {}, "deferred_chunks": 0}
 
 
 def test_completed_transfer_holds_nothing():
@@ -210,7 +218,7 @@ def test_broker_config_chunk_defaults_reach_the_reassembler():
     assert MqttTransport(BrokerConfig(max_message=10**6), "c2", federation=FED)._inbox._reassembler.max_sender_bytes \
         == 10**6
     assert t.stats()["chunks"] == {"pending": 0, "pending_bytes": 0, "held_bytes": 0, "expired": 0,
-                                   "expired_deadline": 0, "refused": {}}
+                                   "expired_deadline": 0, "refused": {}, "deferred_chunks": 0}
 
 
 def test_memory_transport_expires_on_request_and_counts_refusals(server_transport):
@@ -232,7 +240,7 @@ def test_memory_transport_expires_on_request_and_counts_refusals(server_transpor
     assert [m.body for m in got] == [body]
     chunks_state = server.stats()["chunks"]
     assert chunks_state == {"pending": 2, "pending_bytes": 2000, "held_bytes": 2, "expired": 0,
-                            "expired_deadline": 0, "refused": {"pending": 1}}
+                            "expired_deadline": 0, "refused": {"pending": 1}, "deferred_chunks": 0}
     clock.now = 106.0
     assert server.expire_chunks() == 2
     assert server.stats()["chunks"]["pending"] == 0 and server.stats()["chunks"]["expired"] == 2
@@ -310,7 +318,7 @@ def test_one_flooding_sender_does_not_starve_honest_updates(connect):
     assert server.rejected == {"pending": refused}
     state = server.stats()["chunks"]
     assert state == {"pending": 2, "pending_bytes": 2000, "held_bytes": 2 * rounds, "expired": 0,
-                     "expired_deadline": 0, "refused": {"pending": refused}}
+                     "expired_deadline": 0, "refused": {"pending": refused}, "deferred_chunks": 0}
     assert all(t.stats()["sent"]["UPDATE"]["chunks"] > 12 for t in honest)
 
 
@@ -333,5 +341,5 @@ def test_partial_transfer_is_freed_without_further_traffic(connect):
     assert wait_for(lambda: server.stats()["chunks"]["pending"] == 0, timeout=4)
     assert time.monotonic() - t0 >= 0.5
     assert server.stats()["chunks"] == {"pending": 0, "pending_bytes": 0, "held_bytes": 0, "expired": 1,
-                                        "expired_deadline": 0, "refused": {}}
+                                        "expired_deadline": 0, "refused": {}, "deferred_chunks": 0}
     assert got.messages == [] and server.rejected == {}

@@ -36,6 +36,7 @@ EVERY_FIELD = {
     "evaluate": {"round": 3, "model_key": "c0", "architecture": ARCH, "fraction": 0.5, "seed": 7},
     "keep": {"round": 4, "run": "r1", "strategy": "ifca", "architecture": ARCH, "model_key": "c0", "choose": True,
              "models": {"c0": {"sha256": "ab" * 32, "round": 3, "accuracy": 0.9}}},
+    "resend": {"round": 5},
 }
 
 

@@ -394,14 +394,15 @@ def test_limits_on_pending_transfers():
     a, b = chunks_of(big_message(seed=5)), chunks_of(big_message(seed=6))
     r = Reassembler(max_pending=1)
     r.feed(a[0])
-    with pytest.raises(ProtocolError, match=r"too many transfers in progress \(1\)") as info:
+    with pytest.raises(ProtocolError, match=r"must wait its turn: 1 transfers in progress, the most at once$") as info:
         r.feed(b[0])
-    assert info.value.reason == "pending"
+    assert info.value.reason == "busy"
     r = Reassembler(max_total_bytes=len(big_message()) + 10)
     r.feed(a[0])
-    with pytest.raises(ProtocolError, match="would exceed the .* bytes allowed for pending transfers") as info:
+    with pytest.raises(ProtocolError, match="must wait its turn: .* bytes allowed for pending transfers are taken"
+                       ) as info:
         r.feed(b[0])
-    assert info.value.reason == "oversized"
+    assert info.value.reason == "busy"
     with pytest.raises(ProtocolError, match="exceeds the limit of 1000") as info:
         Reassembler(max_size=1000).feed(a[0])
     assert info.value.reason == "oversized"

@@ -128,11 +128,14 @@ def test_every_command_the_server_sends_passes_the_schema():
                                                                        "accuracy": 0.93, "evaluated": 4}},
                  "run": "20261125T021800-3fa9c1", "architecture": "digits_cnn_1x8x8_10", "model_key": "c1",
                  "choose": False},
+        "resend": {"round": 4},
     }
     broadcasts = {"evaluate": {"round": 11, "architecture": "digits_cnn_1x8x8_10", "fraction": 0.5, "seed": 3}}
     for op, fields in broadcasts.items():
         assert check_meta(Message(Kind.CMD, FED, "server", 0, {"op": op, **fields})) == {"op": op, **fields}
     assert check_meta(Message(Kind.STATUS, FED, "c1", 0, {"follow": ["+"]})) == {"state": "online", "follow": ["+"]}
+    sent = {"state": "online", "sent": 4}  # a device's word that its update of round 4 went out
+    assert check_meta(Message(Kind.STATUS, FED, "c1", 4, sent)) == sent
     announce = {"state": "online", "run": "20261125T021800-3fa9c1"}  # the server's run announcement
     assert check_meta(Message(Kind.STATUS, FED, "server", 0, announce)) == announce
     serving = {**announce, "serving": True}  # after the run: the server serves its models (cold start)
