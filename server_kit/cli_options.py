@@ -232,18 +232,22 @@ def _add_deadline_options(p: argparse.ArgumentParser, dflt: Callable[..., str]) 
                    help="past its deadline, a round waits on while a device said this recently that it still "
                         f"trains {dflt('progress_grace_s')}")
     p.add_argument("--report-goal", type=float, dest="report_goal", metavar="G",
-                   help="a round closes once each cluster sent this share of the updates it needs (then a short "
-                        "grace for the stragglers; their late updates are refused), in (0, 1] "
-                        f"{dflt('report_goal')}")
+                   help="a round closes once each cluster sent this share of the updates it needs, rounded up "
+                        "(then a short grace for the stragglers; their late updates are refused), and the final "
+                        "evaluation once this share of each cluster's devices answered, in (0, 1]; 0.9 waits for every "
+                        f"device of a cluster of fewer than 10, 9 of 10, 18 of 20 {dflt('report_goal')}")
     p.add_argument("--over-select", type=float, dest="over_select", metavar="F",
                    help="task this share more devices per cluster than a round needs (0.3: 130 %%), so that a "
-                        f"slow or broken device holds no round open {dflt('over_select')}")
+                        "slow or broken device holds no round open (default: 0.1, rounded up, in the clusters "
+                        "whose round needs at least 10 devices, none in smaller ones; a value given applies to "
+                        "every cluster)")
     p.add_argument("--straggler-grace", type=float, dest="straggler_grace", metavar="F",
                    help="once every cluster has its goal, wait this share of the time the goal took for the rest "
                         f"{dflt('straggler_grace')}")
     p.add_argument("--bench-after", type=int, dest="bench_after", metavar="N",
-                   help="a device whose update is refused in N rounds in a row is not tasked again in the run "
-                        f"(0: never) {dflt('bench_after')}")
+                   help="a device that sends no usable update (refused, or none while online) in N rounds in a "
+                        "row is not tasked again in the run, nor waited for in the final evaluation (0: never) "
+                        f"{dflt('bench_after')}")
     p.add_argument("--model-delivery", choices=["auto", "client", "cluster"], default=None,
                    help="models per client on its own topic (each device downloads only its models), once per "
                         "cluster topic (every device downloads all), or auto: broadcast only when every client "

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from edge_sdk.validation import check_choice
 
+from ..rounds.goals import DEFAULT_REPORT_GOAL
+
 __all__ = ["MODEL_DELIVERY", "ServerConfig"]
 
 #: How models reach the clients (see :mod:`server_kit.drivers.delivery`).
@@ -14,7 +16,18 @@ MODEL_DELIVERY = ("auto", "client", "cluster")
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Settings of a server run (validated on construction)."""
+    """Settings of a server run (validated on construction).
+
+    The defaults of a round's close protect a fleet and leave a lab as it
+    was: a report goal of 0.9 asks for every update of a group that needs
+    fewer than 10 (``ceil(0.9 x n) = n``), 9 of 10, 18 of 20; spares
+    (``over_select`` None) go only to the groups that need at least 10
+    devices, 10 % more rounded up (1 for 10, 2 for 20:
+    :func:`~server_kit.rounds.plan.spare_count`). A number given for
+    ``over_select`` applies to every group. A device that sends no usable
+    update (refused, or silent while online) in ``bench_after`` rounds in a
+    row is tasked no more.
+    """
 
     federation: str = "default"
     root: str = "fedsketch"
@@ -25,13 +38,16 @@ class ServerConfig:
     register_quorum: float = 0.5
     sketch_quorum: float = 1.0
     sketch_timeout_s: float = 60.0
-    #: A round closes once each group of its devices sent this share of the updates it needs (then a grace).
-    report_goal: float = 1.0
-    #: Each round tasks this share more devices per group than it needs (spares), so a slow one holds nothing.
-    over_select: float = 0.0
+    #: A round (and the final evaluation) closes once each group sent this share of the answers it needs, rounded
+    #: up (then a grace): 0.9 asks for all below 10 devices.
+    report_goal: float = DEFAULT_REPORT_GOAL
+    #: Each round tasks this share more devices per group than it needs (spares), so a slow one holds nothing;
+    #: None: 0.1, only in the groups that need at least 10 devices.
+    over_select: float | None = None
     #: Once every group has its goal, the stragglers' grace, as a share of the time the goal took.
     straggler_grace: float = 0.2
-    #: A device whose update is refused in this many rounds in a row is not tasked again in the run (0: never).
+    #: A device with no usable update (refused, or silent while online) in this many rounds in a row is not
+    #: tasked again in the run (0: never).
     bench_after: int = 3
     round_timeout_s: float = 120.0
     #: Deadline of the first round, which includes every device's start-up (default: 3 x round_timeout_s).
@@ -73,7 +89,7 @@ class ServerConfig:
         for name in ("first_round_timeout_s", "max_round_s"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive or None, got {getattr(self, name)}")
-        if not 0.0 <= self.over_select <= 10.0:
+        if self.over_select is not None and not 0.0 <= self.over_select <= 10.0:
             raise ValueError(f"over_select must be in [0, 10], got {self.over_select}")
         if not 0.0 <= self.straggler_grace <= 10.0:
             raise ValueError(f"straggler_grace must be in [0, 10], got {self.straggler_grace}")

@@ -15,7 +15,6 @@ torch is imported only when a round is averaged.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -23,6 +22,8 @@ from typing import Any, Optional
 import numpy as np
 
 from edge_sdk.trainer import state_spec
+
+from ..rounds.goals import goal_count
 
 __all__ = ["AEPretraining", "AERound", "sample_fraction"]
 
@@ -128,8 +129,8 @@ class AEPretraining:
         self.updates[cid] = (weights, n_samples, loss)
 
     def has_quorum(self, quorum: float = 1.0) -> bool:
-        """The stopping rule: at least ``ceil(quorum * tasked)`` clients (and one) answered."""
-        return len(self.updates) >= max(1, math.ceil(quorum * len(self.tasked)))
+        """The stopping rule: at least ``ceil(quorum * tasked)`` clients (and one) answered (:func:`goal_count`)."""
+        return len(self.updates) >= goal_count(quorum, len(self.tasked))
 
     def close_round(self) -> AERound:
         """Average the answers (by sample count) into :attr:`weights` and say how the round went.

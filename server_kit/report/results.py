@@ -58,8 +58,8 @@ DEFINITIONS: dict[str, str] = {
         "device that receives it)"),
     "refused": "clients the server refused, client id -> reason",
     "dropped": "clients the server dropped during the run, client id -> reason",
-    "benched": "clients not tasked again after their updates were refused in --bench-after rounds in a row, "
-               "client id -> reason",
+    "benched": "clients not tasked again (nor waited for in the final evaluation) after --bench-after rounds in "
+               "a row without a usable update: refused, or silent while online; client id -> reason",
     "devices": "each device's own benchmark (fedsketch bench, sent with its hello by fedsketch-client --bench), "
                "client id -> cpu (as the device names it), sketch_ms (its whole sketch), epoch_ms (one local epoch "
                "of its architecture), epoch_over_sketch (the paper's Figure 6 ratio), cores, mem_mb: those it measured",

@@ -19,6 +19,9 @@ how the wait ended (:class:`~.round_wait.RoundClose`):
    device's measured training time, or its group's, and the device never
    broke such a promise); otherwise it closes (``DEADLINE``);
 5. never past ``max_round_s`` (``CAP``).
+
+:func:`~.answers.wait_answers` closes the final evaluation the same way (its
+goals, the same grace: :mod:`.goals`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from .goals import MIN_GRACE_S, grace_s
 from .pace import Pace
 from .round_wait import CloseReason, RoundClose, RoundWait
 
@@ -50,7 +54,7 @@ class ClosePolicy:
     straggler_grace: float
     #: The shortest such grace (0 when ``straggler_grace`` is 0): rounds of a fraction of a second still let the
     #: devices a few network round trips behind the others in.
-    min_grace_s: float = 0.2
+    min_grace_s: float = MIN_GRACE_S
 
 
 def wait_round(pump: Callable[[Callable[[], bool], float], bool], wait: RoundWait, policy: ClosePolicy, pace: Pace,
@@ -84,8 +88,7 @@ def wait_round(pump: Callable[[Callable[[], bool], float], bool], wait: RoundWai
             return closed(CloseReason.ALL_ANSWERED)
         if wait.goal_met():
             goal_s = wait.goal_s if wait.goal_s is not None else elapsed
-            floor = policy.min_grace_s if policy.straggler_grace > 0 else 0.0
-            grace = max(0.0, goal_s + max(policy.straggler_grace * goal_s, floor) - elapsed)
+            grace = max(0.0, goal_s + grace_s(goal_s, policy.straggler_grace, policy.min_grace_s) - elapsed)
             grace = min(grace, max(0.0, policy.max_round_s - elapsed))
             if not pump(lambda: not wait.left, grace) and wait.left:
                 log.info("round %d: report goal reached at %.1f s; closing after a %.1f s grace without %d "

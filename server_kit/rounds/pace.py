@@ -1,4 +1,4 @@
-"""What a run remembers of its devices' pace across rounds: training times, broken promises, refusals in a row.
+"""What a run remembers of its devices' pace across rounds: training times, broken promises, rounds without answer.
 
 :class:`Pace` keeps, for the whole run:
 
@@ -11,23 +11,29 @@
 - **broken promises**: a device that kept a round open past its deadline by
   its claims and then sent no valid update for that round loses the right to
   extend any later round of the run (logged once);
-- **refusals in a row**: a device whose update was refused in ``bench_after``
-  rounds in a row (and never valid in between) is benched: not tasked again
-  in this run, logged, listed in ``results.json``. 0 turns benching off.
+- **rounds in a row without a usable answer**: a device tasked in a round
+  whose update was refused, or that stayed silent (online at the close, no
+  update and no refusal: :attr:`~.round_wait.DeviceOutcome.STRAGGLER`, an
+  endless "still training" included), in ``bench_after`` rounds in a row is
+  benched: not tasked again in this run, logged once, listed in
+  ``results.json`` with the reason (``update refused in 3 rounds in a row
+  ...``, ``no answer in 3 rounds in a row ...``, or ``no usable answer ...``
+  when both). A valid update ends the streak; a round the device spent
+  offline neither ends nor lengthens it. 0 turns benching off.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
-from .round_wait import RoundWait
+from .round_wait import DeviceOutcome, RoundWait
 
 __all__ = ["DEFAULT_BENCH_AFTER", "PLAUSIBLE_FACTOR", "Pace"]
 
 log = logging.getLogger(__name__)
 
-#: Rounds in a row with a refused update after which a device is benched for the run.
+#: Rounds in a row with a refused update or none after which a device is benched for the run.
 DEFAULT_BENCH_AFTER = 3
 #: A progress claim is plausible while the round is younger than this multiple of the device's past time.
 PLAUSIBLE_FACTOR = 2.0
@@ -39,7 +45,7 @@ class Pace:
     Parameters
     ----------
     bench_after : int
-        Rounds in a row with a refused update that bench a device (0: never).
+        Rounds in a row without a usable answer (refused, or silent) that bench a device (0: never).
     plausible_factor : float
         How much longer than its past time a device's claim may keep a round open.
     """
@@ -57,8 +63,10 @@ class Pace:
         self.group_s: dict[tuple[str, ...], float] = {}
         #: Devices whose claims kept a round open and ended in no update: they extend no round again.
         self.no_extension: dict[str, int] = {}
-        #: Rounds in a row each device's update was refused.
-        self.refused_streak: dict[str, int] = {}
+        #: Rounds in a row each device sent no usable answer (its update refused, or none while online).
+        self.unusable_streak: dict[str, int] = {}
+        #: How many of those rounds each device was silent (the others: refused).
+        self.silent_streak: dict[str, int] = {}
         #: Benched devices, with the reason.
         self.benched: dict[str, str] = {}
 
@@ -88,8 +96,14 @@ class Pace:
         self.device_s[cid] = max(self.device_s.get(cid, 0.0), s)
         self.group_s[g] = max(self.group_s.get(g, 0.0), s)
 
-    def after_round(self, wait: RoundWait, extended_by: Iterable[str]) -> list[str]:
-        """The round closed: promises kept or broken, refusal streaks; returns the devices benched now."""
+    def after_round(self, wait: RoundWait, extended_by: Iterable[str], *,
+                    online: Callable[[str], bool]) -> list[str]:
+        """The round closed: promises kept or broken, streaks of rounds without a usable answer.
+
+        ``online`` says whether a device was online at the close (a silent
+        device is online; one that went offline is not silent). Returns the
+        devices benched now.
+        """
         for cid in sorted(set(extended_by) - wait.answered):
             if cid not in self.no_extension:
                 self.no_extension[cid] = wait.round
@@ -97,25 +111,41 @@ class Pace:
                             "no update: its progress reports extend no later round", wait.round, cid)
         benched = []
         for cid in sorted(wait.expected):
-            if wait.was_refused(cid):
-                n = self.refused_streak[cid] = self.refused_streak.get(cid, 0) + 1
-                if self.bench_after and n >= self.bench_after and cid not in self.benched:
-                    self.benched[cid] = (f"update refused in {n} rounds in a row (last, round {wait.round}: "
-                                         f"{wait.refusals[cid]})")
-                    benched.append(cid)
-                    log.warning("benched %s for the rest of the run: %s", cid, self.benched[cid])
-            elif cid in wait.answered:
-                self.refused_streak.pop(cid, None)
+            outcome = wait.outcome(cid, online)
+            if outcome is DeviceOutcome.REPORTED:
+                self.unusable_streak.pop(cid, None)
+                self.silent_streak.pop(cid, None)
+                continue
+            if outcome is DeviceOutcome.OFFLINE:
+                continue
+            n = self.unusable_streak[cid] = self.unusable_streak.get(cid, 0) + 1
+            if outcome is DeviceOutcome.STRAGGLER:
+                self.silent_streak[cid] = self.silent_streak.get(cid, 0) + 1
+            if self.bench_after and n >= self.bench_after and cid not in self.benched:
+                self.benched[cid] = self._reason(cid, wait)
+                benched.append(cid)
+                log.warning("benched %s for the rest of the run: %s", cid, self.benched[cid])
         return benched
+
+    def _reason(self, cid: str, wait: RoundWait) -> str:
+        """Why ``cid`` is benched after ``wait``'s round: its streak, and what became of it in that round."""
+        n, silent = self.unusable_streak[cid], self.silent_streak.get(cid, 0)
+        last = "silent" if not wait.was_refused(cid) else wait.refusals[cid]
+        if silent == 0:
+            return f"update refused in {n} rounds in a row (last, round {wait.round}: {last})"
+        if silent == n:
+            return f"no answer in {n} rounds in a row (last, round {wait.round}: {last})"
+        return (f"no usable answer in {n} rounds in a row ({silent} silent, {n - silent} refused; last, "
+                f"round {wait.round}: {last})")
 
     def state(self) -> dict[str, object]:
         """For a checkpoint (JSON-able)."""
         return {"device_s": dict(self.device_s), "group_s": {"+".join(g): s for g, s in self.group_s.items()},
-                "no_extension": dict(self.no_extension), "refused_streak": dict(self.refused_streak),
-                "benched": dict(self.benched)}
+                "no_extension": dict(self.no_extension), "unusable_streak": dict(self.unusable_streak),
+                "silent_streak": dict(self.silent_streak), "benched": dict(self.benched)}
 
     def load_state(self, st: Mapping[str, object]) -> None:
-        """What :meth:`state` wrote."""
+        """What :meth:`state` wrote (or an older checkpoint's ``refused_streak``)."""
         def table(key: str) -> dict:
             v = st.get(key) or {}
             return dict(v) if isinstance(v, Mapping) else {}
@@ -123,5 +153,8 @@ class Pace:
         self.device_s = {str(c): float(s) for c, s in table("device_s").items()}
         self.group_s = {tuple(str(g).split("+")): float(s) for g, s in table("group_s").items()}
         self.no_extension = {str(c): int(r) for c, r in table("no_extension").items()}
-        self.refused_streak = {str(c): int(n) for c, n in table("refused_streak").items()}
+        # a checkpoint written before silence counted has its refusals alone, as "refused_streak"
+        streak = table("unusable_streak") if "unusable_streak" in st else table("refused_streak")
+        self.unusable_streak = {str(c): int(n) for c, n in streak.items()}
+        self.silent_streak = {str(c): int(n) for c, n in table("silent_streak").items()}
         self.benched = {str(c): str(r) for c, r in table("benched").items()}

@@ -1,4 +1,10 @@
-"""A round's plan: the strategy's tasks, plus spares where a group can have them (``--over-select``)."""
+"""A round's plan: the strategy's tasks, plus spares where a group can have them (``--over-select``).
+
+The default (``over_select`` None) protects a fleet without changing a lab:
+a group that needs at least :data:`SPARES_FROM` (10) devices gets
+:data:`DEFAULT_OVER_SELECT` (10 %) more, rounded up; a smaller group none,
+exactly as without spares. A number given applies to every group.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +16,14 @@ import numpy as np
 
 from edge_sdk.tasks import Task
 
-__all__ = ["SPARE_SALT", "Planner", "plan_tasks"]
+__all__ = ["DEFAULT_OVER_SELECT", "SPARES_FROM", "SPARE_SALT", "Planner", "plan_tasks", "spare_count"]
 
 #: The salt of the seeded choice of spare devices (:func:`plan_tasks`).
 SPARE_SALT = 7919
+#: The default rule's share of spares (``over_select`` None) ...
+DEFAULT_OVER_SELECT = 0.1
+#: ... in the groups that need at least this many devices (the smaller ones get none).
+SPARES_FROM = 10
 
 
 class Planner(Protocol):
@@ -27,19 +37,36 @@ class Planner(Protocol):
     def model_key_for(self, cid: str) -> str: ...
 
 
-def plan_tasks(strategy: Planner, rnd: int, available: Sequence[str], over_select: float = 0.0) -> list[Task]:
+def spare_count(needed: int, over_select: float | None) -> int:
+    """The spares of a group that needs ``needed`` devices: ``ceil(needed x (1 + over_select)) - needed``.
+
+    ``over_select`` None: the default rule (see the module docstring).
+
+    >>> spare_count(9, None), spare_count(10, None), spare_count(20, None), spare_count(2, 0.3)
+    (0, 1, 2, 1)
+    """
+    if over_select is None:
+        if needed < SPARES_FROM:
+            return 0
+        over_select = DEFAULT_OVER_SELECT
+    return max(0, math.ceil(needed * (1.0 + over_select) - 1e-9) - needed)
+
+
+def plan_tasks(strategy: Planner, rnd: int, available: Sequence[str], over_select: float | None = 0.0
+               ) -> list[Task]:
     """The strategy's tasks of round ``rnd`` (``configure_round``), plus spares: ``over_select`` more devices per group.
 
     A group is the devices offered the same models (one cluster's, or all of
     IFCA's K). A group whose round needs ``n`` devices gets
-    ``ceil(n * (1 + over_select)) - n`` spares (as many as it has), seeded by
+    :func:`spare_count` spares (as many as it has; ``over_select`` None: the
+    default rule of the module docstring), seeded by
     round, from the available devices of the strategy not tasked yet whose
     model (``model_key_for``) the group offers; each spare gets its group's
     models and settings, marked ``Task.spare``. With 0 (the default) the
     tasks are ``configure_round``'s, unchanged.
     """
     tasks = strategy.configure_round(rnd, available)
-    if over_select <= 0 or not tasks:
+    if (over_select is not None and over_select <= 0) or not tasks:
         return tasks
     groups: dict[tuple[str, ...], list[Task]] = {}
     for t in tasks:
@@ -48,7 +75,7 @@ def plan_tasks(strategy: Planner, rnd: int, available: Sequence[str], over_selec
     free = sorted(c for c in available if c not in taken and c in strategy.clients)
     spares: list[Task] = []
     for i, (group, members) in enumerate(sorted(groups.items())):
-        want = math.ceil(len(members) * (1.0 + over_select) - 1e-9) - len(members)
+        want = spare_count(len(members), over_select)
         pool = [c for c in free if c not in taken and _offers(strategy, c, group)]
         if want <= 0 or not pool:
             continue

@@ -26,7 +26,6 @@ refused); at its deadline, unless a device's progress claims are plausible
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,8 @@ from enum import Enum
 from typing import Any, Callable
 
 from edge_sdk.tasks import Task
+
+from .goals import goal_count
 
 __all__ = ["Awaited", "CloseReason", "DeviceOutcome", "RoundClose", "RoundGroup", "RoundWait", "WaitRecord"]
 
@@ -161,7 +162,7 @@ class RoundWait(Awaited):
         self.groups: dict[tuple[str, ...], RoundGroup] = {}
         for g, ts in sorted(by_group.items()):
             needed = sum(1 for t in ts if not t.spare) or len(ts)
-            goal = min(len(ts), max(1, math.ceil(report_goal * needed - 1e-9)))
+            goal = min(len(ts), goal_count(report_goal, needed))
             self.groups[g] = RoundGroup(g, frozenset(t.cid for t in ts), needed, goal)
         self.group_of: dict[str, tuple[str, ...]] = {t.cid: t.group for t in tasks}
         self.spares = frozenset(t.cid for t in tasks if t.spare)

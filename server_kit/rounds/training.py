@@ -180,8 +180,9 @@ class TrainingRound:
         What reaches the devices and lets their answers in.
     pace : Pace
         The run's memory of its devices' pace (benches the silent and the refused).
-    over_select : float
-        Spares per group on top of what it needs (``--over-select``).
+    over_select : float or None
+        Spares per group on top of what it needs (``--over-select``; None: the default rule of
+        :mod:`.plan`, spares only in groups of at least 10).
     report_goal : float
         The share of each group's needed updates that closes the round (``--report-goal``).
     clock : callable
@@ -189,13 +190,13 @@ class TrainingRound:
     """
 
     def __init__(self, strategy: Any, intake: RoundIntake, port: RoundPort, pace: Pace, *,
-                 over_select: float = 0.0, report_goal: float = 1.0,
+                 over_select: float | None = 0.0, report_goal: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.strategy = strategy
         self.intake = intake
         self.port = port
         self.pace = pace
-        self.over_select = float(over_select)
+        self.over_select = None if over_select is None else float(over_select)
         self.report_goal = float(report_goal)
         self.clock = clock
 
@@ -233,10 +234,10 @@ class TrainingRound:
         summary = {"updates": 0} if aggregation is None else aggregation.to_dict()
         if drift is not None:
             summary["drift"] = drift
-        for cid in self.pace.after_round(wait, close.extended_by):
+        online = set(self.port.online_ids())  # at the close: a device online without an answer was silent
+        for cid in self.pace.after_round(wait, close.extended_by, online=online.__contains__):
             self.port.bench(cid, self.pace.benched[cid])
         acc_before, acc_per_model = _accuracies_before(arrived)
-        online = set(self.port.online_ids())
         return RoundReport(
             round=rnd, tasked=len(tasks), updates=len(arrived), missing=tuple(missing), acc_before=acc_before,
             acc_before_per_model=acc_per_model,

@@ -18,9 +18,11 @@ from edge_sdk.transport import BrokerConfig, MqttTransport
 from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.drivers import Orchestrator, ServerConfig
 from server_kit.drivers.phase import Phase, RunPhase
+from server_kit.rounds.answers import GoalWait, wait_answers
 from server_kit.rounds.closing import ClosePolicy, wait_round
+from server_kit.rounds.goals import goal_count
 from server_kit.rounds.pace import Pace
-from server_kit.rounds.plan import plan_tasks
+from server_kit.rounds.plan import plan_tasks, spare_count
 from server_kit.rounds.round_wait import CloseReason, DeviceOutcome, RoundWait
 from server_kit.stallers import STALLERS, run_and_release, start_devices
 from server_kit.strategies.fedsketch import SketchClustered
@@ -152,7 +154,7 @@ def test_progress_claims_extend_a_round_only_as_long_as_the_devices_past_rounds_
     # b's update at 70 s ends the goal? no: c is still awaited; c's claim stays plausible until 2 x 40 = 80 s
     assert close.reason is CloseReason.DEADLINE and close.close_s == pytest.approx(80.01, abs=0.02)
     assert close.extended_by == frozenset({"b", "c"})
-    pace.after_round(w, close.extended_by)
+    pace.after_round(w, close.extended_by, online=lambda c: True)
     assert pace.no_extension == {"c": 2}  # its claims ended in no update: no more extensions this run
     assert not pace.may_extend("c", ("g",), 1.0) and pace.may_extend("b", ("g",), 1.0)
 
@@ -176,14 +178,104 @@ def test_a_device_refused_in_rounds_in_a_row_is_benched():
             w.refuse("x", "meta")
         else:
             w.answer("update", "x")
-        benched = pace.after_round(w, ())
+        benched = pace.after_round(w, (), online=lambda c: True)
         assert benched == (["x"] if rnd == 4 else [])
     assert pace.benched == {"x": "update refused in 2 rounds in a row (last, round 4: meta)"}
     restored = Pace()
     restored.load_state(pace.state())
-    assert restored.benched == pace.benched and restored.refused_streak == {"x": 2}
+    assert restored.benched == pace.benched and restored.unusable_streak == {"x": 2}
+    old = {k: v for k, v in pace.state().items() if k not in ("unusable_streak", "silent_streak")}
+    restored.load_state({**old, "refused_streak": {"x": 1}})  # a checkpoint written before silence counted
+    assert restored.unusable_streak == {"x": 1} and restored.silent_streak == {}
     with pytest.raises(ValueError, match="bench_after must be >= 0, got -1"):
         Pace(bench_after=-1)
+
+
+def after_rounds(pace: Pace, script: list[str], cid: str = "x") -> list[list[str]]:
+    """Rounds 1, 2, ... of ``cid`` alone: "valid", "refused", "silent" (online, no update) or "offline"."""
+    out = []
+    for rnd, what in enumerate(script, 1):
+        w = RoundWait(rnd, [Task(cid, rnd, {"g": {}})], online={cid})
+        if what == "valid":
+            w.answer("update", cid)
+        elif what == "refused":
+            w.refuse(cid, "meta")
+        out.append(pace.after_round(w, (), online=lambda c, what=what: what != "offline"))
+    return out
+
+
+def test_a_silent_device_is_benched_and_an_offline_one_is_not():
+    pace = Pace(bench_after=3)
+    assert after_rounds(pace, ["silent"] * 3) == [[], [], ["x"]]
+    assert pace.benched == {"x": "no answer in 3 rounds in a row (last, round 3: silent)"}
+    assert after_rounds(pace, ["silent"]) == [[]]  # benched once, logged once
+    away = Pace(bench_after=3)
+    assert after_rounds(away, ["offline"] * 5) == [[]] * 5 and away.benched == {} and away.unusable_streak == {}
+    mixed = Pace(bench_after=3)  # refusals and silence make one streak; an offline round neither ends nor adds
+    assert after_rounds(mixed, ["refused", "offline", "silent", "refused"])[-1] == ["x"]
+    assert mixed.benched == {"x": "no usable answer in 3 rounds in a row (1 silent, 2 refused; last, round 4: meta)"}
+    restored = Pace()
+    restored.load_state(mixed.state())
+    assert (restored.unusable_streak, restored.silent_streak) == ({"x": 3}, {"x": 1})
+
+
+def test_a_valid_update_ends_the_streak_of_silence():
+    pace = Pace(bench_after=3)
+    assert after_rounds(pace, ["silent", "silent", "valid", "silent", "silent"]) == [[]] * 5
+    assert pace.benched == {} and pace.unusable_streak == {"x": 2} and pace.silent_streak == {"x": 2}
+
+
+def test_the_final_evaluation_closes_at_its_goals_without_the_silent_device():
+    s = Script()
+    big = [f"a{i}" for i in range(11)]  # a10 offline: not waited for; 9 of the 10 online meet the goal
+    small = ["b0", "b1", "b2"]  # fewer than 10: all three
+    awaited = GoalWait("metrics", dict.fromkeys(big, "k0") | dict.fromkeys(small, "k1"),
+                       online=set(big + small) - {"a10"}, report_goal=ServerConfig().report_goal)
+    assert awaited.goals == {"k0": 9, "k1": 3}
+    for i, c in enumerate(big[:9] + small):  # a9 stays silent
+        s.at(1.0 + i, lambda c=c: awaited.answer("metrics", c))
+    close = wait_answers(s.pump, awaited, timeout_s=60.0, straggler_grace=0.2, clock=s.clock)
+    # every goal at 12 s, then a grace of 0.2 x 12 s: closed at 14.4 s, not at the 60 s timeout
+    assert close.reason is CloseReason.GOAL and close.goal_s == 12.0 and close.close_s == pytest.approx(14.4)
+    assert awaited.left == {"a9"}
+
+
+def test_a_small_final_evaluation_waits_for_every_device_as_before():
+    s = Script()
+    awaited = GoalWait("metrics", {"a": "k0", "b": "k0", "c": "k0"}, online={"a", "b", "c"}, report_goal=0.9)
+    s.at(1.0, lambda: awaited.answer("metrics", "a"))
+    s.at(2.0, lambda: awaited.answer("metrics", "b"))
+    close = wait_answers(s.pump, awaited, timeout_s=60.0, straggler_grace=0.2, clock=s.clock)
+    assert close.reason is CloseReason.DEADLINE and close.close_s == 60.0  # c is waited for until the timeout
+    s = Script()
+    awaited = GoalWait("metrics", {"a": "k0", "b": "k0"}, online={"a", "b"}, report_goal=0.9)
+    s.at(1.0, lambda: awaited.answer("metrics", "a"))
+    s.at(2.0, lambda: awaited.answer("metrics", "b"))
+    close = wait_answers(s.pump, awaited, timeout_s=60.0, straggler_grace=0.2, clock=s.clock)
+    assert close.reason is CloseReason.ALL_ANSWERED and close.close_s == 2.0  # at once: nobody left
+
+
+def test_the_default_rule_leaves_small_groups_as_they_were():
+    from server_kit.strategies.base import ClientInfo
+
+    config = ServerConfig()
+    assert (config.report_goal, config.over_select) == (0.9, None)
+    # every update below 10 needed, 90 % (rounded up) from 10 on
+    assert [goal_count(config.report_goal, n) for n in (1, 5, 9, 10, 20, 70)] == [1, 5, 9, 9, 18, 63]
+    w = RoundWait(1, tasks({"g": [f"a{i}" for i in range(9)], "h": [f"b{i}" for i in range(20)]}), online=(),
+                  report_goal=config.report_goal)
+    assert {g[0]: grp.goal for g, grp in w.groups.items()} == {"g": 9, "h": 18}
+    # spares only from groups that need 10 devices; a value given applies to every group, as before
+    assert [spare_count(n, None) for n in (1, 9, 10, 19, 20)] == [0, 0, 1, 2, 2]
+    assert spare_count(2, 0.3) == 1 and spare_count(20, 0.0) == 0
+    s = SketchClustered(fraction=0.5, seed=3)
+    cids = [f"c{i:02d}" for i in range(38)]
+    s.setup([ClientInfo(c, 10) for c in cids], {"w": np.zeros(2, np.float32)})
+    s.set_assignment({c: int(i >= 18) for i, c in enumerate(cids)})  # 18 and 20 devices: 9 and 10 needed
+    base = s.configure_round(2, cids)
+    planned = plan_tasks(s, 2, cids, over_select=config.over_select)
+    assert planned[:len(base)] == base
+    assert sorted(s.assignment[t.cid] for t in planned[len(base):]) == [1]  # one spare, in the cluster of 10
 
 
 def test_screening_refusals_count_as_refused():
@@ -309,9 +401,13 @@ def test_one_slow_lying_or_broken_device_holds_no_round_open(digits12, shipped_a
     r1, r2, r3 = result.history
     assert set(r1["refused"]) == {"c00"} and r1["refused"]["c00"] == "meta"
     assert set(r2["refused"]) == {"c00"}, r2["refused"]
-    assert "c00" not in r3["refused"] and r3["selected"] == 11  # benched after 2 rounds in a row
-    assert set(result.benched) == {"c00"} and result.benched["c00"].startswith("update refused in 2 rounds in a row")
-    assert {"c01", "c02"} <= set(r1["stragglers"])
+    # benched after 2 rounds in a row: c00 refused, c01 and c02 without an update by the close
+    assert {"c01", "c02"} <= set(r1["stragglers"]) and {"c01", "c02"} <= set(r2["stragglers"])
+    assert "c00" not in r3["refused"] and r3["selected"] == 9
+    assert result.benched == {"c00": result.benched["c00"],
+                              "c01": "no answer in 2 rounds in a row (last, round 2: silent)",
+                              "c02": "no answer in 2 rounds in a row (last, round 2: silent)"}
+    assert result.benched["c00"].startswith("update refused in 2 rounds in a row")
     # accuracy and clusters as without them (observed: 0.856 clean, 0.825 with the stallers, whose clusters
     # train on 2 devices instead of 3)
     assert ari_against(truth, clean.assignment) == 1.0
