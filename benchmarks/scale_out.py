@@ -37,20 +37,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
+import os
+import resource
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edge_sdk.protocol import Kind, Message, parse_tensors, tensors_body
+from edge_sdk.protocol import BUSY, Kind, Message, parse_tensors, partition_of, tensors_body
 from edge_sdk.signing import Signer, Verifier, generate_key
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from server_kit.broker import MosquittoBroker
 from server_kit.partials import IngestWorkers, PartialAggregator
+from server_kit.rounds.reask import Reasks
 
 FED = "scale"
+ROOT = Path(__file__).resolve().parents[1]
 RESNET18_PARAMS = 11_689_512
 LENET5_PARAMS = 61_706
 
@@ -71,10 +77,14 @@ class _Counter:
         #: The updates an aggregator refused, with its reason (their receipts say so).
         self.refused: dict[str, str] = {}
         self.partials: list[Message] = []
+        #: The devices a worker had no room for (asked again), in order.
+        self.busy: list[str] = []
 
     def __call__(self, topic: str, msg: Message) -> None:
         with self.cond:
-            if msg.kind == Kind.RECEIPT:
+            if msg.kind == Kind.RECEIPT and msg.meta.get("refused") == BUSY:
+                self.busy.append(msg.meta["client"])
+            elif msg.kind == Kind.RECEIPT:
                 self.receipts[msg.meta["client"]] = msg.sender
                 if msg.meta.get("refused"):
                     self.refused[msg.meta["client"]] = msg.meta["refused"]
@@ -87,8 +97,24 @@ class _Counter:
             return self.cond.wait_for(test, timeout)
 
 
-def _server(url: str, verifiers: dict[str, Verifier], counter: _Counter) -> MqttTransport:
-    server = MqttTransport(BrokerConfig.from_url(url), "server", federation=FED)
+def _login(url: str, user: str, logins: dict[str, str] | None) -> BrokerConfig:
+    """``user``'s broker config (with its password when the broker has ``logins``)."""
+    if logins is None:
+        return BrokerConfig.from_url(url)
+    return BrokerConfig.from_url(url, username=user, password=logins[user])
+
+
+def _shipped(n_devices: int, workers: int) -> dict[str, Any]:
+    """The shipped broker: deploy/mosquitto.conf's limits, deploy/acl (for this federation), every user's password."""
+    logins = {f"d{i:03d}": f"pw-d{i:03d}" for i in range(n_devices)} | {"server": "pw-server"}
+    logins |= {f"server-ingest-{i}": "pw-server" for i in range(workers)}
+    acl = (ROOT / "deploy" / "acl").read_text().replace("fedsketch/default/", f"fedsketch/{FED}/")
+    return {"deploy_conf": True, "passwords": logins, "acl": acl}
+
+
+def _server(url: str, verifiers: dict[str, Verifier], counter: _Counter,
+            logins: dict[str, str] | None = None) -> MqttTransport:
+    server = MqttTransport(_login(url, "server", logins), "server", federation=FED)
     server.accept_aggregators(verifiers)
     for leaf in ("receipt", "partial"):
         server.subscribe(server.topics.aggregator("+", leaf), counter)
@@ -96,17 +122,17 @@ def _server(url: str, verifiers: dict[str, Verifier], counter: _Counter) -> Mqtt
     return server
 
 
-def _devices(url: str, n: int) -> list[MqttTransport]:
+def _devices(url: str, n: int, logins: dict[str, str] | None = None) -> list[MqttTransport]:
     out = []
     for i in range(n):
-        t = MqttTransport(BrokerConfig.from_url(url), f"d{i:03d}", federation=FED)
+        t = MqttTransport(_login(url, f"d{i:03d}", logins), f"d{i:03d}", federation=FED)
         t.connect(timeout=10)
         out.append(t)
     return out
 
 
-def _update(t: MqttTransport, body: bytes, key: str) -> None:
-    t.publish(t.topics.update(t.client_id), Message(Kind.UPDATE, FED, t.client_id, 1,
+def _update(t: MqttTransport, body: bytes, key: str, *, partition: int | None = None) -> None:
+    t.publish(t.topics.update(t.client_id, partition), Message(Kind.UPDATE, FED, t.client_id, 1,
                                                     {"round": 1, "model_key": key, "n_samples": 100,
                                                      "metrics": {}}, body))
 
@@ -160,28 +186,119 @@ def _collect(server: MqttTransport, model: dict[str, np.ndarray], keys: set[str]
                        wait=True)
 
 
-def ingest(workers: int, n_devices: int, params: int, timeout: float) -> dict[str, Any]:
-    """One round of ``n_devices`` updates through ``workers`` ingest workers: seconds and updates per second."""
+def _offsets(n_devices: int) -> dict[str, float]:
+    return {f"d{i:03d}": 0.01 * (i + 1) for i in range(n_devices)}
+
+
+def _publisher(url: str, n_devices: int, params: int, workers: int, logins: dict[str, str], conn: Any) -> None:
+    """The devices, in a process of their own: publish the updates asked for (``conn``), each on its partition."""
     model = _model(params)
-    offsets = {f"d{i:03d}": 0.01 * (i + 1) for i in range(n_devices)}
-    bodies = [tensors_body({k: v + np.float32(offsets[f"d{i:03d}"]) for k, v in model.items()})
-              for i in range(n_devices)]
-    with MosquittoBroker() as broker:
-        pool = IngestWorkers(workers, BrokerConfig.from_url(broker.url), FED)
+    offsets = _offsets(n_devices)
+    bodies = {cid: tensors_body({k: v + np.float32(off) for k, v in model.items()}) for cid, off in offsets.items()}
+    devices = {t.client_id: t for t in _devices(url, n_devices, logins)}
+    conn.send(sum(map(len, bodies.values())))
+    while (cids := conn.recv()) is not None:
+        threads = [threading.Thread(target=_update, args=(devices[c], bodies[c], "c0"),
+                                    kwargs={"partition": partition_of(c, workers)}) for c in cids]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        conn.send(cids)  # "sent" (a device's status says so)
+    for t in devices.values():
+        t.close()
+
+
+def _cpu_s(pid: int) -> float:
+    """A process's CPU seconds so far (user + system, from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _peak_rss(pid: int) -> int:
+    """A process's peak resident memory so far (bytes, VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _own_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def ingest(workers: int, n_devices: int, params: int, timeout: float) -> dict[str, Any]:
+    """One round of ``n_devices`` updates through ``workers`` ingest workers, each on its partition of the updates.
+
+    This process is the coordinator (it takes receipts, asks again for the updates a worker had no room for, by
+    :class:`server_kit.rounds.reask.Reasks`, flushes and takes the partial sums); the devices publish from a
+    process of their own. Returns the seconds, the rate, the updates lost, the CPU seconds of the coordinator and
+    of each worker, each worker's peak memory.
+    """
+    model = _model(params)
+    offsets = _offsets(n_devices)
+    ctx = mp.get_context("spawn")
+    shipped = _shipped(n_devices, workers)
+    logins = shipped["passwords"]
+    with MosquittoBroker(**shipped) as broker:  # the shipped limits (queues, packets) and ACL
+        pool = IngestWorkers(workers, _login(broker.url, "server", logins), FED)
         counter = _Counter()
+        here, there = ctx.Pipe()
+        devices = ctx.Process(target=_publisher, args=(broker.url, n_devices, params, workers, logins, there),
+                              daemon=True)
+        devices.start()
         try:
-            server = _server(broker.url, pool.start(), counter)
-            time.sleep(1.5)  # the workers connect and subscribe
-            devices = _devices(broker.url, n_devices)
+            server = _server(broker.url, pool.start(), counter, logins)
+            nbytes = here.recv()  # the devices are connected, their updates made
             _collect(server, model, {"c0"})
-            time.sleep(0.5)
-            seconds = _round(server, counter, devices, bodies, ["c0"] * n_devices, timeout)
+            time.sleep(1.0)  # the workers connect, subscribe and take the round's model
+            pids = {aid: pool.pid(aid) for aid in pool.ids}
+            cpu0 = {aid: _cpu_s(pid) for aid, pid in pids.items()}
+            own0, t0 = _own_cpu_s(), time.perf_counter()
+            reasks = Reasks(1)
+            here.send(sorted(offsets))
+            awaited = set(offsets)
+            sent: dict[str, tuple[int, float]] = {}
+            deadline = time.monotonic() + timeout
+            while awaited:
+                while here.poll():
+                    sent.update({c: (1, time.monotonic()) for c in here.recv()})
+                counter.wait(lambda left=frozenset(awaited): bool(counter.busy)
+                             or any(c in counter.receipts for c in left), 0.2)
+                with counter.cond:
+                    busy, counter.busy = counter.busy, []
+                    awaited -= set(counter.receipts) - set(counter.refused)
+                for cid in busy:
+                    reasks.busy(cid)
+                due = [cid for cid, _ in reasks.due(awaited, sent)]
+                if due:
+                    here.send(due)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{len(awaited)} of {n_devices} updates not receipted in {timeout:g} s")
+            by_aid: dict[str, dict[str, list]] = {}
+            for cid, aid in counter.receipts.items():
+                by_aid.setdefault(aid, {})[cid] = [100, 1.0]
+            for aid, members in sorted(by_aid.items()):
+                server.publish(server.topics.aggregation(), Message(Kind.FLUSH, FED, "server", 1,
+                                                                    {"round": 1, "aggregator": aid,
+                                                                     "members": members}))
+            if not counter.wait(lambda: len(counter.partials) == len(by_aid), timeout):
+                raise TimeoutError(f"{len(counter.partials)} of {len(by_aid)} partial sums in {timeout:g} s")
+            seconds = time.perf_counter() - t0
+            own = _own_cpu_s() - own0
+            cpu = {aid: round(_cpu_s(pid) - cpu0[aid], 2) for aid, pid in pids.items()}
+            peak = {aid: _peak_rss(pid) for aid, pid in pids.items()}
+            here.send(None)
+            while here.poll(1.0):
+                here.recv()
+            devices.join(30)
         finally:
             pool.stop()
-        for d in devices:
-            d.close()
+            if devices.is_alive():
+                devices.kill()
         server.close()
-    mb = sum(map(len, bodies)) / 1e6
+    mb = nbytes / 1e6
     lost, wrong = summed(counter, model, offsets)
     if wrong:
         raise RuntimeError(f"{wrong} partial sum(s) are not the mean of their members' updates")
@@ -190,9 +307,18 @@ def ingest(workers: int, n_devices: int, params: int, timeout: float) -> dict[st
               f"{' ...' if len(lost) > 8 else ''}); refused by the workers: "
               f"{sorted(set(counter.refused.values())) or 'none'}: no rate is reported", file=sys.stderr)
     ok = not lost
+    per_worker = {aid: sum(1 for a in counter.receipts.values() if a == aid) for aid in pids}
+    worker_cpu_per_update = sum(cpu.values()) / max(1, n_devices)
     return {"workers": workers, "devices": n_devices, "mb": round(mb, 1), "seconds": round(seconds, 3),
             "lost": len(lost), "updates_per_s": round(n_devices / seconds, 3) if ok else None,
-            "mb_per_s": round(mb / seconds, 1) if ok else None, "partials": len(counter.partials)}
+            "mb_per_s": round(mb / seconds, 1) if ok else None, "partials": len(counter.partials),
+            "asked_again": sum(reasks.asked.values()), "coordinator_cpu_s": round(own, 3),
+            "coordinator_cpu_ms_per_update": round(1000 * own / n_devices, 2),
+            "worker_cpu_s": cpu, "worker_updates": per_worker,
+            "worker_cpu_ms_per_update": round(1000 * worker_cpu_per_update, 1),
+            "worker_alone_updates_per_s": {aid: round(per_worker[aid] / cpu[aid], 2) if cpu[aid] else None
+                                           for aid in pids},
+            "worker_peak_rss_mb": {aid: round(b / 1e6) for aid, b in peak.items()}}
 
 
 def site(n_devices: int, clusters: int, timeout: float) -> dict[str, Any]:
@@ -225,7 +351,7 @@ def site(n_devices: int, clusters: int, timeout: float) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="6 devices of a 2 M-parameter model; a site of 10")
-    p.add_argument("--devices", type=int, default=20, help="updates per ingest round")
+    p.add_argument("--devices", type=int, default=40, help="updates per ingest round")
     p.add_argument("--params", type=int, default=RESNET18_PARAMS, help="parameters of the ingested model")
     p.add_argument("--site-devices", type=int, default=50)
     p.add_argument("--timeout", type=float, default=600.0)
@@ -233,11 +359,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.devices, args.params, args.site_devices = 6, 2_000_000, 10
     rows = [ingest(w, args.devices, args.params, args.timeout) for w in (1, 2)]
-    print(f"{'workers':>8} {'devices':>8} {'lost':>5} {'MB':>8} {'seconds':>8} {'updates/s':>10} {'MB/s':>8}",
-          file=sys.stderr)
+    print(f"{'workers':>8} {'devices':>8} {'lost':>5} {'asked':>6} {'MB':>8} {'seconds':>8} {'updates/s':>10} "
+          f"{'MB/s':>8} {'coord ms/upd':>13} {'worker ms/upd':>14}", file=sys.stderr)
     for r in rows:
-        print(f"{r['workers']:>8} {r['devices']:>8} {r['lost']:>5} {r['mb']:>8} {r['seconds']:>8} "
-              f"{str(r['updates_per_s']):>10} {str(r['mb_per_s']):>8}", file=sys.stderr)
+        print(f"{r['workers']:>8} {r['devices']:>8} {r['lost']:>5} {r['asked_again']:>6} {r['mb']:>8} "
+              f"{r['seconds']:>8} {str(r['updates_per_s']):>10} {str(r['mb_per_s']):>8} "
+              f"{r['coordinator_cpu_ms_per_update']:>13} {r['worker_cpu_ms_per_update']:>14}", file=sys.stderr)
+        for aid in sorted(r["worker_cpu_s"]):
+            print(f"    {aid}: {r['worker_updates'][aid]} updates in {r['worker_cpu_s'][aid]} CPU s "
+                  f"({r['worker_alone_updates_per_s'][aid]} updates/s alone), peak memory "
+                  f"{r['worker_peak_rss_mb'][aid]} MB", file=sys.stderr)
     sites = [site(args.site_devices, k, args.timeout) for k in (1, 2)]
     for s in sites:
         print(f"site of {s['devices']} devices in {s['clusters']} cluster(s): flat {s['flat_bytes']:,} B, "
@@ -247,6 +378,11 @@ def main(argv: list[str] | None = None) -> int:
            "ingest_lost_w2": rows[1]["lost"], "ingest_updates_per_s_w1": w1, "ingest_updates_per_s_w2": w2,
            "ingest_speedup_w2": round(w2 / w1, 3) if w1 and w2 else None,
            "ingest_devices": args.devices, "ingest_params": args.params,
+           "ingest_asked_again": [r["asked_again"] for r in rows],
+           "coordinator_cpu_share": [round(r["coordinator_cpu_ms_per_update"] / r["worker_cpu_ms_per_update"], 4)
+                                     if r["worker_cpu_ms_per_update"] else None for r in rows],
+           "worker_alone_updates_per_s": [r["worker_alone_updates_per_s"] for r in rows],
+           "worker_peak_rss_mb": [r["worker_peak_rss_mb"] for r in rows],
            "site_uplink_bytes_ratio": sites[0]["ratio"], "site_uplink_bytes_ratio_2_clusters": sites[1]["ratio"],
            "site_devices": args.site_devices}
     print(json.dumps(out))

@@ -327,10 +327,12 @@ def apply_data_change(ctx: DeviceContext) -> None:
 
 
 # -- training, evaluation, keeping ---------------------------------------------------------
-def send_update(state: DeviceState, ctx: DeviceContext, r: int, meta: Mapping[str, Any], body: bytes) -> None:
-    """Send round ``r``'s update, keep it (until the next) for a ``resend``, and say it went out."""
+def send_update(state: DeviceState, ctx: DeviceContext, r: int, meta: Mapping[str, Any], body: bytes, *,
+                partition: int | None = None) -> None:
+    """Send round ``r``'s update (on the update topics' ``partition``, if the server named one), keep it (until
+    the next) for a ``resend``, and say it went out."""
     link = ctx.link
-    sent = state.last_update = SentUpdate(r, link.topics.update(link.cid), dict(meta), body)
+    sent = state.last_update = SentUpdate(r, link.topics.update(link.cid, partition), dict(meta), body)
     link.send(sent.topic, Kind.UPDATE, r, sent.meta, sent.body)
     link.send(link.topics.status(link.cid), Kind.STATUS, r, {"state": "online", "sent": r})
 
@@ -386,7 +388,7 @@ def train(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
         body, extra, _ = codec.encode(upd.model_key, upd.weights, start.weights, start.version, state)
     except ValueError as e:
         raise ValueError(f"round {r}: {e}") from None
-    send_update(state, ctx, r, {**meta, **extra}, body)
+    send_update(state, ctx, r, {**meta, **extra}, body, partition=m.get("partition"))
     log.info("round %d: trained %s on %d samples, loss %.4f; update sent (%d bytes, %s)", r, upd.model_key,
              upd.n_samples, upd.loss, len(body), codec.compression)
 

@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Callable
 
+from .protocol.chunks import BUSY
+
 __all__ = ["RejectionLog"]
 
 
@@ -22,7 +24,8 @@ class RejectionLog:
     Parameters
     ----------
     logger : logging.Logger
-        Where the lines go (at WARNING).
+        Where the lines go: at WARNING, but at INFO for ``busy`` (a transfer
+        that waits its turn: back-pressure, not a fault).
     interval_s : float
         Shortest time between two lines for the same sender and reason.
     max_keys : int
@@ -61,7 +64,8 @@ class RejectionLog:
             while len(self._last) > self.max_keys:
                 self._last.pop(next(iter(self._last)))
         more = f" ({suppressed} more from {key[0]} not logged)" if suppressed else ""
-        self.logger.warning("rejected (%s) from %s: %s%s", key[1], key[0], detail[:300], more)
+        level = logging.INFO if key[1] == BUSY else logging.WARNING
+        self.logger.log(level, "rejected (%s) from %s: %s%s", key[1], key[0], detail[:300], more)
 
     def snapshot(self) -> dict[str, int]:
         """A copy of the counts per reason."""

@@ -208,6 +208,8 @@ COMMANDS: dict[str, dict[str, Field]] = {
         "optimizer": Field("str", choices=("adam", "sgd"), default="adam"),
         # the run's compression of the deltas (edge_sdk.compress.Compression.to_meta); absent: whole weights
         "compress": Field("object", max_len=4),
+        # the partition of the update topics the update goes to (the ingest worker that takes it); absent: none
+        "partition": Field("int", 0, 255),
     },
     "train_ae": {
         "round": _ROUND,

@@ -67,6 +67,7 @@ def device_permissions(cid: str, federations: list[str], root: str) -> dict[str,
     for fed in federations:
         base = f"{root.replace('/', '.')}.{fed}"
         pub += [f"{base}.clients.{cid}.{leaf}" for leaf in DEVICE_LEAVES]
+        pub.append(f"{base}.clients.{cid}.update.*")  # an update on the partition its train command names
         sub += [f"{base}.clients.{cid}.cmd", f"{base}.clusters.*.model", f"{base}.broadcast.cmd",
                 f"{base}.server.status"]
     return {"publish": pub, "subscribe": sub + ["$MQTT.sub.>"]}
@@ -76,6 +77,17 @@ def server_permissions(federations: list[str], root: str) -> dict[str, list[str]
     """The server's NATS permissions: each federation's whole tree."""
     trees = [f"{root.replace('/', '.')}.{fed}.>" for fed in federations]
     return {"publish": trees, "subscribe": trees + ["$MQTT.sub.>"]}
+
+
+def ingest_permissions(index: int, federations: list[str], root: str) -> dict[str, list[str]]:
+    """Ingest worker ``index``'s NATS permissions: its partition of the updates, the server's aggregation
+    messages; it writes under its own ``aggregators/ingest-<index>/``."""
+    pub, sub = [], []
+    for fed in federations:
+        base = f"{root.replace('/', '.')}.{fed}"
+        pub.append(f"{base}.aggregators.ingest-{index}.>")
+        sub += [f"{base}.clients.*.update.{index}", f"{base}.aggregation.cmd"]
+    return {"publish": pub, "subscribe": sub + ["$MQTT.sub.>"]}
 
 
 def _hasher(cost: int) -> object | None:
@@ -117,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--federation", action="append", help="federation (repeat for several; default: default)")
     ap.add_argument("--root", default="fedsketch", help="topic root (default: fedsketch)")
     ap.add_argument("--server-user", default="server", help="the server's user name (default: server)")
+    ap.add_argument("--ingest-workers", type=int, default=0, metavar="W",
+                    help="also the users of the server's W ingest workers (<server-user>-ingest-<i>, the server's "
+                         "password; fedsketch-server --ingest-workers W)")
     ap.add_argument("--out", default="fedsketch-users.conf", help="file to write (default: fedsketch-users.conf)")
     ap.add_argument("--plain", action="store_true", help="write the passwords themselves if no bcrypt is at hand")
     ap.add_argument("--cost", type=int, default=11,
@@ -142,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     check_id(args.server_user, "server user")
     if len(set(ids + [args.server_user])) != len(ids) + 1:
         raise SystemExit("device ids must be distinct and differ from the server's user name")
+    if not 0 <= args.ingest_workers <= 256:
+        ap.error(f"--ingest-workers must be in [0, 256], got {args.ingest_workers}")
     if not 4 <= args.cost <= 31:
         ap.error(f"--cost must be in [4, 31], got {args.cost}")
     hasher = _hasher(args.cost)
@@ -152,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     plain = [(user, "".join(secrets.choice(alphabet) for _ in range(24)))
              for user in [args.server_user, *ids]]
     users = [(args.server_user, plain[0][1], server_permissions(federations, args.root))]
+    users += [(f"{args.server_user}-ingest-{i}", plain[0][1], ingest_permissions(i, federations, args.root))
+              for i in range(args.ingest_workers)]
     users += [(cid, pw, device_permissions(cid, federations, args.root)) for cid, pw in plain[1:]]
     text = render([(u, hasher(pw) if hasher else pw, p) for u, pw, p in users])  # type: ignore[operator]
     fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -22,6 +22,7 @@ from .bodies import (
     tensors_body,
 )
 from .chunks import (
+    BUSY,
     DEFAULT_CHUNK_DEADLINE,
     DEFAULT_CHUNK_MEMORY,
     DEFAULT_CHUNK_PENDING_PER_SENDER,
@@ -48,9 +49,10 @@ from .envelope import (
     decode_message,
     encode_message,
 )
-from .topics import Topics
+from .topics import MAX_PARTITIONS, Topics, partition_of
 
 __all__ = [
+    "BUSY",
     "DEFAULT_CHUNK_DEADLINE",
     "DEFAULT_CHUNK_MEMORY",
     "DEFAULT_CHUNK_PENDING_PER_SENDER",
@@ -64,6 +66,7 @@ __all__ = [
     "MAX_META_BYTES",
     "MAX_META_DEPTH",
     "MAX_META_INT",
+    "MAX_PARTITIONS",
     "Message",
     "PROTOCOL_VERSION",
     "ProtocolError",
@@ -78,6 +81,7 @@ __all__ = [
     "encode_message",
     "parse_sketch",
     "parse_tensors",
+    "partition_of",
     "sketch_body",
     "split_payload",
     "tensors_body",

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from .envelope import HEADER_SIZE, MAGIC, Kind, Message, ProtocolError, encode_message
 
 __all__ = [
+    "BUSY",
     "DEFAULT_CHUNK_DEADLINE",
     "DEFAULT_CHUNK_MEMORY",
     "DEFAULT_CHUNK_PENDING_PER_SENDER",
@@ -32,6 +33,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: The reason a receiver refuses a transfer it has no room (or no round) for yet: its sender may send it again.
+BUSY = "busy"
 
 _CHUNK_KEYS = frozenset({"id", "i", "n", "size", "sha256", "k"})
 _MAX_TRANSFER_ID = 64
@@ -45,6 +49,8 @@ DEFAULT_CHUNK_DEADLINE = 600.0
 DEFAULT_CHUNK_PENDING_PER_SENDER = 2
 #: ... most bytes all pending transfers may declare together.
 DEFAULT_CHUNK_MEMORY = 512 * 1024 * 1024
+#: ... how long a chunk may be missing below one received before the transfer counts as cut (seconds).
+DEFAULT_CHUNK_GAP = 5.0
 _INNER_KINDS = frozenset(int(k) for k in Kind if k != Kind.CHUNK)
 
 
@@ -169,6 +175,10 @@ class _Partial:
     touched: float
     parts: dict[int, bytes] = field(default_factory=dict)
     received: int = 0
+    #: The highest chunk index received.
+    last: int = -1
+    #: Since when a chunk below :attr:`last` is missing (None: none is).
+    gap_since: float | None = None
 
 
 class Reassembler:
@@ -180,7 +190,13 @@ class Reassembler:
     transfers (``max_pending``) while others are in progress is refused as
     ``busy``: it is not the sender's fault, and its chunks are dropped
     quietly (:attr:`deferred_chunks`) so that the sender can be asked to send
-    it again once there is room (the server does so: :mod:`server_kit.rounds.reask`). Each sender also has its own
+    it again once there is room (the server does so: :mod:`server_kit.rounds.reask`).
+    So is a transfer with a chunk missing below one received for ``gap_s``: a
+    sender's chunks come in order but for a reconnection's redeliveries, so
+    the missing one was dropped on the way (a broker drops a slow subscriber's
+    messages past its queue limits). It is dropped, its memory freed
+    (:attr:`gaps`), at its next chunk or by :meth:`expire`, which lists it in
+    :attr:`lost` for whoever can ask its sender again. Each sender also has its own
     budget (``max_pending_per_sender`` transfers, ``max_sender_bytes``
     declared bytes), checked after the global ones: a sender over its budget
     is refused without taking a slot or a byte from anyone else. A transfer
@@ -225,6 +241,7 @@ class Reassembler:
         deadline_s: float = DEFAULT_CHUNK_DEADLINE,
         max_pending_per_sender: int = DEFAULT_CHUNK_PENDING_PER_SENDER,
         max_sender_bytes: int | None = None,
+        gap_s: float = DEFAULT_CHUNK_GAP,
     ) -> None:
         if max_total_bytes < 1 or max_pending < 1 or not timeout_s > 0:
             raise ValueError(
@@ -244,6 +261,7 @@ class Reassembler:
         self.clock = clock
         self.deadline_s = float(deadline_s)
         self.max_pending_per_sender = int(max_pending_per_sender)
+        self.gap_s = float(gap_s)
         if max_sender_bytes is None:
             max_sender_bytes = self.max_size if self.max_size is not None else self.max_total_bytes
         self.max_sender_bytes = int(max_sender_bytes)
@@ -260,6 +278,10 @@ class Reassembler:
         self._deferred: OrderedDict[tuple[str, str, str], float] = OrderedDict()
         #: Chunks dropped because their transfer was refused as busy.
         self.deferred_chunks = 0
+        #: Transfers dropped because chunks went missing on the way (a gap older than ``gap_s``).
+        self.gaps = 0
+        #: The (federation, sender, inner kind) of the transfers :meth:`expire` dropped for a gap, until taken.
+        self.lost: list[tuple[str, str, int | None]] = []
 
     def pending(self) -> int:
         """Number of transfers in progress."""
@@ -284,6 +306,7 @@ class Reassembler:
             "expired_deadline": self.expired_deadline,
             "refused": dict(self.refused),
             "deferred_chunks": self.deferred_chunks,
+            "gaps": self.gaps,
         }
 
     def _sender_load(self, federation: str, sender: str) -> tuple[int, int]:
@@ -305,7 +328,12 @@ class Reassembler:
         now = self.clock()
         dropped = 0
         for key, p in list(self._partials.items()):
-            if now - p.started > self.deadline_s:
+            if p.gap_since is not None and now - p.gap_since > self.gap_s and now - p.touched > self.gap_s:
+                self._deferred[key] = now
+                self.gaps += 1
+                self.lost.append((key[0], key[1], p.kind))
+                why = f"chunks missing below chunk {p.last} for {now - p.gap_since:.1f} s (dropped on the way?)"
+            elif now - p.started > self.deadline_s:
                 why = f"not complete {self.deadline_s:g} s after its first chunk"
                 self.expired_deadline += 1
             elif now - p.touched > self.timeout_s:
@@ -402,7 +430,7 @@ class Reassembler:
                     "are taken" if self.pending_bytes() + size > self.max_total_bytes else None)
             if busy is not None:
                 self._deferred[key] = now
-                raise ProtocolError("busy", f"transfer {tid} of {size} bytes must wait its turn: {busy}")
+                raise ProtocolError(BUSY, f"transfer {tid} of {size} bytes must wait its turn: {busy}")
             count, nbytes = self._sender_load(msg.federation, msg.sender)
             if count >= self.max_pending_per_sender:
                 raise ProtocolError(
@@ -430,9 +458,21 @@ class Reassembler:
         if part.received + len(msg.body) > part.size:
             del self._partials[key]
             raise ProtocolError("chunk", f"transfer {tid} received more than its declared {part.size} bytes; dropped")
+        if part.gap_since is not None and now - part.gap_since > self.gap_s:
+            del self._partials[key]
+            self._deferred[key] = now
+            self.gaps += 1
+            raise ProtocolError(BUSY, f"transfer {tid} has missed chunks below chunk {part.last} for "
+                                      f"{now - part.gap_since:.1f} s (dropped on the way?); dropped, its sender "
+                                      "is asked again")
+        if i > part.last + 1 and part.gap_since is None:
+            part.gap_since = now
+        part.last = max(part.last, i)
         part.parts[i] = msg.body
         part.received += len(msg.body)
         part.touched = now
+        if part.gap_since is not None and len(part.parts) == part.last + 1:
+            part.gap_since = None  # the missing ones came (out of order)
         if len(part.parts) < part.n:
             return None
         del self._partials[key]

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import numpy as np
 
 from .envelope import ProtocolError, check_id
 
-__all__ = ["Topics"]
+__all__ = ["MAX_PARTITIONS", "Topics", "partition_of"]
+
+#: Most partitions the update topics may be cut into (one per ingest worker).
+MAX_PARTITIONS = 256
+
+
+def partition_of(cid: str, count: int) -> int:
+    """The partition (of ``count``) of device ``cid``'s update topic: a hash of its id, the same everywhere."""
+    return zlib.crc32(cid.encode("utf-8")) % count
 
 
 def _check_root(root: str) -> str:
@@ -28,6 +37,7 @@ class Topics:
     ========================================  ===========================
     ``clients/<id>/hello|sketch|update|``     client -> server
     ``status|metrics``
+    ``clients/<id>/update/<p>``               client -> ingest worker ``p``
     ``clients/<id>/cmd``                      server -> one client
     ``clusters/<k>/model``                    server -> a cluster
     ``broadcast/cmd``                         server -> all clients
@@ -79,9 +89,18 @@ class Topics:
         """Client -> server: the sketch."""
         return self._client(cid, "sketch")
 
-    def update(self, cid: str) -> str:
-        """Client -> server: trained weights."""
-        return self._client(cid, "update")
+    def update(self, cid: str, partition: int | None = None) -> str:
+        """Client -> server: trained weights; with ``partition``, to the ingest worker that takes that partition."""
+        topic = self._client(cid, "update")
+        if partition is None:
+            return topic
+        if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < MAX_PARTITIONS:
+            raise ValueError(f"partition must be an integer in [0, {MAX_PARTITIONS}), got {partition!r}")
+        return f"{topic}/{partition}"
+
+    def partition_updates(self, partition: int) -> str:
+        """Filter over every client's updates on ``partition`` (what ingest worker ``partition`` takes)."""
+        return self.update("+", partition)
 
     def status(self, cid: str) -> str:
         """Client -> server: online/offline (the last will goes here)."""
@@ -134,7 +153,7 @@ class Topics:
         return parsed[1]
 
     def parse(self, topic: str) -> tuple[str, str, str] | None:
-        """Split a topic of this federation into (scope, id, leaf).
+        """Split a topic of this federation into (scope, id, leaf) (an update's partition is not returned).
 
         Scope is ``"clients"``, ``"clusters"``, ``"aggregators"``,
         ``"server"``, ``"broadcast"`` or ``"aggregation"``; the id is empty
@@ -145,6 +164,9 @@ class Topics:
         if not topic.startswith(prefix):
             return None
         parts = topic[len(prefix) :].split("/")
+        if len(parts) == 4 and parts[0] == "clients" and parts[2] == "update" and parts[3].isdigit() \
+                and parts[3].isascii() and int(parts[3]) < MAX_PARTITIONS:
+            parts = parts[:3]  # an update on a partition: the same device, the same leaf
         if len(parts) == 3 and parts[0] in ("clients", "clusters", "aggregators"):
             scope, ident, leaf = parts
         elif len(parts) == 2 and parts[0] in ("server", "broadcast", "aggregation"):

@@ -8,6 +8,7 @@ import time
 from typing import Any, Callable
 
 from ..protocol import (
+    BUSY,
     DEFAULT_CHUNK_DEADLINE,
     DEFAULT_CHUNK_MEMORY,
     DEFAULT_CHUNK_PENDING_PER_SENDER,
@@ -130,9 +131,19 @@ class Inbox:
         self.chunk_router: Callable[[str, str, bytes], bool] | None = None
 
     def expire(self) -> int:
-        """Drop stalled or overdue partial transfers now; returns how many (thread-safe)."""
+        """Drop stalled, overdue or cut partial transfers now; returns how many (thread-safe).
+
+        An update cut on the way (chunks missing for the reassembler's ``gap_s``) is refused as ``busy`` to
+        the rejection listeners, on its sender's update topic, so that the server asks for it again.
+        """
         with self._lock:  # the reassembler is not thread-safe
-            return self._reassembler.expire()
+            n = self._reassembler.expire()
+            lost, self._reassembler.lost = self._reassembler.lost, []
+        for federation, sender, kind in lost:
+            if federation == self.topics.federation and kind == Kind.UPDATE:
+                self._reject(self.topics.update(sender), ProtocolError(
+                    BUSY, f"an update from {sender} lost chunks on the way; dropped, its sender is asked again"))
+        return n
 
     def chunk_stats(self) -> dict[str, Any]:
         """The reassembler's counters (thread-safe)."""

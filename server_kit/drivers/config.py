@@ -72,6 +72,9 @@ class ServerConfig:
     model_delivery: str = "auto"
     #: How long a round's close waits for the aggregators' partial sums (server_kit.partials).
     partial_timeout_s: float = 60.0
+    #: A device that said it sent its update, and whose update has not arrived this long after, is asked for
+    #: it again, once (server_kit.rounds.reask).
+    reask_lost_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -83,7 +86,7 @@ class ServerConfig:
             if not 0.0 < v <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {v}")
         for name in ("register_timeout_s", "sketch_timeout_s", "round_timeout_s", "eval_timeout_s",
-                     "progress_grace_s", "partial_timeout_s"):
+                     "progress_grace_s", "partial_timeout_s", "reask_lost_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("first_round_timeout_s", "max_round_s"):

@@ -65,6 +65,7 @@ from .config import ServerConfig
 from .final_eval import final_evaluation
 from .phase import Phase
 from .registration import register, rejoin
+from .remote import Ingest
 from .resketch import drift_totals
 from .result import RunResult
 from .run_state import RunRecord, restore_run, save_run
@@ -88,11 +89,10 @@ class Orchestrator:
         template: Mapping[str, np.ndarray] | None = None,
         on_round: Callable[[dict[str, Any]], None] | None = None,
         aggregators: Mapping[str, Any] | None = None,
-        updates_elsewhere: bool = False,
-        alive: Callable[[str], bool] | None = None,
+        ingest: Ingest | None = None,
     ) -> None:
-        if updates_elsewhere and not aggregators:
-            raise ValueError("updates_elsewhere needs aggregators to take the updates")
+        if ingest is not None and not set(ingest.workers) <= set(aggregators or ()):
+            raise ValueError("the ingest workers must be among the aggregators (their keys)")
         self.strategy = strategy
         self.transport = transport
         self.config = config
@@ -101,7 +101,7 @@ class Orchestrator:
         self.record = RunRecord()
         self.parts = parts = wire_run(strategy, transport, config, run_id=lambda: self.record.run_id,
                                       write_state=self._write_state, template=template, aggregators=aggregators,
-                                      alive=alive)
+                                      ingest=ingest)
         self.topics, self.link, self.pace, self.run_models = parts.topics, parts.link, parts.pace, parts.run_models
         self.fleet, self.intake, self.delivery = parts.fleet, parts.intake, parts.delivery
         self.assignments, self.service, self.resketch = parts.assignments, parts.service, parts.resketch
@@ -109,7 +109,7 @@ class Orchestrator:
         #: Refused messages per reason (logged once per sender and reason per interval).
         self.rejected: dict[str, int] = parts.rejections.counts
         #: Whether only aggregators take the devices' updates (ingest workers): the server does not subscribe.
-        self.updates_elsewhere = bool(updates_elsewhere)
+        self.updates_elsewhere = ingest is not None
 
     @property
     def run_id(self) -> str:

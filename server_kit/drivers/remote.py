@@ -32,20 +32,50 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from edge_sdk.protocol import Kind, Message, ProtocolError, parse_tensors, tensors_body
+from edge_sdk.protocol import (
+    Kind,
+    Message,
+    ProtocolError,
+    parse_tensors,
+    partition_of,
+    tensors_body,
+)
 from edge_sdk.schema import check_meta
 
 from ..robust.screening import Verdict, sample_cap
 from ..rounds.arrivals import PartialSum
+from ..rounds.round_wait import RoundWait
 from ..strategies.base import Strategy
 from .intake import Intake
 from .link import ServerLink
 from .models import RunModels
 
-__all__ = ["RemoteRound"]
+__all__ = ["Ingest", "RemoteRound"]
+
+
+@dataclass(frozen=True)
+class Ingest:
+    """Ingest workers beside the server, as the run sees them (:class:`server_kit.partials.IngestWorkers`).
+
+    The update topics are cut into ``len(workers)`` partitions: a device's ``train`` command names its own
+    (:func:`edge_sdk.protocol.partition_of`), and ``workers[p]`` takes partition ``p``. The server does not
+    subscribe to the updates.
+    """
+
+    #: The workers' aggregator ids, in the order of their partitions.
+    workers: Sequence[str]
+    #: ``alive(aid)``: whether aggregator ``aid`` runs (a dead one's updates are not waited for).
+    alive: Callable[[str], bool]
+    #: Starts the dead workers again; returns their new keys (:class:`edge_sdk.signing.Verifier`), by id.
+    revive: Callable[[], Mapping[str, Any]]
+
+    @property
+    def partitions(self) -> int:
+        return len(self.workers)
 
 log = logging.getLogger(__name__)
 
@@ -63,25 +93,30 @@ class RemoteRound:
         The models a round's updates start from, and their versions.
     models : RunModels
         The tensor spec of a partial sum.
-    aggregators : collection of str
-        The ids whose keys the transport holds (``TransportBase.accept_aggregators``).
+    aggregators : mapping
+        Each aggregator's public key by id (``TransportBase.accept_aggregators``).
     timeout_s : float
         How long the close waits for partial sums.
-    alive : callable, optional
-        ``alive(aid)``: False gives up on an aggregator at once (an ingest
-        worker that died); default: every aggregator is waited for.
+    ingest : Ingest, optional
+        The ingest workers among the aggregators: a dead one is given up on
+        at once, started again while a round waits (:meth:`revive`), and the
+        updates it held are asked for again.
     """
 
     def __init__(self, link: ServerLink, intake: Intake, strategy: Strategy, models: RunModels,
-                 aggregators: Any, *, timeout_s: float = 60.0, alive: Callable[[str], bool] | None = None) -> None:
+                 aggregators: Mapping[str, Any], *, timeout_s: float = 60.0, ingest: Ingest | None = None) -> None:
         self.link = link
         self.intake = intake
         self.strategy = strategy
         self.models = models
         self.aggregators = frozenset(aggregators)
+        #: Each aggregator's public key (a worker started again brings a new one).
+        self.verifiers = dict(aggregators)
         self.timeout_s = float(timeout_s)
-        self.alive = alive or (lambda aid: True)
+        self.ingest = ingest
+        self.alive = ingest.alive if ingest is not None else (lambda aid: True)
         self.round = -1
+        self._keys: list[str] = []
         #: Each held update's delta norm (None when the receipt gave none: not finite), by client.
         self.norms: dict[str, float | None] = {}
         #: Each held update's model, and the aggregator holding it, by client.
@@ -94,6 +129,39 @@ class RemoteRound:
         self.combined = 0
         self.lost: dict[str, int] = {}
 
+    # -- a dead ingest worker -------------------------------------------------------
+    def revive(self, wait: RoundWait, sent: Mapping[str, tuple[int, float]]) -> list[str]:
+        """Start the dead ingest workers again; returns the devices of ``wait``'s round to ask again.
+
+        Those are the updates a revived worker held (its receipts are forgotten: the round waits for them
+        again) and the updates said ``sent`` (``{cid: (round, when)}``) to its partition and not receipted.
+        """
+        if self.ingest is None:
+            return []
+        revived = self.ingest.revive()
+        if not revived:
+            return []
+        self.verifiers.update(revived)
+        self.link.transport.accept_aggregators(self.verifiers)
+        self._collect()  # the new process resumes the worker's session: the round's models reach it
+        partitions = {aid: p for p, aid in enumerate(self.ingest.workers)}
+        lost = []
+        for aid in sorted(revived):
+            held = sorted(cid for cid, a in self.held_by.items() if a == aid)
+            for cid in held:
+                del self.held_by[cid]
+                self.norms.pop(cid, None)
+                self.keys.pop(cid, None)
+                self.intake.held_elsewhere.pop(cid, None)
+                wait.reopen(cid)
+            p = partitions[aid]
+            in_flight = sorted(cid for cid in wait.left if cid not in held and sent.get(cid, (-1,))[0] == wait.round
+                               and partition_of(cid, self.ingest.partitions) == p)
+            log.warning("round %d: ingest worker %s started again; asking again for the %d update(s) it held and "
+                        "the %d sent to it meanwhile", wait.round, aid, len(held), len(in_flight))
+            lost += held + in_flight
+        return lost
+
     # -- the round opens --------------------------------------------------------
     def open(self, rnd: int, keys: Any) -> None:
         """Round ``rnd`` opens: send every aggregator the models its updates start from (``COLLECT``)."""
@@ -102,11 +170,16 @@ class RemoteRound:
         self._asked, self._partials = {}, {}
         #: This round's held updates no partial sum carried, with the reason (for the round's record).
         self.refused_by: dict[str, str] = {}
-        versions = self.strategy.versions
-        versions.sync(self.strategy.models)  # a model new or changed outside aggregation: its version now
-        codec = self.intake.codec
-        for key in sorted(set(keys)):
-            meta: dict[str, Any] = {"round": rnd, "model_key": key, **codec.base_meta(versions.version.get(key))}
+        self._keys = sorted(set(keys))
+        self.strategy.versions.sync(self.strategy.models)  # a model new or changed outside aggregation: its version
+        self._collect()
+
+    def _collect(self) -> None:
+        """Send the round's ``COLLECT`` of each of its models (once more for a worker started again)."""
+        versions, codec = self.strategy.versions, self.intake.codec
+        for key in self._keys:
+            meta: dict[str, Any] = {"round": self.round, "model_key": key,
+                                    **codec.base_meta(versions.version.get(key))}
             self.link.send(self.link.topics.aggregation(), Kind.COLLECT, meta=meta,
                            body=tensors_body(self.strategy.models[key]))
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from edge_sdk.compress.update_codec import UpdateCodec
+from edge_sdk.protocol import partition_of
 from edge_sdk.protocol.commands import Op
 from edge_sdk.tasks import Task
 
@@ -68,7 +69,10 @@ class MqttRoundPort:
         arch = self.architecture()
         extra: dict[str, Any] = {"architecture": arch} if arch else {}
         extra.update(self.codec.command_meta)  # how the devices send their updates
+        ingest = None if self._remote is None else self._remote.ingest
         for t in tasks:
+            if ingest is not None:  # its update goes to the ingest worker of its partition
+                extra["partition"] = partition_of(t.cid, ingest.partitions)
             self.link.command(t.cid, Op.TRAIN, round=rnd, models=sorted(t.models), evaluate_first=t.evaluate_first,
                               **extra, **t.settings.to_dict())
         return delivered, deliveries
@@ -96,9 +100,13 @@ class MqttRoundPort:
         return wait_round(pump, wait, policy, self.pace, claims)
 
     def ask_again(self, wait: RoundWait) -> None:
-        """Send the ``resend`` commands the round's :class:`~server_kit.rounds.reask.Reasks` says are due."""
+        """Start dead ingest workers again; send the ``resend`` commands the round's
+        :class:`~server_kit.rounds.reask.Reasks` says are due (the lost updates of a dead worker among them)."""
         clients = self.fleet.clients
-        sent = {cid: s for cid in wait.left if (s := clients[cid].sent) is not None}
+        sent = {cid: s for cid in wait.expected if (s := clients[cid].sent) is not None}
+        if self._remote is not None:
+            for cid in self._remote.revive(wait, sent):
+                wait.reasks.lost(cid, again=True)
         for cid, why in wait.reasks.due(wait.left, sent):
             log.info("round %d: asking %s for its update again (%s)", wait.round, cid, why.value)
             self.link.command(cid, Op.RESEND, round=wait.round)

@@ -38,7 +38,7 @@ from .intake import Intake
 from .link import ServerLink
 from .models import RunModels
 from .phase import Phase
-from .remote import RemoteRound
+from .remote import Ingest, RemoteRound
 from .resketch import Resketch
 from .round_port import MqttRoundPort
 from .router import MessageRouter
@@ -92,7 +92,7 @@ def _no_router(topic: str, msg: Message) -> None:
 
 def wire_run(strategy: Strategy, transport: Any, config: ServerConfig, *, run_id: Callable[[], str],
              write_state: Callable[[str | Path, int], None], template: Mapping[str, np.ndarray] | None = None,
-             aggregators: Mapping[str, Any] | None = None, alive: Callable[[str], bool] | None = None) -> RunParts:
+             aggregators: Mapping[str, Any] | None = None, ingest: Ingest | None = None) -> RunParts:
     """Build the parts of a run of ``strategy`` over ``transport``, wired to each other.
 
     ``run_id()``: the run's id now (a resumed run takes its checkpoint's);
@@ -100,7 +100,8 @@ def wire_run(strategy: Strategy, transport: Any, config: ServerConfig, *, run_id
     ``server-state``). With ``aggregators`` (their public keys by id), the
     transport accepts their signed messages and the rounds take their
     receipts and partial sums; a strategy that cannot combine partial sums is
-    refused here.
+    refused here. With ``ingest`` (some of those aggregators are ingest
+    workers), devices send their updates to the workers' partitions.
     """
     if aggregators:
         why = partials_refusal(strategy.capabilities, strategy.robust.aggregator)
@@ -130,8 +131,8 @@ def wire_run(strategy: Strategy, transport: Any, config: ServerConfig, *, run_id
     remote = None
     if aggregators:
         transport.accept_aggregators(aggregators)
-        remote = RemoteRound(link, intake, strategy, run_models, list(aggregators),
-                             timeout_s=config.partial_timeout_s, alive=alive)
+        remote = RemoteRound(link, intake, strategy, run_models, aggregators, timeout_s=config.partial_timeout_s,
+                             ingest=ingest)
 
     def hand_over(cid: str) -> None:  # while serving: a device just placed (or known) gets its model and a keep
         if intake.phase is Phase.SERVE:

@@ -1,8 +1,8 @@
 """One aggregator: it takes devices' updates, checks and holds them, and sends receipts and partial sums.
 
 A :class:`PartialAggregator` serves the coordinator (``fedsketch-server``)
-in two settings with one protocol: as an ingest worker beside it (on a shared
-subscription of the core broker, :mod:`.ingest`) and as a site aggregator
+in two settings with one protocol: as an ingest worker beside it (on its
+partition of the core broker's update topics, :mod:`.ingest`) and as a site aggregator
 beside a site broker bridged to the core (``fedsketch-aggregator``, :mod:`.cli`).
 
 Per round:
@@ -42,7 +42,7 @@ import numpy as np
 
 from edge_sdk.compress import Compression
 from edge_sdk.compress.update_codec import UpdateCodec, update_codec
-from edge_sdk.protocol import Kind, Message, ProtocolError, parse_tensors, tensors_body
+from edge_sdk.protocol import BUSY, Kind, Message, ProtocolError, parse_tensors, tensors_body
 from edge_sdk.schema import check_meta
 
 from ..aggregate import fedavg
@@ -85,7 +85,7 @@ class PartialAggregator:
         The aggregator's id (its topics ``aggregators/<aid>/``).
     updates_filter : str, optional
         The subscription its updates come on (default: every device's
-        ``update`` topic; ``$share/<group>/...`` for ingest workers).
+        ``update`` topic; one partition of them for an ingest worker).
     """
 
     def __init__(self, transport: Any, aid: str, *, updates_filter: str | None = None) -> None:
@@ -154,8 +154,10 @@ class PartialAggregator:
         rnd, key = meta["round"], meta["model_key"]
         with self._lock:
             base = self.base
-            if base is None:
-                raise ProtocolError("stale-update", f"update for round {rnd}; this aggregator collects no round yet")
+            if base is None or (isinstance(rnd, int) and rnd > base.round):
+                # a worker just started again, its round's models still on their way: not the device's fault
+                raise ProtocolError(BUSY, f"update for round {rnd} came before that round's models; the server "
+                                          "asks for it again")
             admit_update(cid, meta, open_round=base.round, tasked=True, allowed=base.models.keys(),
                          version_of=base.versions.get, codec=base.codec, held=cid in self.held)
             model = base.models[key]

@@ -9,6 +9,7 @@ from typing import Any
 from edge_sdk.protocol import ProtocolError, check_id
 from edge_sdk.signing import Verifier, load_verifier
 
+from ..drivers.remote import Ingest
 from ..strategies.capabilities import partials_refusal
 from .ingest import IngestWorkers
 
@@ -101,8 +102,10 @@ class ScaleOut:
         if not self._verifiers:
             return {}
         workers = self.workers
-        return {"aggregators": self._verifiers, "updates_elsewhere": workers is not None,
-                "alive": (lambda aid: aid in self.sites or workers.alive(aid)) if workers is not None else None}
+        if workers is None:
+            return {"aggregators": self._verifiers}
+        ingest = Ingest(workers.ids, alive=lambda aid: aid in self.sites or workers.alive(aid), revive=workers.revive)
+        return {"aggregators": self._verifiers, "ingest": ingest}
 
 
 def _public_of(signing_key: str | None) -> str | None:

@@ -12,8 +12,8 @@ again, while it still waits for the device, in two cases (:class:`ReaskWhy`):
   that the devices told to wait together do not all come back together), as
   often as it takes;
 - **lost**: the device said it sent its update (its status ``sent``) and,
-  ``lost_after_s`` later, nothing of it arrived; or the ingest worker that
-  held it died. Asked again once.
+  ``lost_after_s`` later, nothing of it arrived (asked again once); or the
+  ingest worker that held it, or was to take it, died (asked again then).
 
 :class:`Reasks` only decides; the round's port sends the commands.
 """
@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 
-__all__ = ["BUSY", "ReaskWhy", "Reasks"]
+from edge_sdk.protocol import BUSY
 
-#: The reason under which a receiver refuses a transfer it has no room for now (``edge_sdk.protocol.chunks``).
-BUSY = "busy"
+__all__ = ["BUSY", "ReaskWhy", "Reasks"]
 
 
 class ReaskWhy(Enum):
@@ -78,9 +77,10 @@ class Reasks:
         self._due[cid] = (self.clock() + delay, ReaskWhy.BUSY)
         return delay
 
-    def lost(self, cid: str) -> bool:
-        """``cid``'s update is known lost: asked again now, unless it was once already; whether it will be."""
-        if cid in self._lost:
+    def lost(self, cid: str, *, again: bool = False) -> bool:
+        """``cid``'s update is known lost: asked again now, unless it was once already (``again``: even so, for an
+        update a dead ingest worker held); whether it will be."""
+        if cid in self._lost and not again:
             return False
         self._lost.add(cid)
         self._due[cid] = (self.clock(), ReaskWhy.LOST)

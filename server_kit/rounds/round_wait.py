@@ -35,6 +35,7 @@ from typing import Any, Callable
 from edge_sdk.tasks import Task
 
 from .goals import goal_count
+from .reask import Reasks
 
 __all__ = ["Awaited", "CloseReason", "DeviceOutcome", "RoundClose", "RoundGroup", "RoundWait", "WaitRecord"]
 
@@ -178,6 +179,8 @@ class RoundWait(Awaited):
         self.screened: dict[str, str] = {}
         #: When every group first had its goal (seconds from the start), or None.
         self.goal_s: float | None = None
+        #: The round's requests for updates again (the receiver had no room, or lost one).
+        self.reasks = Reasks(rnd, clock=clock)
         super().__init__("update", (t.cid for t in tasks), online)
 
     def _wait_for(self, cid: str) -> None:
@@ -205,6 +208,19 @@ class RoundWait(Awaited):
         super().answer(kind, cid)
         if self.goal_s is None and self.goal_met():
             self.goal_s = self.reported_at[cid]
+
+    def reopen(self, cid: str) -> None:
+        """``cid``'s valid update was lost after it arrived (the ingest worker holding it died): awaited again."""
+        if cid not in self.answered:
+            return
+        self.answered.discard(cid)
+        self._reported[self.group_of[cid]] -= 1
+        self.reported_at.pop(cid, None)
+        if cid in self.refusals:
+            self._refused[self.group_of[cid]] += 1
+        if not self.goal_met():
+            self.goal_s = None
+        self._wait_for(cid)
 
     def refuse(self, cid: str, reason: str) -> bool:
         """A refused update of ``cid``: recorded, counted toward the goal as an answer. Whether it was tasked.
@@ -263,7 +279,7 @@ class RoundWait(Awaited):
             reported_s={c: round(s, 3) for c, s in sorted(self.reported_at.items())},
             close=close.reason, close_s=round(close.close_s, 3),
             goal_s=None if close.goal_s is None else round(close.goal_s, 3),
-            extended_by=tuple(sorted(close.extended_by)))
+            extended_by=tuple(sorted(close.extended_by)), reasked=self.reasks.to_dict())
 
 
 @dataclass(frozen=True)
@@ -296,6 +312,8 @@ class WaitRecord:
     goal_s: float | None = None
     #: The devices whose progress claims extended the deadline.
     extended_by: tuple[str, ...] = field(default_factory=tuple)
+    #: Updates asked for again, per reason (:class:`~.reask.ReaskWhy`'s value).
+    reasked: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The wait's fields of the round's record in ``results.json``."""
@@ -304,5 +322,5 @@ class WaitRecord:
             "stragglers": list(self.stragglers), "offline": list(self.offline), "refused": dict(self.refused),
             "goals": {k: vars(g).copy() for k, g in self.goals.items()}, "reported_s": dict(self.reported_s),
             "close": self.close.value, "close_s": self.close_s, "goal_s": self.goal_s,
-            "extended_by": list(self.extended_by),
+            "extended_by": list(self.extended_by), "reasked": dict(self.reasked),
         }

@@ -161,7 +161,7 @@ def test_idle_transfer_expires_and_frees_its_bytes():
     assert r.expire() == 1
     assert (r.pending(), r.pending_bytes(), r.held_bytes()) == (0, 0, 0)
     assert r.stats() == {"pending": 0, "pending_bytes": 0, "held_bytes": 0, "expired": 1,
-                         "expired_deadline": 0, "refused": {}, "deferred_chunks": 0}
+                         "expired_deadline": 0, "refused": {}, "deferred_chunks": 0, "gaps": 0}
 
 
 def test_completed_transfer_holds_nothing():
@@ -218,7 +218,7 @@ def test_broker_config_chunk_defaults_reach_the_reassembler():
     assert MqttTransport(BrokerConfig(max_message=10**6), "c2", federation=FED)._inbox._reassembler.max_sender_bytes \
         == 10**6
     assert t.stats()["chunks"] == {"pending": 0, "pending_bytes": 0, "held_bytes": 0, "expired": 0,
-                                   "expired_deadline": 0, "refused": {}, "deferred_chunks": 0}
+                                   "expired_deadline": 0, "refused": {}, "deferred_chunks": 0, "gaps": 0}
 
 
 def test_memory_transport_expires_on_request_and_counts_refusals(server_transport):
@@ -240,7 +240,7 @@ def test_memory_transport_expires_on_request_and_counts_refusals(server_transpor
     assert [m.body for m in got] == [body]
     chunks_state = server.stats()["chunks"]
     assert chunks_state == {"pending": 2, "pending_bytes": 2000, "held_bytes": 2, "expired": 0,
-                            "expired_deadline": 0, "refused": {"pending": 1}, "deferred_chunks": 0}
+                            "expired_deadline": 0, "refused": {"pending": 1}, "deferred_chunks": 0, "gaps": 0}
     clock.now = 106.0
     assert server.expire_chunks() == 2
     assert server.stats()["chunks"]["pending"] == 0 and server.stats()["chunks"]["expired"] == 2
@@ -318,7 +318,7 @@ def test_one_flooding_sender_does_not_starve_honest_updates(connect):
     assert server.rejected == {"pending": refused}
     state = server.stats()["chunks"]
     assert state == {"pending": 2, "pending_bytes": 2000, "held_bytes": 2 * rounds, "expired": 0,
-                     "expired_deadline": 0, "refused": {"pending": refused}, "deferred_chunks": 0}
+                     "expired_deadline": 0, "refused": {"pending": refused}, "deferred_chunks": 0, "gaps": 0}
     assert all(t.stats()["sent"]["UPDATE"]["chunks"] > 12 for t in honest)
 
 
@@ -341,5 +341,31 @@ def test_partial_transfer_is_freed_without_further_traffic(connect):
     assert wait_for(lambda: server.stats()["chunks"]["pending"] == 0, timeout=4)
     assert time.monotonic() - t0 >= 0.5
     assert server.stats()["chunks"] == {"pending": 0, "pending_bytes": 0, "held_bytes": 0, "expired": 1,
-                                        "expired_deadline": 0, "refused": {}, "deferred_chunks": 0}
+                                        "expired_deadline": 0, "refused": {}, "deferred_chunks": 0, "gaps": 0}
     assert got.messages == [] and server.rejected == {}
+
+
+def test_a_transfer_whose_chunks_were_dropped_on_the_way_is_given_up_as_busy():
+    clock = Clock()
+    r = Reassembler(clock=clock, gap_s=5.0)
+    msgs = chunks("c07")  # 13 chunks
+    for j in (0, 1, 3):  # chunk 2 dropped by a full queue
+        assert r.feed(msgs[j]) is None
+    clock.now += 4.0
+    assert r.feed(msgs[4]) is None  # a gap younger than 5 s: a redelivery may still fill it
+    clock.now += 1.5
+    with pytest.raises(ProtocolError, match=r"has missed chunks below chunk 4 for 5\.5 s") as info:
+        r.feed(msgs[5])
+    assert info.value.reason == "busy" and r.pending() == 0 and r.gaps == 1
+    assert r.feed(msgs[6]) is None and r.pending() == 0  # the rest of it is dropped quietly
+    # chunks out of order that fill their gap are reassembled as before
+    other = chunks("c08", seed=1)
+    order = [0, 2, 1, *range(3, len(other))]
+    clock.now += 10
+    assert [r.feed(other[j]) for j in order][-1] == payload("c08", seed=1)
+    # a cut transfer whose last chunks never come is dropped by expire() and listed for its sender to be asked
+    third = chunks("c09", seed=2)
+    r.feed(third[0])
+    r.feed(third[2])
+    clock.now += 5.5
+    assert r.expire() == 1 and r.lost == [(FED, "c09", int(Kind.UPDATE))] and r.gaps == 2

@@ -6,6 +6,7 @@ import hashlib
 import json
 import random
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from edge_sdk.protocol import (
     encode_message,
     parse_sketch,
     parse_tensors,
+    partition_of,
     sketch_body,
     split_payload,
     tensors_body,
@@ -484,6 +486,23 @@ def test_topics_parse():
     assert t.parse("fedsketch/demo/clients/c07/sketch/extra") is None
     assert t.parse("fedsketch/demo/nodes/c07/sketch") is None
     assert t.parse("fedsketch/demo/clients//sketch") is None
+
+
+def test_an_update_on_a_partition_is_the_same_device_and_leaf():
+    t = Topics("fedsketch", "demo")
+    assert t.update("c07", 3) == "fedsketch/demo/clients/c07/update/3"
+    assert t.partition_updates(3) == "fedsketch/demo/clients/+/update/3"
+    assert t.parse(t.update("c07", 3)) == ("clients", "c07", "update")
+    assert t.required_sender(t.update("c07", 3)) == "c07"
+    for other in ("fedsketch/demo/clients/c07/sketch/3", "fedsketch/demo/clients/c07/update/x",
+                  "fedsketch/demo/clients/c07/update/256", "fedsketch/demo/clients/c07/update/٣"):
+        assert t.parse(other) is None, other
+    with pytest.raises(ValueError, match=r"^partition must be an integer in \[0, 256\), got 256$"):
+        t.update("c07", 256)
+    # the partition is a hash of the id, the same in every process (crc32, not Python's salted hash)
+    assert [partition_of(c, 4) for c in ("c00", "c01", "c02", "c03")] == [
+        zlib.crc32(c.encode()) % 4 for c in ("c00", "c01", "c02", "c03")]
+    assert {partition_of(f"c{i:02d}", 2) for i in range(20)} == {0, 1}
 
 
 def test_topics_required_sender():

@@ -34,11 +34,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from edge_sdk.protocol import Kind, Message, Topics, tensors_body
+from edge_sdk.protocol import Kind, Message, Topics, partition_of, tensors_body
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from server_kit.broker import NatsCluster, find_nats_server, free_ports, nats_server_version
 from server_kit.broker import nats as nats_module
 from server_kit.broker.nats import NatsNode
+from server_kit.partials import IngestWorkers
 
 from helpers import ARCH, Collector, ari_against, prove_subscribed
 
@@ -577,6 +578,39 @@ def test_kill_and_restart_a_node(connect):
 def test_nats_cluster_refuses_bad_settings(kw, message):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         NatsCluster(**kw)
+
+
+def test_ingest_workers_take_their_partitions_whole_on_nats(cluster, connect):
+    """No shared subscription needed: ingest worker p subscribes to partition p of the update topics, and a
+    chunked update (above NATS's 64 KiB here) published on another node reaches it whole."""
+    pool = IngestWorkers(2, BrokerConfig.from_url(cluster.urls_from(1), reconnect_min_s=0.1), FED)
+    receipts = Collector(timeout=30)
+    try:
+        server = connect(cluster.urls[0], "server-ingest", start=False,
+                         subscribe=[(T.aggregator("+", "receipt"), receipts)])
+        server.accept_aggregators(pool.start())
+        server.connect(timeout=10)
+        model = {"w": np.zeros(40_000, np.float32)}  # 160 kB: every update goes in chunks
+        assert wait_for(lambda: all(pool.alive(a) for a in pool.ids), 10)
+        time.sleep(2.0)  # the workers connect and subscribe
+        server.publish(T.aggregation(), Message(Kind.COLLECT, FED, "server-ingest", 1,
+                                                {"round": 1, "model_key": "c0"}, tensors_body(model)), wait=True)
+        time.sleep(1.0)
+        by_partition: dict[int, list[str]] = {0: [], 1: []}
+        while min(map(len, by_partition.values())) < 2:
+            cid = fresh("ing")
+            by_partition[partition_of(cid, 2)].append(cid)
+        cids = by_partition[0][:2] + by_partition[1][:2]
+        for i, cid in enumerate(cids):
+            d = connect(cluster.urls[i % 3], cid)
+            d.publish(T.update(cid, partition_of(cid, 2)), Message(
+                Kind.UPDATE, FED, cid, 1, {"round": 1, "model_key": "c0", "n_samples": 10, "metrics": {}},
+                tensors_body({"w": np.full(40_000, i + 1, np.float32)})), wait=True)
+        assert receipts.wait(4), receipts.messages
+        got = {m.meta["client"]: (m.sender, m.meta.get("refused")) for m in receipts.messages}
+        assert got == {cid: (f"ingest-{partition_of(cid, 2)}", None) for cid in cids}
+    finally:
+        pool.stop()
 
 
 def test_free_ports_are_distinct():
