@@ -52,10 +52,13 @@ from edge_sdk.protocol import BUSY, Kind, Message, parse_tensors, partition_of, 
 from edge_sdk.signing import Signer, Verifier, generate_key
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from server_kit.broker import MosquittoBroker
+from server_kit.drivers import ServerConfig
 from server_kit.partials import IngestWorkers, PartialAggregator
 from server_kit.rounds.reask import Reasks
 
 FED = "scale"
+#: The server's default bytes of announced updates on their way to one receiver.
+BUDGET = ServerConfig().transfer_budget_bytes
 ROOT = Path(__file__).resolve().parents[1]
 RESNET18_PARAMS = 11_689_512
 LENET5_PARAMS = 61_706
@@ -196,7 +199,7 @@ def _publisher(url: str, n_devices: int, params: int, workers: int, logins: dict
     offsets = _offsets(n_devices)
     bodies = {cid: tensors_body({k: v + np.float32(off) for k, v in model.items()}) for cid, off in offsets.items()}
     devices = {t.client_id: t for t in _devices(url, n_devices, logins)}
-    conn.send(sum(map(len, bodies.values())))
+    conn.send({cid: len(b) for cid, b in bodies.items()})  # every update announced: ready, with its size
     while (cids := conn.recv()) is not None:
         threads = [threading.Thread(target=_update, args=(devices[c], bodies[c], "c0"),
                                     kwargs={"partition": partition_of(c, workers)}) for c in cids]
@@ -250,14 +253,15 @@ def ingest(workers: int, n_devices: int, params: int, timeout: float) -> dict[st
         devices.start()
         try:
             server = _server(broker.url, pool.start(), counter, logins)
-            nbytes = here.recv()  # the devices are connected, their updates made
+            sizes = here.recv()  # the devices are connected, their updates made and announced
+            nbytes = sum(sizes.values())
             _collect(server, model, {"c0"})
             time.sleep(1.0)  # the workers connect, subscribe and take the round's model
             pids = {aid: pool.pid(aid) for aid in pool.ids}
             cpu0 = {aid: _cpu_s(pid) for aid, pid in pids.items()}
             own0, t0 = _own_cpu_s(), time.perf_counter()
-            reasks = Reasks(1)
-            here.send(sorted(offsets))
+            reasks = Reasks(1, budget_bytes=BUDGET, receiver_of=lambda cid: partition_of(cid, workers))
+            ready = {cid: (1, size) for cid, size in sizes.items()}
             awaited = set(offsets)
             sent: dict[str, tuple[int, float]] = {}
             deadline = time.monotonic() + timeout
@@ -271,7 +275,7 @@ def ingest(workers: int, n_devices: int, params: int, timeout: float) -> dict[st
                     awaited -= set(counter.receipts) - set(counter.refused)
                 for cid in busy:
                     reasks.busy(cid)
-                due = [cid for cid, _ in reasks.due(awaited, sent)]
+                due = [cid for cid, _ in reasks.due(awaited, sent, ready)]
                 if due:
                     here.send(due)
                 if time.monotonic() > deadline:

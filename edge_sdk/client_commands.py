@@ -328,25 +328,35 @@ def apply_data_change(ctx: DeviceContext) -> None:
 
 # -- training, evaluation, keeping ---------------------------------------------------------
 def send_update(state: DeviceState, ctx: DeviceContext, r: int, meta: Mapping[str, Any], body: bytes, *,
-                partition: int | None = None) -> None:
+                partition: int | None = None, announce_above: int | None = None) -> None:
     """Send round ``r``'s update (on the update topics' ``partition``, if the server named one), keep it (until
-    the next) for a ``resend``, and say it went out."""
+    the next) for a ``resend``, and say it went out; one above ``announce_above`` bytes is only announced (the
+    server asks for it when its receiver has room)."""
     link = ctx.link
     sent = state.last_update = SentUpdate(r, link.topics.update(link.cid, partition), dict(meta), body)
-    link.send(sent.topic, Kind.UPDATE, r, sent.meta, sent.body)
-    link.send(link.topics.status(link.cid), Kind.STATUS, r, {"state": "online", "sent": r})
+    if announce_above is not None and len(body) > announce_above:
+        link.send(link.topics.status(link.cid), Kind.STATUS, r, {"state": "online", "ready": r, "size": len(body)})
+        log.info("round %d: update of %d bytes ready, sent when the server asks for it", r, len(body))
+        return
+    _publish(ctx, sent)
+
+
+def _publish(ctx: DeviceContext, sent: SentUpdate) -> None:
+    link = ctx.link
+    link.send(sent.topic, Kind.UPDATE, sent.round, sent.meta, sent.body)
+    link.send(link.topics.status(link.cid), Kind.STATUS, sent.round, {"state": "online", "sent": sent.round})
 
 
 @handles(Op.RESEND)
 def resend(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
-    """Send the kept update of the round named again (the receiver lost it, or had no room for it then)."""
+    """Send the kept update of the round named: announced, or again (the receiver lost it, or had no room)."""
     r, sent = cmd.fields["round"], state.last_update
     if sent is None or sent.round != r:
         log.warning("the server asks for round %d's update again; this device holds %s: nothing sent", r,
                     "none" if sent is None else f"round {sent.round}'s")
         return
-    ctx.link.send(sent.topic, Kind.UPDATE, r, sent.meta, sent.body)
-    log.info("round %d: update sent again, as the server asked (%d bytes)", r, len(sent.body))
+    _publish(ctx, sent)
+    log.info("round %d: update sent, as the server asked (%d bytes)", r, len(sent.body))
 
 
 def report_progress(ctx: DeviceContext, r: int, done: threading.Event) -> None:
@@ -388,7 +398,8 @@ def train(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
         body, extra, _ = codec.encode(upd.model_key, upd.weights, start.weights, start.version, state)
     except ValueError as e:
         raise ValueError(f"round {r}: {e}") from None
-    send_update(state, ctx, r, {**meta, **extra}, body, partition=m.get("partition"))
+    send_update(state, ctx, r, {**meta, **extra}, body, partition=m.get("partition"),
+                announce_above=m.get("announce_above"))
     log.info("round %d: trained %s on %d samples, loss %.4f; update sent (%d bytes, %s)", r, upd.model_key,
              upd.n_samples, upd.loss, len(body), codec.compression)
 

@@ -210,6 +210,8 @@ COMMANDS: dict[str, dict[str, Field]] = {
         "compress": Field("object", max_len=4),
         # the partition of the update topics the update goes to (the ingest worker that takes it); absent: none
         "partition": Field("int", 0, 255),
+        # an update above this many bytes is announced (status "ready") and sent when the server says (resend)
+        "announce_above": Field("int", 1, 1 << 40),
     },
     "train_ae": {
         "round": _ROUND,
@@ -249,6 +251,8 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "state": Field("str", choices=("online", "offline"), default="online"),
         "working": Field("int", 0, MAX_ROUND),  # the round it is training, while it trains
         "sent": Field("int", 0, MAX_ROUND),  # the round whose update it just sent (the server re-asks a lost one)
+        "ready": Field("int", 0, MAX_ROUND),  # the round whose large update it holds, to send when asked
+        "size": Field("int", 0, 1 << 40),  # ... and its size in bytes
         "follow": _FOLLOW,  # the model topics it now follows (the answer to an assign's "follow")
         # the server's own status (retained on server/status): the run it serves ("online") or served
         "run": Field("id"),

@@ -195,8 +195,9 @@ class Reassembler:
     sender's chunks come in order but for a reconnection's redeliveries, so
     the missing one was dropped on the way (a broker drops a slow subscriber's
     messages past its queue limits). It is dropped, its memory freed
-    (:attr:`gaps`), at its next chunk or by :meth:`expire`, which lists it in
-    :attr:`lost` for whoever can ask its sender again. Each sender also has its own
+    (:attr:`gaps`), at its next chunk or by :meth:`expire`. Every transfer
+    :meth:`expire` drops (cut, stalled, overdue) is listed in :attr:`lost`
+    for whoever can ask its sender again. Each sender also has its own
     budget (``max_pending_per_sender`` transfers, ``max_sender_bytes``
     declared bytes), checked after the global ones: a sender over its budget
     is refused without taking a slot or a byte from anyone else. A transfer
@@ -280,7 +281,7 @@ class Reassembler:
         self.deferred_chunks = 0
         #: Transfers dropped because chunks went missing on the way (a gap older than ``gap_s``).
         self.gaps = 0
-        #: The (federation, sender, inner kind) of the transfers :meth:`expire` dropped for a gap, until taken.
+        #: The (federation, sender, inner kind) of the transfers :meth:`expire` dropped, until taken.
         self.lost: list[tuple[str, str, int | None]] = []
 
     def pending(self) -> int:
@@ -329,9 +330,7 @@ class Reassembler:
         dropped = 0
         for key, p in list(self._partials.items()):
             if p.gap_since is not None and now - p.gap_since > self.gap_s and now - p.touched > self.gap_s:
-                self._deferred[key] = now
                 self.gaps += 1
-                self.lost.append((key[0], key[1], p.kind))
                 why = f"chunks missing below chunk {p.last} for {now - p.gap_since:.1f} s (dropped on the way?)"
             elif now - p.started > self.deadline_s:
                 why = f"not complete {self.deadline_s:g} s after its first chunk"
@@ -342,6 +341,8 @@ class Reassembler:
             else:
                 continue
             del self._partials[key]
+            self._deferred[key] = now  # what may still come of it is dropped quietly
+            self.lost.append((key[0], key[1], p.kind))
             dropped += 1
             log.warning(
                 "dropped incomplete transfer %s from %s/%s: %d of %d chunks (%d of %d bytes), "

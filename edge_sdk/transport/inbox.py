@@ -133,8 +133,8 @@ class Inbox:
     def expire(self) -> int:
         """Drop stalled, overdue or cut partial transfers now; returns how many (thread-safe).
 
-        An update cut on the way (chunks missing for the reassembler's ``gap_s``) is refused as ``busy`` to
-        the rejection listeners, on its sender's update topic, so that the server asks for it again.
+        An update dropped so (cut on the way, stalled, overdue) is refused as ``busy`` to the rejection
+        listeners, on its sender's update topic, so that the server asks for it again.
         """
         with self._lock:  # the reassembler is not thread-safe
             n = self._reassembler.expire()
@@ -142,7 +142,7 @@ class Inbox:
         for federation, sender, kind in lost:
             if federation == self.topics.federation and kind == Kind.UPDATE:
                 self._reject(self.topics.update(sender), ProtocolError(
-                    BUSY, f"an update from {sender} lost chunks on the way; dropped, its sender is asked again"))
+                    BUSY, f"an update from {sender} did not arrive whole; dropped, its sender is asked again"))
         return n
 
     def chunk_stats(self) -> dict[str, Any]:

@@ -75,6 +75,12 @@ class ServerConfig:
     #: A device that said it sent its update, and whose update has not arrived this long after, is asked for
     #: it again, once (server_kit.rounds.reask).
     reask_lost_s: float = 10.0
+    #: An update larger than this (bytes; the shipped 1 MB packet: one that goes in chunks) is announced by its
+    #: device and asked for when its receiver has room (server_kit.rounds.reask).
+    announce_above_bytes: int = 1_000_000
+    #: Most bytes of announced updates on their way to one receiver at once (the server, or each ingest
+    #: worker): within the shipped broker's queue per client (256 MB) and the reassembly memory (512 MB).
+    transfer_budget_bytes: int = 256_000_000
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -92,6 +98,10 @@ class ServerConfig:
         for name in ("first_round_timeout_s", "max_round_s"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive or None, got {getattr(self, name)}")
+        for name in ("announce_above_bytes", "transfer_budget_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if self.over_select is not None and not 0.0 <= self.over_select <= 10.0:
             raise ValueError(f"over_select must be in [0, 10], got {self.over_select}")
         if not 0.0 <= self.straggler_grace <= 10.0:

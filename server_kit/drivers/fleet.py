@@ -43,6 +43,8 @@ class ClientState:
     working: tuple[int, float] | None = None
     #: The round whose update it last said it sent, and when (a lost one is asked for again).
     sent: tuple[int, float] | None = None
+    #: The round whose large update it last announced, and its size (asked for when its receiver has room).
+    ready: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,8 @@ class Fleet:
             state.working = (meta["working"], time.monotonic())
         if "sent" in meta:
             state.sent = (meta["sent"], time.monotonic())
+        if "ready" in meta:
+            state.ready = (meta["ready"], meta.get("size", 0))
 
     def restore(self, infos: Mapping[str, ClientInfo]) -> None:
         """The devices of a checkpoint, all offline until they say hello again."""

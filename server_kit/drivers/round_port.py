@@ -22,6 +22,7 @@ from edge_sdk.tasks import Task
 
 from ..rounds.closing import ClosePolicy, wait_round
 from ..rounds.pace import Pace
+from ..rounds.reask import ReaskWhy
 from ..rounds.round_wait import RoundClose, RoundWait
 from ..strategies.base import Strategy
 from .config import ServerConfig
@@ -69,6 +70,7 @@ class MqttRoundPort:
         arch = self.architecture()
         extra: dict[str, Any] = {"architecture": arch} if arch else {}
         extra.update(self.codec.command_meta)  # how the devices send their updates
+        extra["announce_above"] = self.config.announce_above_bytes  # a large one when its receiver has room
         ingest = None if self._remote is None else self._remote.ingest
         for t in tasks:
             if ingest is not None:  # its update goes to the ingest worker of its partition
@@ -83,7 +85,11 @@ class MqttRoundPort:
         policy = ClosePolicy(deadline_s=self.deadline(rnd), max_round_s=c.max_round_s or 10 * c.round_timeout_s,
                              progress_grace_s=c.progress_grace_s, straggler_grace=c.straggler_grace)
         clients = self.fleet.clients
-        wait.reasks.lost_after_s = c.reask_lost_s
+        reasks = wait.reasks
+        reasks.lost_after_s, reasks.budget_bytes = c.reask_lost_s, c.transfer_budget_bytes
+        ingest = None if self._remote is None else self._remote.ingest
+        if ingest is not None:
+            reasks.receiver_of = lambda cid: partition_of(cid, ingest.partitions)
 
         def claims() -> dict[str, tuple[int, float]]:
             return {cid: w for cid in wait.left if (w := clients[cid].working) is not None}
@@ -104,11 +110,13 @@ class MqttRoundPort:
         :class:`~server_kit.rounds.reask.Reasks` says are due (the lost updates of a dead worker among them)."""
         clients = self.fleet.clients
         sent = {cid: s for cid in wait.expected if (s := clients[cid].sent) is not None}
+        ready = {cid: s for cid in wait.left if (s := clients[cid].ready) is not None}
         if self._remote is not None:
             for cid in self._remote.revive(wait, sent):
                 wait.reasks.lost(cid, again=True)
-        for cid, why in wait.reasks.due(wait.left, sent):
-            log.info("round %d: asking %s for its update again (%s)", wait.round, cid, why.value)
+        for cid, why in wait.reasks.due(wait.left, sent, ready):
+            log.log(logging.DEBUG if why is ReaskWhy.GO else logging.INFO, "round %d: asking %s for its update%s (%s)",
+                    wait.round, cid, "" if why is ReaskWhy.GO else " again", why.value)
             self.link.command(cid, Op.RESEND, round=wait.round)
 
     def remote(self) -> RemoteRound | None:

@@ -73,12 +73,27 @@ def test_a_device_asked_again_for_room_is_not_taken_for_lost_while_it_sends():
     assert r.due({"a"}, sent) == [("a", ReaskWhy.LOST)]
 
 
+def test_announced_updates_are_asked_for_while_their_receiver_has_room():
+    clock = Clock()
+    r = Reasks(3, budget_bytes=250, receiver_of=lambda cid: 0 if cid < "m" else 1, clock=clock)
+    ready = {"a": (3, 100), "b": (3, 100), "c": (3, 100), "x": (3, 300), "y": (3, 100), "old": (2, 100)}
+    awaited = {"a", "b", "c", "x", "y", "old"}
+    # receiver 0 takes a and b (200 of 250); receiver 1 takes x alone (larger than the budget, nothing in flight)
+    assert r.due(awaited, {}, ready) == [("a", ReaskWhy.GO), ("b", ReaskWhy.GO), ("x", ReaskWhy.GO)]
+    assert r.due(awaited, {}, ready) == []
+    awaited -= {"a", "x"}  # a's and x's updates arrived: room for c and y
+    assert r.due(awaited, {}, ready) == [("c", ReaskWhy.GO), ("y", ReaskWhy.GO)]
+    r.busy("b")  # b's receiver had no room after all: b waits for room again, after its delay
+    clock.now += 2
+    assert r.due(awaited, {}, ready) == [("b", ReaskWhy.BUSY)] and r.to_dict() == {"busy": 1, "go": 5}
+
+
 # -- over a broker --------------------------------------------------------------------------------------------
 
 PAYLOAD = 8192
 
 
-def run(clients, *, server_memory: int | None = None, drop_first_update_of: str | None = None):
+def run(clients, *, server_memory: int | None = None, drop_first_update_of: str | None = None, **settings):
     """``clients`` over the embedded broker, two rounds of FedSketch; every update is chunked (8 KiB packets)."""
     fed = "reask"
     release = threading.Event()
@@ -107,7 +122,7 @@ def run(clients, *, server_memory: int | None = None, drop_first_update_of: str 
                                    min_cluster_size=2, seed=0)
         config = ServerConfig(federation=fed, rounds=2, min_clients=len(clients), register_timeout_s=30,
                               sketch_timeout_s=30, round_timeout_s=60, eval_timeout_s=30, encoder="digits_encoder",
-                              architecture=ARCH, seed=0, reask_lost_s=2.0)
+                              architecture=ARCH, seed=0, reask_lost_s=2.0, **settings)
         result = run_and_release(Orchestrator(strategy, server, config), release, threads)
         return result, server.stats()
 
@@ -128,6 +143,14 @@ def test_updates_that_find_no_room_wait_their_turn_and_all_arrive(six):
         assert rec["close_s"] < 30
     assert busy >= 1 and sum(h["reasked"].get("busy", 0) for h in result.history) >= busy
     assert "oversized" not in meter["rejected"]
+
+
+def test_large_updates_are_announced_and_sent_two_at_a_time(six):
+    result, meter = run(six, announce_above_bytes=30_000, transfer_budget_bytes=120_000)  # updates of 55 kB
+    for rec in result.history:
+        assert rec["reported"] == rec["selected"] == 6 and rec["refused"] == {} and rec["close"] == "all-answered"
+        assert rec["reasked"] == {"go": 6}, rec["reasked"]
+    assert meter["rejected"] == {}
 
 
 def test_an_update_lost_on_its_way_is_asked_for_again_and_the_round_closes_without_its_deadline(six):
