@@ -1,6 +1,6 @@
 """A phase that waits for one answer per device, closed at a report goal per group (the final evaluation's).
 
-:class:`GoalWait` is an :class:`~.round_wait.Awaited` whose devices are
+:class:`GoalWait` is a :class:`~.round_wait.GroupedAwaited` whose devices are
 grouped (by the model they evaluate: one group per cluster), each group
 with a report goal: :func:`~.goals.goal_count` of its devices online when
 the wait began, so that a group of fewer than 10 waits for all of them at
@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from .goals import MIN_GRACE_S, goal_count, grace_s
-from .round_wait import Awaited, CloseReason, RoundClose
+from .round_wait import CloseReason, GroupedAwaited, RoundClose
 
 __all__ = ["GoalWait", "wait_answers"]
 
 
-class GoalWait(Awaited):
+class GoalWait(GroupedAwaited):
     """The devices a phase waits for, by group, each group with its report goal.
 
     Parameters
@@ -37,23 +37,11 @@ class GoalWait(Awaited):
     """
 
     def __init__(self, kind: str, group_of: Mapping[str, str], online: Iterable[str], report_goal: float) -> None:
-        self.group_of = dict(group_of)
-        #: Per group, its devices answered, and those still awaited.
-        self._answered = dict.fromkeys(self.group_of.values(), 0)
-        self._waiting = dict.fromkeys(self.group_of.values(), 0)
-        super().__init__(kind, self.group_of, online)
+        #: Per group, its devices answered.
+        self._answered = dict.fromkeys(group_of.values(), 0)
+        super().__init__(kind, group_of, online)
         #: Per group, the answers that meet its goal (of its devices online now).
         self.goals = {g: goal_count(report_goal, n) for g, n in self._waiting.items()}
-
-    def _wait_for(self, cid: str) -> None:
-        if cid not in self.left:
-            self._waiting[self.group_of[cid]] += 1
-        super()._wait_for(cid)
-
-    def _stop_waiting(self, cid: str) -> None:
-        if cid in self.left:
-            self._waiting[self.group_of[cid]] -= 1
-        super()._stop_waiting(cid)
 
     def answer(self, kind: str, cid: str) -> None:
         if kind == self.kind and cid in self.expected and cid not in self.answered:

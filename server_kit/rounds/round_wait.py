@@ -27,7 +27,7 @@ refused); at its deadline, unless a device's progress claims are plausible
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable
@@ -37,7 +37,7 @@ from edge_sdk.tasks import Task
 from .goals import goal_count
 from .reask import Reasks
 
-__all__ = ["Awaited", "CloseReason", "DeviceOutcome", "RoundClose", "RoundGroup", "RoundWait", "WaitRecord"]
+__all__ = ["Awaited", "CloseReason", "DeviceOutcome", "GroupedAwaited", "RoundClose", "RoundGroup", "RoundWait", "WaitRecord"]
 
 
 class Awaited:
@@ -83,6 +83,28 @@ class Awaited:
 
     def _stop_waiting(self, cid: str) -> None:
         self.left.discard(cid)
+
+
+class GroupedAwaited(Awaited):
+    """An :class:`Awaited` whose clients are in groups: it also counts, per group, the clients still awaited (O(1)).
+
+    ``group_of``: each client expected, and its group.
+    """
+
+    def __init__(self, kind: str, group_of: Mapping[str, Hashable], online: Any = ()) -> None:
+        self.group_of = dict(group_of)
+        self._waiting = dict.fromkeys(self.group_of.values(), 0)
+        super().__init__(kind, self.group_of, online)
+
+    def _wait_for(self, cid: str) -> None:
+        if cid not in self.left:
+            self._waiting[self.group_of[cid]] += 1
+        super()._wait_for(cid)
+
+    def _stop_waiting(self, cid: str) -> None:
+        if cid in self.left:
+            self._waiting[self.group_of[cid]] -= 1
+        super()._stop_waiting(cid)
 
 
 @dataclass(frozen=True)
@@ -135,7 +157,7 @@ class RoundClose:
     extended_by: frozenset[str]
 
 
-class RoundWait(Awaited):
+class RoundWait(GroupedAwaited):
     """One training round's wait (see the module docstring).
 
     Parameters
@@ -165,12 +187,10 @@ class RoundWait(Awaited):
             needed = sum(1 for t in ts if not t.spare) or len(ts)
             goal = min(len(ts), goal_count(report_goal, needed))
             self.groups[g] = RoundGroup(g, frozenset(t.cid for t in ts), needed, goal)
-        self.group_of: dict[str, tuple[str, ...]] = {t.cid: t.group for t in tasks}
         self.spares = frozenset(t.cid for t in tasks if t.spare)
         self._reported = {g: 0 for g in self.groups}
         #: Per group, the devices refused and not (yet) answered with a valid update.
         self._refused = {g: 0 for g in self.groups}
-        self._waiting = {g: 0 for g in self.groups}
         #: Seconds from the start to each valid update.
         self.reported_at: dict[str, float] = {}
         #: Each refused device's last reason (it may still answer with a valid update).
@@ -181,17 +201,7 @@ class RoundWait(Awaited):
         self.goal_s: float | None = None
         #: The round's requests for updates again (the receiver had no room, or lost one).
         self.reasks = Reasks(rnd, clock=clock)
-        super().__init__("update", (t.cid for t in tasks), online)
-
-    def _wait_for(self, cid: str) -> None:
-        if cid not in self.left:
-            self._waiting[self.group_of[cid]] += 1
-        super()._wait_for(cid)
-
-    def _stop_waiting(self, cid: str) -> None:
-        if cid in self.left:
-            self._waiting[self.group_of[cid]] -= 1
-        super()._stop_waiting(cid)
+        super().__init__("update", {t.cid: t.group for t in tasks}, online)
 
     def elapsed(self) -> float:
         return self.clock() - self.started
