@@ -31,7 +31,7 @@ EVERY_FIELD = {
     "sketch": {"encoder": "fedae", "num_classes": 10, "flip_prob": 0.2, "summary": "sketch", "params": {"w": 3}},
     "train": {"round": 2, "architecture": ARCH, "models": ["c0", "c1"], "evaluate_first": False, "epochs": 2,
               "lr": 0.01, "batch_size": 16, "optimizer": "sgd",
-              "compress": {"method": "topk", "fraction": 0.01}, "partition": 3},
+              "compress": {"method": "topk", "fraction": 0.01}, "partition": 3, "announce_above": 1000000},
     "train_ae": {"round": 1, "architecture": "digits_ae", "epochs": 3, "lr": 0.002, "batch_size": 64},
     "evaluate": {"round": 3, "model_key": "c0", "architecture": ARCH, "fraction": 0.5, "seed": 7},
     "keep": {"round": 4, "run": "r1", "strategy": "ifca", "architecture": ARCH, "model_key": "c0", "choose": True,

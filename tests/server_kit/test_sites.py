@@ -313,7 +313,8 @@ def test_hostile_aggregator_messages_are_refused_with_their_reasons(tmp_path):
         strategy = SimpleNamespace(compression=Compression.parse("none"), models={"c0": weights},
                                    versions=ModelVersions(Compression.parse("none")))
         models = SimpleNamespace(spec={"w": ((2, 2), "float32")})
-        remote = RemoteRound(link, intake, strategy, models, ["site-a"], timeout_s=10)
+        remote = RemoteRound(link, intake, strategy, models, {"site-a": load_verifier(tmp_path / "a.pub")},
+                             timeout_s=10)
 
         def transport(name, key=None):
             t = MqttTransport(BrokerConfig.from_url(broker.url), name, federation=FED)
