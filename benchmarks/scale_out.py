@@ -256,7 +256,7 @@ def ingest(workers: int, n_devices: int, params: int, timeout: float) -> dict[st
             sizes = here.recv()  # the devices are connected, their updates made and announced
             nbytes = sum(sizes.values())
             _collect(server, model, {"c0"})
-            time.sleep(1.0)  # the workers connect, subscribe and take the round's model
+            time.sleep(0.5)  # the workers take the round's model
             pids = {aid: pool.pid(aid) for aid in pool.ids}
             cpu0 = {aid: _cpu_s(pid) for aid, pid in pids.items()}
             own0, t0 = _own_cpu_s(), time.perf_counter()
@@ -362,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.devices, args.params, args.site_devices = 6, 2_000_000, 10
+        args.timeout = min(args.timeout, 120.0)  # a quick run that waits longer is stuck: say so
     rows = [ingest(w, args.devices, args.params, args.timeout) for w in (1, 2)]
     print(f"{'workers':>8} {'devices':>8} {'lost':>5} {'asked':>6} {'MB':>8} {'seconds':>8} {'updates/s':>10} "
           f"{'MB/s':>8} {'coord ms/upd':>13} {'worker ms/upd':>14}", file=sys.stderr)

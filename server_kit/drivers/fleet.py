@@ -111,7 +111,7 @@ class Fleet:
         return sorted(c for c, s in self.clients.items() if s.online and s.trains and c not in self.benched)
 
     def bench(self, cid: str, reason: str) -> None:
-        """Task ``cid`` no more in this run (it still sketches and evaluates)."""
+        """Task ``cid`` no more in this run (it still sketches; the final evaluation neither asks nor waits for it)."""
         self.benched[cid] = reason
 
     def set_online(self, cid: str, online: bool) -> None:

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from edge_sdk.protocol import partition_of
+from edge_sdk.protocol import Kind, Message, partition_of
 from edge_sdk.signing import Signer, Verifier, generate_key, load_verifier
 from edge_sdk.transport import BrokerConfig
 
@@ -63,7 +63,7 @@ def _aid(index: int) -> str:
     return f"ingest-{index}"
 
 
-def _worker_main(spec: WorkerSpec, key_pem: bytes) -> None:
+def _worker_main(spec: WorkerSpec, key_pem: bytes, ready: Any) -> None:
     """One ingest worker's process: an aggregator on its partition of the update topics until its parent goes."""
     from cryptography.hazmat.primitives import serialization
 
@@ -82,6 +82,10 @@ def _worker_main(spec: WorkerSpec, key_pem: bytes) -> None:
     agg = PartialAggregator(transport, aid, updates_filter=transport.topics.partition_updates(spec.index))
     agg.start()
     transport.connect()
+    # acknowledged after the broker took the subscriptions made on connecting (one connection, in order)
+    transport.publish(transport.topics.aggregator(aid, "status"), Message(Kind.STATUS, spec.federation, aid, 0,
+                                                                          {"state": "online"}), wait=True)
+    ready.set()
     while os.getppid() == parent:
         time.sleep(0.5)
     transport.close()
@@ -118,6 +122,7 @@ class IngestWorkers:
                        for i in range(count)]
         self._procs: dict[str, Any] = {}
         self._started: dict[str, float] = {}
+        self._ready: dict[str, Any] = {}
         self._told_dead: set[str] = set()
         #: Restarts of each worker, by id.
         self.restarts: dict[str, int] = {}
@@ -127,10 +132,15 @@ class IngestWorkers:
         """The workers' aggregator ids."""
         return [_aid(i) for i in range(self.count)]
 
-    def start(self) -> dict[str, Verifier]:
-        """Start the W processes; returns each one's :class:`Verifier`, by id (for ``Orchestrator(aggregators=)``)."""
+    def start(self, timeout: float = 60.0) -> dict[str, Verifier]:
+        """Start the W processes and wait until each is subscribed (at most ``timeout`` s, then it says which are
+        not); returns each one's :class:`Verifier`, by id (for ``Orchestrator(aggregators=)``)."""
         verifiers = {_aid(spec.index): self._start(spec) for spec in self._specs}
-        log.info("%d ingest worker(s) started, worker p on the update topics' partition p: %s", self.count,
+        deadline = time.monotonic() + timeout
+        late = [aid for aid in self.ids if not self._ready[aid].wait(max(0.0, deadline - time.monotonic()))]
+        if late:
+            log.error("ingest worker(s) %s not subscribed %g s after their start (see their log)", late, timeout)
+        log.info("%d ingest worker(s) ready, worker p on the update topics' partition p: %s", self.count,
                  ", ".join(f"{aid} (pid {p.pid})" for aid, p in self._procs.items()))
         return verifiers
 
@@ -141,7 +151,9 @@ class IngestWorkers:
         pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
         aid = _aid(spec.index)
-        proc = mp.get_context("spawn").Process(target=_worker_main, args=(spec, pem), name=aid, daemon=True)
+        ctx = mp.get_context("spawn")
+        self._ready[aid] = ready = ctx.Event()
+        proc = ctx.Process(target=_worker_main, args=(spec, pem, ready), name=aid, daemon=True)
         proc.start()
         self._procs[aid] = proc
         self._started[aid] = time.monotonic()

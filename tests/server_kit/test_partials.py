@@ -77,7 +77,6 @@ def federate(url, clients, *, workers=0, rounds=2, kill_worker_in_round=None, co
     if kill_worker_in_round is not None:
         _kill_when_training(orch, pool, kill_worker_in_round)
     try:
-        time.sleep(1.0 if pool else 0)  # the workers subscribe
         result = orch.run()
     finally:
         server.close()
