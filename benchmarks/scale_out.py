@@ -4,18 +4,25 @@ Questions:
 
 1. **Ingest workers.** How many large updates per second does the server side
    take in with W = 1 and W = 2 ingest workers (``fedsketch-server
-   --ingest-workers W``)? A real Mosquitto on a free port; W real worker
-   processes (:class:`server_kit.partials.IngestWorkers`) on its shared
-   subscription; ``--devices`` real MQTT connections publishing one update
-   each of a ResNet-18-sized model (11.7 M float32 parameters, 46.8 MB; chunked
-   at the shipped 1 MB packets); timed from the first publish to the last
-   partial sum at the server, i.e. every update received, reassembled,
-   decoded, checked, norm measured, receipted, then summed. Before a rate is
-   reported, every device's update is checked to be in a partial sum (by
-   device id) and every partial sum to be the exact mean of its members'
-   updates; an update refused or lost is counted (``ingest_lost``) and named,
-   and the run then reports no rate. The publishers and the broker run on the
-   same machine: on 2 cores they take CPU the workers would use.
+   --ingest-workers W``)? A real Mosquitto on a free port with the shipped
+   limits, ACL and a password per user; W real worker processes
+   (:class:`server_kit.partials.IngestWorkers`), worker p on partition p of
+   the update topics; ``--devices`` (40) real MQTT connections, in a process
+   of their own, each with one update of a ResNet-18-sized model (11.7 M
+   float32 parameters, 46.8 MB; chunked at the shipped 1 MB packets),
+   announced and sent when this process, the coordinator, asks for it by the
+   server's rule (:class:`server_kit.rounds.reask.Reasks`: at most 256 MB on
+   their way to one worker; again after a delay when a worker had no room or
+   got it cut). Timed from the first request to the last partial sum, i.e.
+   every update received, reassembled, decoded, checked, norm measured,
+   receipted, then summed. Before a rate is reported, every device's update
+   is checked to be in a partial sum (by device id) and every partial sum to
+   be the exact mean of its members' updates; an update refused or lost is
+   counted (``ingest_lost``) and named, and the run then reports no rate.
+   Measured beside it: the coordinator's CPU per update (``getrusage``) and
+   each worker's (``/proc``), and so what one worker takes alone, and each
+   worker's peak memory. The devices and the broker run on the same machine:
+   on 2 cores they take CPU the workers would use.
 2. **A site's uplink.** A site of ``--site-devices`` devices (LeNet-5-sized
    updates, 61,706 parameters) behind one uplink: the bytes its devices
    publish (flat: what the bridge would carry to the core) over the bytes a
@@ -26,11 +33,13 @@ Questions:
 Prints a table and ends with one JSON line: ``ingest_lost`` (updates not
 summed, over both runs: 0 or no rate is reported), ``ingest_updates_per_s_w1``,
 ``ingest_updates_per_s_w2``, ``ingest_speedup_w2`` (each None when its run
-lost an update), ``site_uplink_bytes_ratio`` (1 cluster),
-``site_uplink_bytes_ratio_2_clusters``.
+lost an update), ``ingest_asked`` and ``ingest_asked_again`` (per run),
+``coordinator_cpu_share`` (its CPU per update over a worker's, per run),
+``worker_alone_updates_per_s``, ``worker_peak_rss_mb``,
+``site_uplink_bytes_ratio`` (1 cluster), ``site_uplink_bytes_ratio_2_clusters``.
 
-Run: ``.venv/bin/python benchmarks/scale_out.py`` (``--quick``: 6 devices
-of a 2 M-parameter model and a site of 10, about 20 s).
+Run: ``.venv/bin/python benchmarks/scale_out.py`` (about 2 minutes;
+``--quick``: 6 devices of a 2 M-parameter model and a site of 10, about 11 s).
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ from edge_sdk.transport import BrokerConfig, MqttTransport
 from server_kit.broker import MosquittoBroker
 from server_kit.drivers import ServerConfig
 from server_kit.partials import IngestWorkers, PartialAggregator
-from server_kit.rounds.reask import Reasks
+from server_kit.rounds.reask import Reasks, ReaskWhy
 
 FED = "scale"
 #: The server's default bytes of announced updates on their way to one receiver.
@@ -316,7 +325,9 @@ def ingest(workers: int, n_devices: int, params: int, timeout: float) -> dict[st
     return {"workers": workers, "devices": n_devices, "mb": round(mb, 1), "seconds": round(seconds, 3),
             "lost": len(lost), "updates_per_s": round(n_devices / seconds, 3) if ok else None,
             "mb_per_s": round(mb / seconds, 1) if ok else None, "partials": len(counter.partials),
-            "asked_again": sum(reasks.asked.values()), "coordinator_cpu_s": round(own, 3),
+            "asked": reasks.asked.get(ReaskWhy.GO, 0),
+            "asked_again": sum(n for why, n in reasks.asked.items() if why is not ReaskWhy.GO),
+            "coordinator_cpu_s": round(own, 3),
             "coordinator_cpu_ms_per_update": round(1000 * own / n_devices, 2),
             "worker_cpu_s": cpu, "worker_updates": per_worker,
             "worker_cpu_ms_per_update": round(1000 * worker_cpu_per_update, 1),
@@ -364,10 +375,10 @@ def main(argv: list[str] | None = None) -> int:
         args.devices, args.params, args.site_devices = 6, 2_000_000, 10
         args.timeout = min(args.timeout, 120.0)  # a quick run that waits longer is stuck: say so
     rows = [ingest(w, args.devices, args.params, args.timeout) for w in (1, 2)]
-    print(f"{'workers':>8} {'devices':>8} {'lost':>5} {'asked':>6} {'MB':>8} {'seconds':>8} {'updates/s':>10} "
+    print(f"{'workers':>8} {'devices':>8} {'lost':>5} {'asked':>6} {'again':>6} {'MB':>8} {'seconds':>8} {'updates/s':>10} "
           f"{'MB/s':>8} {'coord ms/upd':>13} {'worker ms/upd':>14}", file=sys.stderr)
     for r in rows:
-        print(f"{r['workers']:>8} {r['devices']:>8} {r['lost']:>5} {r['asked_again']:>6} {r['mb']:>8} "
+        print(f"{r['workers']:>8} {r['devices']:>8} {r['lost']:>5} {r['asked']:>6} {r['asked_again']:>6} {r['mb']:>8} "
               f"{r['seconds']:>8} {str(r['updates_per_s']):>10} {str(r['mb_per_s']):>8} "
               f"{r['coordinator_cpu_ms_per_update']:>13} {r['worker_cpu_ms_per_update']:>14}", file=sys.stderr)
         for aid in sorted(r["worker_cpu_s"]):
@@ -383,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
            "ingest_lost_w2": rows[1]["lost"], "ingest_updates_per_s_w1": w1, "ingest_updates_per_s_w2": w2,
            "ingest_speedup_w2": round(w2 / w1, 3) if w1 and w2 else None,
            "ingest_devices": args.devices, "ingest_params": args.params,
-           "ingest_asked_again": [r["asked_again"] for r in rows],
+           "ingest_asked": [r["asked"] for r in rows], "ingest_asked_again": [r["asked_again"] for r in rows],
            "coordinator_cpu_share": [round(r["coordinator_cpu_ms_per_update"] / r["worker_cpu_ms_per_update"], 4)
                                      if r["worker_cpu_ms_per_update"] else None for r in rows],
            "worker_alone_updates_per_s": [r["worker_alone_updates_per_s"] for r in rows],
