@@ -109,7 +109,7 @@ class MqttRoundPort:
         """Start dead ingest workers again; send the ``resend`` commands the round's
         :class:`~server_kit.rounds.reask.Reasks` says are due (the lost updates of a dead worker among them)."""
         clients = self.fleet.clients
-        sent = {cid: s for cid in wait.expected if (s := clients[cid].sent) is not None}
+        sent = {cid: s for cid in wait.left if (s := clients[cid].sent) is not None}
         ready = {cid: s for cid in wait.left if (s := clients[cid].ready) is not None}
         if self._remote is not None:
             for cid in self._remote.revive(wait, sent):

@@ -29,21 +29,16 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from edge_sdk.protocol import Kind, Message, partition_of
+from edge_sdk.protocol import Kind, Message
 from edge_sdk.signing import Signer, Verifier, generate_key, load_verifier
 from edge_sdk.transport import BrokerConfig
 
-__all__ = ["RESTART_AFTER_S", "IngestWorkers", "owner_of"]
+__all__ = ["RESTART_AFTER_S", "IngestWorkers"]
 
 log = logging.getLogger(__name__)
 
 #: The shortest time between two starts of one worker (a worker that dies at once is not started in a loop).
 RESTART_AFTER_S = 5.0
-
-
-def owner_of(sender: str, count: int) -> int:
-    """The worker (of ``count``) that takes ``sender``'s updates: the partition of its update topic."""
-    return partition_of(sender, count)
 
 
 @dataclass(frozen=True)
