@@ -49,6 +49,7 @@ figures for every size run.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -145,9 +146,63 @@ def _count_messages(table: dict[str, Any]) -> int:
     return sum(int(v.get("messages", 0)) for v in (table or {}).values())
 
 
+class _Broker:
+    """The broker of one size: where devices connect, its processes, its log, how to stop it."""
+
+    def __init__(self, server: Any, pids: list[int]) -> None:
+        self.server = server
+        self.url: str = server.url
+        self.pids = pids
+
+    def log_text(self) -> str:
+        return str(self.server.log_text())
+
+    def cleanup(self) -> None:
+        self.server.cleanup()
+
+
+def _make_users() -> Any:
+    """``deploy/nats/make_users.py`` as a module (the devices' and the server's NATS permissions)."""
+    spec = importlib.util.spec_from_file_location("make_users", ROOT / "deploy" / "nats" / "make_users.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def start_broker(kind: str, d: Path, passwords: dict[str, str], server_pw: str,
+                 max_connections: int | None) -> _Broker:
+    """Mosquitto with ``deploy/mosquitto.conf`` and ``deploy/acl``, or the three-node NATS cluster of
+    ``deploy/nats/`` with the users of ``make_users.py`` (passwords in the clear: a bcrypt check per
+    connection would cost the broker CPU at connection, before anything this benchmark times)."""
+    if kind == "nats":
+        from server_kit.broker import ShippedNatsCluster
+
+        mu = _make_users()
+        users = [("server", server_pw, mu.server_permissions([FEDERATION], "fedsketch"))]
+        users += [(cid, pw, mu.device_permissions(cid, [FEDERATION], "fedsketch")) for cid, pw in passwords.items()]
+        conf = mu.render(users)
+        if max_connections is not None:
+            conf += f"max_connections: {max_connections}\n"
+        cluster = ShippedNatsCluster(conf, login=("server", server_pw))
+        cluster.start(timeout=60)
+        return _Broker(cluster, [node.pid for node in cluster.nodes if node.pid is not None])
+    from server_kit.broker import MosquittoBroker
+
+    acl = (ROOT / "deploy" / "acl").read_text().replace("fedsketch/default/", f"fedsketch/{FEDERATION}/")
+    conf: Any = True  # the shipped deploy/mosquitto.conf
+    if max_connections is not None:
+        shipped = (ROOT / "deploy" / "mosquitto.conf").read_text()
+        conf = d / "mosquitto.conf"
+        conf.write_text(re.sub(r"(?m)^max_connections .*$", f"max_connections {max_connections}", shipped))
+    broker = MosquittoBroker(deploy_conf=conf, passwords={**passwords, "server": server_pw}, acl=acl)
+    broker.start(timeout=30)
+    assert broker.pid is not None
+    return _Broker(broker, [broker.pid])
+
+
 def run_size(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """One fleet of ``n`` devices, broker and server; returns its figures."""
-    from server_kit.broker import MosquittoBroker
     from server_kit.emulate import EmulatedFleet, fleet_partition
 
     d = out / f"n{n}"
@@ -159,7 +214,6 @@ def run_size(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
                               seed=args.seed)
     passwords = {c.cid: secrets.token_urlsafe(12) for c in clients}
     server_pw = secrets.token_urlsafe(16)
-    acl = (ROOT / "deploy" / "acl").read_text().replace("fedsketch/default/", f"fedsketch/{FEDERATION}/")
     (d / "truth.json").write_text(json.dumps({c.cid: c.group for c in clients}))
     pw_file = d / "server.password"
     pw_file.write_text(server_pw)
@@ -167,23 +221,18 @@ def run_size(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     per_round = min(1.0, args.per_round / n)
     toml = d / "run.toml"
     toml.write_text(f"eval_timeout_s = {args.timeout:g}\n")
-    row: dict[str, Any] = {"devices": n, "processes": args.processes}
-    conf: Any = True  # the shipped deploy/mosquitto.conf
+    row: dict[str, Any] = {"devices": n, "processes": args.processes, "broker": args.broker}
     if args.max_connections is not None:  # past the 12,000 it is sized for: say so in the results
-        shipped = (ROOT / "deploy" / "mosquitto.conf").read_text()
-        conf = d / "mosquitto.conf"
-        conf.write_text(re.sub(r"(?m)^max_connections .*$", f"max_connections {args.max_connections}", shipped))
         row["max_connections"] = args.max_connections
-    broker = MosquittoBroker(deploy_conf=conf, passwords={**passwords, "server": server_pw}, acl=acl)
-    broker.start(timeout=30)
+    broker = start_broker(args.broker, d, passwords, server_pw, args.max_connections)
     fleet = None
     try:
-        assert broker.pid is not None
-        broker_watch = _Watch([broker.pid])
+        broker_watch = _Watch(broker.pids)
         processes = args.processes if args.processes is not None else (1 if n <= 4000 else 2)
         row["processes"] = processes
         fleet = EmulatedFleet(broker.url, clients, passwords=passwords, processes=processes,
                               federation=FEDERATION, loops=args.loops, workers=2, steppers=args.steppers,
+                              connect_window=args.connect_window, connect_timeout_s=args.connect_timeout,
                               hello_jitter_s=args.hello_jitter, model_timeout_s=args.timeout, seed=args.seed)
         fleet.start()
         row["fleet_connect_s"] = round(fleet.start_s or 0.0, 2)
@@ -258,8 +307,8 @@ def run_size(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
             fleet.close()
         broker_log = broker.log_text()
         broker.cleanup()
-    (d / "mosquitto.log").write_text(broker_log)
-    dropped = [line for line in broker_log.splitlines() if "dropp" in line.lower()]
+    (d / f"{args.broker}.log").write_text(broker_log)
+    dropped = [line for line in broker_log.splitlines() if "dropp" in line.lower() or "slow consumer" in line.lower()]
     row["broker_drop_lines"] = len(dropped)
     if dropped:
         row["broker_drop_example"] = dropped[0][:200]
@@ -344,11 +393,29 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             parts = [f"{k} in {recv.get(k, {}).get('messages', 0)}/{recv.get(k, {}).get('bytes', 0)} B, "
                      f"out {sent.get(k, {}).get('messages', 0)}/{sent.get(k, {}).get('bytes', 0)} B" for k in kinds]
             print(f"N={row['devices']} messages/bytes at the server: " + "; ".join(parts))
-        if row.get("error"):
-            print(f"N={row['devices']}: {row['error']}")
+        why = incomplete(row)
+        if why:
+            print(f"N={row['devices']}: not a measurement: {why} (its timings are left out of the last line)")
+
+
+#: Figures that are timings or rates: a run that lost a device, or whose server failed, reports them as null.
+TIMED = ("register_s", "sketch_s", "cluster_s", "server_us_per_msg")
+
+
+def incomplete(row: dict[str, Any]) -> str | None:
+    """Why a size's run is not a measurement (a device lost, the server failed), or None."""
+    if row.get("error"):
+        return str(row["error"])
+    if row.get("server_rc") != 0:
+        return f"the server exited with {row.get('server_rc')}"
+    if row.get("lost") != 0:
+        return f"{row.get('lost')} device(s) lost"
+    return None
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last line's figures; a run that is :func:`incomplete` gives no timing, and says why."""
+    rows = [{**r, **dict.fromkeys(TIMED)} if incomplete(r) else r for r in rows]
     by_n = {r["devices"]: r for r in rows}
     out: dict[str, Any] = {}
     for n in KEY_SIZES:
@@ -364,6 +431,11 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         n = r["devices"]
         for key in ("register_s", "sketch_s", "cluster_s", "ari", "lost", "server_us_per_msg"):
             out.setdefault(f"{key}_{n}", r.get(key))
+    for r in rows:
+        why = incomplete(r)
+        if why:
+            out[f"incomplete_{r['devices']}"] = why
+    out["broker"] = rows[0].get("broker") if rows else None
     out["sizes"] = [r["devices"] for r in rows]
     return out
 
@@ -385,6 +457,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hello-jitter", type=float, default=0.0,
                    help="devices' boot hello jitter (s); they answer the server's hello at once either way")
     p.add_argument("--timeout", type=float, default=300.0, help="the server's phase deadlines (s)")
+    p.add_argument("--broker", choices=("mosquitto", "nats"), default="mosquitto",
+                   help="Mosquitto (deploy/mosquitto.conf) or the three-node NATS cluster (deploy/nats/), "
+                        "devices spread over its nodes")
+    p.add_argument("--connect-window", type=int, default=64,
+                   help="devices connecting, and devices subscribing, at once per emulator process")
+    p.add_argument("--connect-timeout", type=float, default=120.0,
+                   help="seconds a device may take to connect and subscribe (the fleet's start waits this "
+                        "long plus 120 s)")
     p.add_argument("--max-connections", type=int, default=None,
                    help="the broker's max_connections instead of the shipped 12,000 (for fleets past it)")
     p.add_argument("--seed", type=int, default=0)
@@ -392,8 +472,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="one more fedsketch-server argument (repeatable), e.g. --server-arg=--min-cluster-size=20")
     args = p.parse_args(argv)
-    if shutil.which("mosquitto") is None and not os.access("/usr/sbin/mosquitto", os.X_OK):
-        print("fleet.py: mosquitto is not installed", file=sys.stderr)
+    from server_kit.broker import find_mosquitto, find_nats_server
+
+    if (find_nats_server() if args.broker == "nats" else find_mosquitto()) is None:
+        print(f"fleet.py: {'nats-server' if args.broker == 'nats' else 'mosquitto'} is not installed", file=sys.stderr)
         return 2
     sizes = [100] if args.quick else [int(s) for s in args.sizes.split(",") if s.strip()]
     out = ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
@@ -408,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
                                     f"cluster {row.get('cluster_s')} s, ARI {row.get('ari')}, lost {row.get('lost')}")
         (out / "results.json").write_text(json.dumps({"rows": rows, "args": vars(args)}, indent=1))
     print_table(rows)
-    print(f"results: {out / 'results.json'}; each size's server log, Mosquitto log and report: "
+    print(f"results: {out / 'results.json'}; each size's server log, broker log and report: "
           + ", ".join(str(out / f"n{r['devices']}" / "report" / "report.html") for r in rows))
     s = summary(rows)
     print(json.dumps(s))

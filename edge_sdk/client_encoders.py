@@ -103,6 +103,9 @@ class ReceivedEncoders:
         An encoder that is neither received nor shipped (a federated one, on
         its way) is waited for up to ``wait_s`` seconds.
         """
+        encoder = self.loaded.get(name)
+        if encoder is not None:  # loaded once (a new one received replaces it): no manifest read per sketch
+            return encoder
         if wait_s > 0 and name not in self.dirs:
             from .artifacts import load_manifest
 

@@ -5,7 +5,9 @@ Updates arrive from the wire as ``{name: numpy array}`` dicts (a model's
 their average weighted by those counts.
 
 * :func:`fedavg` is the plain reference: it takes every update at once and
-  accumulates in float64 with numpy.
+  accumulates in float64 with numpy (:mod:`server_kit.mean`, with
+  :class:`~server_kit.mean.RunningMean`, the same arithmetic one update at a
+  time, and the checks every update passes).
 * :class:`StreamingFedAvg` adds updates one at a time, as they arrive, into
   a single weighted-sum accumulator of torch tensors (on the GPU when there
   is one; on the CPU numpy kernels update the same tensors in place), so the
@@ -30,18 +32,21 @@ torch is imported only when a :class:`StreamingFedAvg` is built (or by
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
 from edge_sdk.validation import check_choice
 
+from .mean import RunningMean, Weights, check_n_samples, check_update, fedavg, spec_of
+
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
     "KERNELS",
+    "RunningMean",
     "StreamingFedAvg",
     "fedavg",
     "merge",
@@ -49,7 +54,6 @@ __all__ = [
     "server_device",
 ]
 
-Weights = Mapping[str, np.ndarray]
 Prefixes = Optional[Sequence[str]]
 
 
@@ -142,121 +146,6 @@ def merge(base: Weights, override: Weights) -> dict[str, np.ndarray]:
                 f"the base model {np.shape(base[name])}"
             )
     return {k: override[k] if k in override else v for k, v in base.items()}
-
-
-def check_n_samples(n_samples: Any, what: str) -> int:
-    """A sample count (an update's weight) as a non-negative int, or a ValueError naming ``what``."""
-    if isinstance(n_samples, bool) or not isinstance(n_samples, (int, np.integer)) or n_samples < 0:
-        raise ValueError(f"{what}: n_samples must be a non-negative integer, got {n_samples!r}")
-    return int(n_samples)
-
-
-def _kind(dtype: np.dtype, name: str, what: str) -> str:
-    """``"f"`` for floating, ``"i"`` for integer tensors; anything else is refused."""
-    if np.issubdtype(dtype, np.floating):
-        return "f"
-    if np.issubdtype(dtype, np.integer):
-        return "i"
-    raise ValueError(f"{what}: tensor {name!r} has dtype {dtype}; expected floating or integer")
-
-
-_Spec = tuple[tuple[int, ...], np.dtype, str]
-
-
-def spec_of(weights: Weights, what: str) -> dict[str, _Spec]:
-    """Name -> (shape, kind) of a model's tensors: what every update of it must match."""
-    if not isinstance(weights, Mapping):
-        raise ValueError(
-            f"{what} must be a mapping of tensor names to arrays, got {type(weights).__name__}"
-        )
-    out = {}
-    for name, value in weights.items():
-        a = np.asarray(value)
-        out[name] = (a.shape, a.dtype, _kind(a.dtype, name, what))
-    return out
-
-
-def check_update(
-    weights: Weights, spec: Mapping[str, _Spec], what: str, ignored: Iterable[str] = ()
-) -> dict[str, np.ndarray]:
-    """Arrays of ``weights`` for the names of ``spec``, checked; ``ignored`` names may be present."""
-    if not isinstance(weights, Mapping):
-        raise ValueError(
-            f"{what}: weights must be a mapping of tensor names to arrays, got {type(weights).__name__}"
-        )
-    skip = set(ignored)
-    for name in weights:
-        if name not in spec and name not in skip:
-            raise ValueError(f"{what}: unexpected tensor {name!r} (not in the template)")
-    out = {}
-    for name, (shape, _dtype, kind) in spec.items():
-        if name not in weights:
-            raise ValueError(f"{what}: tensor {name!r} is missing")
-        a = np.asarray(weights[name])
-        if a.shape != shape:
-            raise ValueError(f"{what}: tensor {name!r} has shape {a.shape}, expected {shape}")
-        if _kind(a.dtype, name, what) != kind:
-            expected = "floating" if kind == "f" else "integer"
-            raise ValueError(f"{what}: tensor {name!r} has dtype {a.dtype}, expected {expected}")
-        out[name] = a
-    return out
-
-
-# --------------------------------------------------------------------------- reference
-
-
-def fedavg(updates: Sequence[tuple[Weights, int]]) -> dict[str, np.ndarray]:
-    """Weighted average of model updates (the numpy reference).
-
-    Parameters
-    ----------
-    updates : sequence of (weights, n_samples)
-        Every update as a ``{name: array}`` dict and its sample count (a
-        non-negative integer). All updates must have the names, shapes and
-        dtype kinds of the first one.
-
-    Returns
-    -------
-    dict of str to numpy.ndarray
-        ``sum(n_i * w_i) / sum(n_i)`` per floating tensor, accumulated in
-        float64 and returned in the first update's dtype; the element-wise
-        maximum for integer tensors.
-
-    Raises
-    ------
-    ValueError
-        On no updates, a zero total weight, a negative or non-integer count,
-        mismatched names, shapes or dtype kinds, or NaN or Inf.
-    """
-    updates = list(updates)
-    if not updates:
-        raise ValueError("fedavg needs at least one update, got none")
-    for i, item in enumerate(updates):
-        if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise ValueError(f"update {i} must be a (weights, n_samples) pair")
-    spec = spec_of(updates[0][0], "update 0")
-    checked = []
-    total = 0
-    for i, (weights, n) in enumerate(updates):
-        n = check_n_samples(n, f"update {i}")
-        arrays = check_update(weights, spec, f"update {i}")
-        for name, a in arrays.items():
-            if spec[name][2] == "f" and not np.isfinite(a).all():
-                raise ValueError(f"update {i}: tensor {name!r} contains NaN or Inf")
-        checked.append((arrays, n))
-        total += n
-    if total == 0:
-        raise ValueError("total weight is zero: every update has n_samples == 0")
-    out = {}
-    for name, (shape, dtype, kind) in spec.items():
-        if kind == "f":
-            acc = np.zeros(shape, dtype=np.float64)
-            for arrays, n in checked:
-                acc += np.asarray(arrays[name], dtype=np.float64) * n
-            out[name] = (acc / total).astype(dtype)
-        else:
-            out[name] = np.maximum.reduce([arrays[name] for arrays, _ in checked]).astype(dtype)
-    return out
 
 
 # --------------------------------------------------------------------------- streaming

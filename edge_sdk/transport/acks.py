@@ -42,6 +42,12 @@ class InFlight:
                 self._early_acks.add(mid)
             self._acks.notify_all()
 
+    def forget(self) -> None:
+        """Drop every id in flight: a new connection will not acknowledge the old one's (a SUBSCRIBE's)."""
+        with self._acks:
+            self._unacked.clear()
+            self._early_acks.clear()
+
     def wait(self, mids: set[int] | None, timeout: float) -> bool:
         """Wait until ``mids`` (None: every message in flight) are acknowledged; returns whether they are.
 

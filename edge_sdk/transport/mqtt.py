@@ -107,6 +107,7 @@ class MqttTransport(TransportBase):
         client = new_client(config, self.client_id, will_topic=will_topic,
                             will_payload=self._name_will(will_payload), will_retain=will_retain)
         self._in_flight = InFlight()
+        self._subscribing = InFlight()  # SUBSCRIBEs of this connection not acknowledged yet
         self._dispatcher = Dispatcher(self.client_id, self._inbox, self._meter, self._deliver,
                                       lambda: self._closing, dispatch_queue=dispatch_queue, loop=loop)
         client.on_connect = self._on_connect
@@ -174,8 +175,9 @@ class MqttTransport(TransportBase):
         self._connected.set()
         self._connack.set()
         filters = self._inbox.filters()
+        self._subscribing.forget()
         if filters:
-            client.subscribe(filters)
+            self._note_subscribe(client.subscribe(filters))
         log.info("connected to %s as %s (session present: %s, %d subscriptions)", self.broker_url,
                  self.client_id, bool(getattr(flags, "session_present", False)), len(filters))
         self._notify_connected()
@@ -209,6 +211,7 @@ class MqttTransport(TransportBase):
         self._in_flight.acked(mid)
 
     def _on_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
+        self._subscribing.acked(mid)
         for rc in reason_codes:
             if rc.is_failure:
                 self._meter.bump(self._meter.errors, "subscribe")
@@ -352,7 +355,19 @@ class MqttTransport(TransportBase):
             raise ValueError(f"qos must be 0, 1 or 2, got {qos!r}")
         self._inbox.add(topic_filter, handler, qos)
         if self._connected.is_set():
-            self._client.subscribe(topic_filter, qos)
+            self._note_subscribe(self._client.subscribe(topic_filter, qos))
+
+    def _note_subscribe(self, result: tuple[int, int | None]) -> None:
+        import paho.mqtt.client as mqtt
+
+        rc, mid = result
+        if rc == mqtt.MQTT_ERR_SUCCESS and mid is not None:
+            self._subscribing.sent(mid)
+
+    def wait_subscribed(self, timeout: float) -> bool:
+        """Whether the broker acknowledged every subscription of this connection within ``timeout`` seconds
+        (refused ones included: they are logged and counted as errors)."""
+        return self._subscribing.wait(None, timeout)
 
     def unsubscribe(self, topic_filter: str) -> None:
         """Forget a filter and its handlers."""

@@ -15,7 +15,8 @@ over along (``BrokerConfig(cluster.url)``).
 
 One module per job: :mod:`~server_kit.broker.mosquitto` (the Mosquitto
 process), :mod:`~server_kit.broker.deploy_conf` (the shipped configuration,
-adapted), :mod:`~server_kit.broker.embedded` (amqtt), :mod:`~server_kit.broker.nats` (NATS) and
+adapted), :mod:`~server_kit.broker.embedded` (amqtt), :mod:`~server_kit.broker.nats` (NATS),
+:mod:`~server_kit.broker.nats_deploy` (the shipped NATS cluster on one machine) and
 :mod:`~server_kit.broker.ports`; :func:`start_broker` picks one here.
 """
 
@@ -27,10 +28,12 @@ from .deploy_conf import DEPLOY_CONF, adapt_deploy_conf
 from .embedded import EmbeddedBroker
 from .mosquitto import MosquittoBroker, find_mosquitto
 from .nats import NatsCluster, find_nats_server, nats_server_version
+from .nats_deploy import DEPLOY_NATS, ShippedNatsCluster
 from .ports import free_port, free_ports
 
-__all__ = ["DEPLOY_CONF", "EmbeddedBroker", "MosquittoBroker", "NatsCluster", "adapt_deploy_conf", "find_mosquitto",
-           "find_nats_server", "free_port", "free_ports", "nats_server_version", "start_broker"]
+__all__ = ["DEPLOY_CONF", "DEPLOY_NATS", "EmbeddedBroker", "MosquittoBroker", "NatsCluster", "ShippedNatsCluster",
+           "adapt_deploy_conf", "find_mosquitto", "find_nats_server", "free_port", "free_ports", "nats_server_version",
+           "start_broker"]
 
 #: Either kind of broker (what :func:`start_broker` returns).
 AnyBroker = Union[MosquittoBroker, EmbeddedBroker]

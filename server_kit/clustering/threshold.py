@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from skopt import gp_minimize
+from skopt.space import Real
 from threadpoolctl import threadpool_limits
 
 from .dendrogram import CutProfile
@@ -55,9 +57,6 @@ def bayes_search(profile: CutProfile, low: float, high: float, probes: list[dict
     Each probe is appended to ``probes`` (the estimator's ``search_``) as
     ``{"threshold", "ch", "n_clusters", "valid"}``, in order.
     """
-    from skopt import gp_minimize  # imported here: it takes most of a second
-    from skopt.space import Real
-
     def objective(x: list[float]) -> float:
         t = float(x[0])
         m = profile.merges_at(t)

@@ -81,6 +81,9 @@ class ServerConfig:
     #: Most bytes of announced updates on their way to one receiver at once (the server, or each ingest
     #: worker): within the shipped broker's queue per client (256 MB) and the reassembly memory (512 MB).
     transfer_budget_bytes: int = 256_000_000
+    #: Memory of each ingest worker for the updates it holds until their round closes (bytes); the rest wait in
+    #: files on its disk (server_kit.partials.aggregator).
+    hold_memory_bytes: int = 256_000_000
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -98,7 +101,7 @@ class ServerConfig:
         for name in ("first_round_timeout_s", "max_round_s"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive or None, got {getattr(self, name)}")
-        for name in ("announce_above_bytes", "transfer_budget_bytes"):
+        for name in ("announce_above_bytes", "transfer_budget_bytes", "hold_memory_bytes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")

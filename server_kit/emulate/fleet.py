@@ -95,7 +95,9 @@ class EmulatedFleet:
     Parameters
     ----------
     broker_url : str
-        ``mqtt://host:port`` of the broker.
+        ``mqtt://host:port`` of the broker, or a comma-separated list (a NATS
+        cluster's nodes, :attr:`NatsCluster.url`): the devices of a process
+        then start at each broker in turn, and each fails over round the others.
     clients : sequence of ClientData
         One device each (:func:`fleet_partition`, or any partition).
     passwords : mapping, optional

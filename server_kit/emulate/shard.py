@@ -14,6 +14,7 @@ import heapq
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -34,7 +35,8 @@ class FleetSettings:
     ``steppers`` threads calling :meth:`EdgeClient.step`, per process.
     ``connect_window``: connections opened and not yet acknowledged by the
     broker at once (Mosquitto accepts from a queue of 100: a larger burst
-    only makes the kernel drop SYNs, and the devices wait 1 s to retry).
+    only makes the kernel drop SYNs, and the devices wait 1 s to retry), and
+    as many devices whose subscriptions are not acknowledged yet.
     """
 
     broker_url: str
@@ -143,9 +145,11 @@ class Shard:
         self._timer = _Timer(self._wake)
         topics = Topics(s.root, s.federation)
         encoders: dict[str, Any] = {}  # one ONNX session per encoder for the whole process (thread-safe)
+        brokers = [u.strip() for u in s.broker_url.split(",")]
         for i, c in enumerate(self.clients):
             pw = self.passwords.get(c.cid)
-            cfg = BrokerConfig.from_url(s.broker_url, username=c.cid if pw is not None else None, password=pw,
+            first = i % len(brokers)  # a broker list (a NATS cluster's nodes): devices spread over its brokers
+            cfg = BrokerConfig.from_url(",".join(brokers[first:] + brokers[:first]), username=c.cid if pw is not None else None, password=pw,
                                         keepalive=s.keepalive, reconnect_min_s=s.reconnect_min_s,
                                         reconnect_max_s=s.reconnect_max_s)
             will = encode_message(Message(Kind.STATUS, s.federation, c.cid, 0, {"state": "offline"}))
@@ -159,17 +163,22 @@ class Shard:
             self.transports.append(t)
             self.edges.append(ec)
             self._lanes.append(self._steps.lane(c.cid))
-        waiting: list[int] = []
+        # Two stages of at most connect_window devices each: connecting, then subscribing (a NATS node creates a
+        # JetStream consumer per subscription: thousands asked at once time out).
+        connecting: deque[int] = deque()
+        subscribing: deque[int] = deque()
         for i, t in enumerate(self.transports):
             t.connect(wait=False)
-            waiting.append(i)
-            if len(waiting) >= s.connect_window:
-                self._start_client(waiting.pop(0))
-        for i in waiting:
-            self._start_client(i)
+            connecting.append(i)
+            if len(connecting) >= s.connect_window:
+                self._start_client(connecting.popleft(), subscribing)
+        while connecting:
+            self._start_client(connecting.popleft(), subscribing)
+        while subscribing:
+            self._wait_subscribed(subscribing.popleft())
         self.started_s = time.monotonic() - t0
 
-    def _start_client(self, i: int) -> None:
+    def _start_client(self, i: int, subscribing: deque[int]) -> None:
         t, ec = self.transports[i], self.edges[i]
         if not t.wait_connected(self.s.connect_timeout_s):
             raise ConnectionError(f"device {ec.cid} not connected to {self.s.broker_url} within "
@@ -177,6 +186,14 @@ class Shard:
         ec.start()  # subscribes, then schedules its hello (jittered)
         t.on_connected(partial(self._after_connect, i))  # after the client's own listener: its hello is due
         self._schedule(i)
+        subscribing.append(i)
+        if len(subscribing) >= self.s.connect_window:
+            self._wait_subscribed(subscribing.popleft())
+
+    def _wait_subscribed(self, i: int) -> None:
+        if not self.transports[i].wait_subscribed(self.s.connect_timeout_s):
+            raise ConnectionError(f"device {self.edges[i].cid}: {self.s.broker_url} did not acknowledge its "
+                                  f"subscriptions within {self.s.connect_timeout_s:g} s")
 
     def _after_connect(self, i: int) -> None:
         self._schedule(i)

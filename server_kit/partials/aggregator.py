@@ -25,7 +25,9 @@ Per round:
 
 An aggregator holds its share of a round's updates, decoded, until the round
 closes: screening needs the round's median norm, which only the server knows
-then. Everything it sends is signed with its own key; the server accepts
+then. Past ``hold_memory_bytes`` of them in memory, the round's further updates
+wait in files of a private folder, read back one at a time at the close:
+memory stays bounded however many updates a round brings. Everything it sends is signed with its own key; the server accepts
 aggregators by their public keys.
 """
 
@@ -33,9 +35,12 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
+import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,11 +50,11 @@ from edge_sdk.compress.update_codec import UpdateCodec, update_codec
 from edge_sdk.protocol import BUSY, Kind, Message, ProtocolError, parse_tensors, tensors_body
 from edge_sdk.schema import check_meta
 
-from ..aggregate import fedavg
+from ..aggregate import RunningMean
 from ..robust import clip_update, delta_norm
 from ..rounds.admission import admit_update
 
-__all__ = ["PartialAggregator", "RoundBase"]
+__all__ = ["DEFAULT_HOLD_MEMORY_BYTES", "PartialAggregator", "RoundBase"]
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +69,49 @@ class RoundBase:
     codec: UpdateCodec = field(default_factory=lambda: update_codec(None))
 
 
+#: Bytes of decoded updates an aggregator holds in memory; past them, the round's further updates wait on disk.
+DEFAULT_HOLD_MEMORY_BYTES = 256_000_000
+
+
 @dataclass
 class _Held:
+    """One update held until its round closes: in memory, or (past the memory bound) in a file of its own."""
+
     key: str
-    weights: dict[str, np.ndarray]
+    weights: dict[str, np.ndarray] | None
     norm: float
+    path: Path | None = None
+    nbytes: int = 0
+
+    def load(self) -> dict[str, np.ndarray]:
+        if self.weights is not None:
+            return self.weights
+        assert self.path is not None
+        with np.load(self.path, allow_pickle=False) as z:  # written by _Spill.write: plain arrays, never pickle
+            return {name: z[name] for name in z.files}
+
+
+class _Spill:
+    """The folder where held updates past the memory bound wait for their round's close (created when needed)."""
+
+    def __init__(self, aid: str) -> None:
+        self.aid = aid
+        self.dir: Path | None = None
+        self.written = 0
+
+    def write(self, weights: Mapping[str, np.ndarray]) -> Path:
+        if self.dir is None:
+            self.dir = Path(tempfile.mkdtemp(prefix=f"fedsketch-{self.aid}-held-"))
+        self.written += 1
+        path = self.dir / f"{self.written:08d}.npz"  # not the device id: it need not be a safe file name
+        with open(path, "wb") as f:
+            np.savez(f, **weights)
+        return path
+
+    def remove(self) -> None:
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
 
 
 class PartialAggregator:
@@ -86,16 +129,28 @@ class PartialAggregator:
     updates_filter : str, optional
         The subscription its updates come on (default: every device's
         ``update`` topic; one partition of them for an ingest worker).
+    hold_memory_bytes : int
+        Most bytes of decoded updates held in memory; a round's updates past
+        them are held in files of a private temporary folder (numpy ``.npz``,
+        read back one at a time when the round closes) and deleted with it.
     """
 
-    def __init__(self, transport: Any, aid: str, *, updates_filter: str | None = None) -> None:
+    def __init__(self, transport: Any, aid: str, *, updates_filter: str | None = None,
+                 hold_memory_bytes: int = DEFAULT_HOLD_MEMORY_BYTES) -> None:
+        if isinstance(hold_memory_bytes, bool) or not isinstance(hold_memory_bytes, int) or hold_memory_bytes < 0:
+            raise ValueError(f"hold_memory_bytes must be an integer >= 0, got {hold_memory_bytes!r}")
         self.transport = transport
         self.aid = aid
         self.topics = transport.topics
         self.updates_filter = updates_filter or self.topics.all_clients("update")
+        self.hold_memory_bytes = hold_memory_bytes
         self._lock = threading.Lock()
         self.base: RoundBase | None = None
         self.held: dict[str, _Held] = {}
+        self._held_bytes = 0  # of the updates held in memory
+        self._spill = _Spill(aid)
+        #: Updates held on disk rather than in memory, since the start.
+        self.spilled = 0
         #: Updates refused here, per reason (each also told to the server by a receipt).
         self.refused: dict[str, int] = {}
         #: Partial sums sent, and the updates they carried.
@@ -133,7 +188,7 @@ class PartialAggregator:
                 if self.base is not None and rnd < self.base.round:
                     raise ProtocolError("stale-round", f"COLLECT for round {rnd}, after round {self.base.round}")
                 self.base = RoundBase(rnd, codec=codec)
-                self.held = {}
+                self._forget_held()
             self.base.models[key] = weights
             self.base.versions[key] = meta.get("version")
         log.debug("aggregator %s: round %d collects model %s", self.aid, rnd, key)
@@ -163,12 +218,39 @@ class PartialAggregator:
             model = base.models[key]
         spec = {n: (tuple(v.shape), str(v.dtype)) for n, v in model.items()}
         weights = base.codec.weights(base.codec.decode(body, spec, meta.get("version")), model)
-        held = _Held(key, weights, delta_norm(weights, model))
+        held = _Held(key, weights, delta_norm(weights, model), nbytes=sum(a.nbytes for a in weights.values()))
         with self._lock:
             if self.base is not base:
                 raise ProtocolError("stale-update", f"round {rnd} closed while its update was decoded")
+            spill = self._held_bytes + held.nbytes > self.hold_memory_bytes
+            if not spill:
+                self._held_bytes += held.nbytes
+        if spill:  # written outside the lock: the other updates' checks go on meanwhile
+            try:
+                held.path, held.weights = self._spill.write(weights), None
+            except OSError as e:
+                raise ProtocolError(BUSY, f"no room to hold the update: {e}") from None
+        with self._lock:
+            if self.base is not base:
+                if held.path is not None:
+                    held.path.unlink(missing_ok=True)
+                raise ProtocolError("stale-update", f"round {rnd} closed while its update was written")
+            self.spilled += spill
             self.held[cid] = held
         return held
+
+    def _forget_held(self) -> None:
+        """Drop the held updates (the lock is held): their memory, their files."""
+        for h in self.held.values():
+            if h.path is not None:
+                h.path.unlink(missing_ok=True)
+        self.held, self._held_bytes = {}, 0
+
+    def close(self) -> None:
+        """Forget the round's held updates and remove the folder of those held on disk."""
+        with self._lock:
+            self._forget_held()
+            self._spill.remove()
 
     def _on_transport_refused(self, topic: str, reason: str, detail: str) -> None:
         parsed = self.topics.parse(topic)
@@ -209,27 +291,39 @@ class PartialAggregator:
             if base is None or base.round != rnd:
                 raise ProtocolError("stale-round", f"FLUSH for round {rnd}; this aggregator holds round "
                                                    f"{None if base is None else base.round}")
-            held, self.held = self.held, {}
+            held = self.held
+            self.held, self._held_bytes = {}, 0
             self.base = RoundBase(rnd + 1, codec=base.codec)
-        by_key: dict[str, list[tuple[str, dict[str, np.ndarray], int]]] = {}
+        by_key: dict[str, list[tuple[str, _Held, int, float]]] = {}
         for cid, (n, scale) in members.items():
-            h = held.get(cid)
+            h = held.pop(cid, None)
             if h is None:
                 log.warning("aggregator %s: round %d: the server asks for %s's update, which it does not hold",
                             self.aid, rnd, cid)
                 continue
-            w = h.weights
-            if scale < 1.0:
-                w = clip_update(w, base.models[h.key], scale * h.norm, h.norm)
-            by_key.setdefault(h.key, []).append((cid, w, n))
-        for key, items in sorted(by_key.items()):
-            mean = fedavg([(w, n) for _, w, n in items])
-            total = sum(n for _, _, n in items)
-            self._publish("partial", Kind.PARTIAL, rnd,
-                          {"round": rnd, "model_key": key, "n_samples": total, "members": [c for c, _, _ in items]},
-                          tensors_body(mean))
-            self.sent_partials += 1
-            self.summed += len(items)
+            by_key.setdefault(h.key, []).append((cid, h, n, scale))
+        try:
+            for key, items in sorted(by_key.items()):
+                # FedAvg's arithmetic one update at a time: those held on disk are read back one by one
+                mean = RunningMean(base.models[key], f"model {key}")
+                for cid, h, n, scale in items:
+                    w = h.load()
+                    if scale < 1.0:
+                        w = clip_update(w, base.models[h.key], scale * h.norm, h.norm)
+                    mean.add(w, n, f"update of {cid}")
+                    h.weights = None
+                    if h.path is not None:
+                        h.path.unlink(missing_ok=True)
+                self._publish("partial", Kind.PARTIAL, rnd,
+                              {"round": rnd, "model_key": key, "n_samples": mean.total_samples,
+                               "members": [c for c, _, _, _ in items]},
+                              tensors_body(mean.result()))
+                self.sent_partials += 1
+                self.summed += len(items)
+        finally:
+            for h in [h for items in by_key.values() for _, h, _, _ in items] + list(held.values()):
+                if h.path is not None:
+                    h.path.unlink(missing_ok=True)
         log.info("aggregator %s: round %d: %d partial sum(s) of %d update(s) sent", self.aid, rnd, len(by_key),
                  sum(len(v) for v in by_key.values()))
 

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 from edge_sdk.transport import BrokerConfig
 
+from .aggregator import DEFAULT_HOLD_MEMORY_BYTES
+
 __all__ = ["build_parser", "main"]
 
 log = logging.getLogger("fedsketch.aggregator")
@@ -38,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-key", metavar="PEM", help="the server's public key: obey only its signed messages")
     p.add_argument("--federation", default="default")
     p.add_argument("--root", default="fedsketch", help="topic root")
+    p.add_argument("--hold-memory-mb", type=float, default=DEFAULT_HOLD_MEMORY_BYTES / 1e6,
+                   help="memory for the updates held until their round closes (MB); the rest wait on disk")
     BrokerConfig.add_arguments(p)
     p.add_argument("-v", "--verbose", action="count", default=0)
     return p
@@ -57,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         aid = check_id(args.aid, "--id")
         signer = load_signer(args.key)
         verifier = load_verifier(args.server_key) if args.server_key else None
+        if not args.hold_memory_mb >= 0:
+            raise ValueError(f"--hold-memory-mb must be >= 0, got {args.hold_memory_mb:g}")
         bcfg = BrokerConfig.from_args(args, args.broker)
         transport = MqttTransport(bcfg, args.username or aid, federation=args.federation, root=args.root)
     except (ValueError, OSError) as e:
@@ -67,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         transport.verify_with(verifier, scopes=("aggregation",))
     else:
         log.warning("no --server-key: this aggregator cannot tell the server's messages from forged ones")
-    agg = PartialAggregator(transport, aid)
+    agg = PartialAggregator(transport, aid, hold_memory_bytes=int(args.hold_memory_mb * 1e6))
     agg.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -33,6 +33,8 @@ from edge_sdk.protocol import Kind, Message
 from edge_sdk.signing import Signer, Verifier, generate_key, load_verifier
 from edge_sdk.transport import BrokerConfig
 
+from .aggregator import DEFAULT_HOLD_MEMORY_BYTES
+
 __all__ = ["RESTART_AFTER_S", "IngestWorkers"]
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ class WorkerSpec:
     root: str
     server_key: str | None
     log_level: int
+    hold_memory_bytes: int
 
 
 def _aid(index: int) -> str:
@@ -74,16 +77,20 @@ def _worker_main(spec: WorkerSpec, key_pem: bytes, ready: Any) -> None:
     transport.sign_with(Signer(serialization.load_pem_private_key(key_pem, password=None)))
     if spec.server_key:
         transport.verify_with(load_verifier(spec.server_key), scopes=("aggregation",))
-    agg = PartialAggregator(transport, aid, updates_filter=transport.topics.partition_updates(spec.index))
+    agg = PartialAggregator(transport, aid, updates_filter=transport.topics.partition_updates(spec.index),
+                            hold_memory_bytes=spec.hold_memory_bytes)
     agg.start()
     transport.connect()
     # acknowledged after the broker took the subscriptions made on connecting (one connection, in order)
     transport.publish(transport.topics.aggregator(aid, "status"), Message(Kind.STATUS, spec.federation, aid, 0,
                                                                           {"state": "online"}), wait=True)
     ready.set()
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    transport.close()
+    try:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+    finally:
+        transport.close()
+        agg.close()
 
 
 class IngestWorkers:
@@ -104,16 +111,20 @@ class IngestWorkers:
         The federation's topics.
     server_key : str, optional
         The server's public key file: the workers then obey only its signed messages.
+    hold_memory_bytes : int
+        Each worker's memory for the updates it holds until their round closes (the rest wait on its disk:
+        :class:`~.aggregator.PartialAggregator`).
     """
 
     def __init__(self, count: int, broker: BrokerConfig, federation: str, *, root: str = "fedsketch",
-                 server_key: str | None = None) -> None:
+                 server_key: str | None = None, hold_memory_bytes: int = DEFAULT_HOLD_MEMORY_BYTES) -> None:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"ingest workers must be a positive integer, got {count!r}")
         self.count = count
         user = broker.username
         self._specs = [WorkerSpec(i, count, replace(broker, username=None if user is None else f"{user}-ingest-{i}"),
-                                  federation, root, server_key, logging.getLogger().getEffectiveLevel())
+                                  federation, root, server_key, logging.getLogger().getEffectiveLevel(),
+                                  hold_memory_bytes)
                        for i in range(count)]
         self._procs: dict[str, Any] = {}
         self._started: dict[str, float] = {}

@@ -81,7 +81,8 @@ class ScaleOut:
         sites = load_aggregator_keys(folder, own=server_pub) if folder else {}
         workers = None
         if count:
-            workers = IngestWorkers(count, bcfg, config.federation, root=config.root, server_key=server_pub)
+            workers = IngestWorkers(count, bcfg, config.federation, root=config.root, server_key=server_pub,
+                                    hold_memory_bytes=config.hold_memory_bytes)
         return cls(workers, sites)
 
     def __enter__(self) -> ScaleOut:

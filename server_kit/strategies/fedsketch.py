@@ -53,6 +53,11 @@ class SketchClustered(ClusteredFedAvg):
                  resketch_every: int | None = None, drift_z: float = 4.0, flip_prob: float = 0.1,
                  clip_noise: bool = True, **kw: Any) -> None:
         super().__init__(**kw)
+        # Loaded with the strategy, before a fleet connects: scikit-learn, SciPy and scikit-optimize take a
+        # second or two to import, which a fleet would otherwise wait through in the clustering phase.
+        from ..clustering import SketchClustering
+
+        self._estimator = SketchClustering
         self.min_cluster_size = int(min_cluster_size)
         if not isinstance(clip_noise, bool):
             raise ValueError(f"clip_noise must be true or false, got {clip_noise!r}")
@@ -71,8 +76,6 @@ class SketchClustered(ClusteredFedAvg):
         self.model_: Any = None
 
     def on_sketches(self, sketches: Mapping[str, Sketch]) -> dict[str, int]:
-        from ..clustering import SketchClustering
-
         if not sketches:
             raise ValueError("no sketches to cluster")
         cids = sorted(sketches)
@@ -80,7 +83,7 @@ class SketchClustered(ClusteredFedAvg):
         packed = stack_sketches([sketches[c] for c in cids])
         if self.clip_noise and "block_bits" not in self.clustering_params:
             self._use_block_bits(first.latent_dim)
-        self.model_ = SketchClustering(
+        self.model_ = self._estimator(
             min_cluster_size=self.min_cluster_size, random_state=self.seed, **self.clustering_params
         ).fit(packed, first.n_bits)
         assignment = {c: int(k) for c, k in zip(cids, self.model_.labels_)}

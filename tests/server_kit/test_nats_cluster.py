@@ -36,9 +36,14 @@ import pytest
 
 from edge_sdk.protocol import Kind, Message, Topics, partition_of, tensors_body
 from edge_sdk.transport import BrokerConfig, MqttTransport
-from server_kit.broker import NatsCluster, find_nats_server, free_ports, nats_server_version
+from server_kit.broker import (
+    NatsCluster,
+    ShippedNatsCluster,
+    find_nats_server,
+    free_ports,
+    nats_server_version,
+)
 from server_kit.broker import nats as nats_module
-from server_kit.broker.nats import NatsNode
 from server_kit.partials import IngestWorkers
 
 from helpers import ARCH, Collector, ari_against, prove_subscribed
@@ -263,37 +268,6 @@ def test_shared_subscriptions_are_granted_and_get_nothing(cluster):
 # -- the shipped configuration and users (deploy/nats/) -----------------------------------------
 
 
-class ShippedCluster(NatsCluster):
-    """``deploy/nats/node<i>.conf`` and ``cluster.conf``, pointed at this cluster's ports and folders, TLS off;
-    the users file of ``deploy/nats/make_users.py``."""
-
-    def __init__(self, users_conf: str, **kw) -> None:
-        super().__init__(3, **kw)
-        self.users_conf = users_conf
-
-    def node_conf(self, node: NatsNode) -> str:
-        d = node.directory
-        text = (DEPLOY / "cluster.conf").read_text()
-        routes = "\n".join(f"        {r}" for r in self.routes())
-        for pattern, repl in [
-            (r"^listen: 127\.0\.0\.1:4222$", f"listen: {self.host}:{node.client_port}"),
-            (r"^http: 127\.0\.0\.1:8222$", f"http: {self.host}:{node.http_port}\nlog_file: \"{d}/nats.log\""),
-            (r"store_dir: /var/lib/nats/fedsketch", f"store_dir: \"{d}/js\""),
-            (r"listen: 0\.0\.0\.0:6222", f"listen: {self.host}:{node.cluster_port}"),
-            (r"(?:^        nats-route://nats\d\.example\.org:6222\n)+", routes + "\n"),
-            (r"listen: 0\.0\.0\.0:8883\n    tls \{\n[^}]*\}\n", f"listen: {self.host}:{node.mqtt_port}\n"),
-        ]:
-            text, n = re.subn(pattern, repl, text, flags=re.M)
-            assert n == 1, f"deploy/nats/cluster.conf no longer has {pattern!r}"
-        (d / "cluster.conf").write_text(text)
-        (d / "fedsketch-users.conf").write_text(self.users_conf)
-        node_text = (DEPLOY / f"node{node.index + 1}.conf").read_text()
-        match = re.search(r"^server_name: (\S+)$", node_text, flags=re.M)
-        assert match is not None and "include cluster.conf" in node_text
-        node.name = match.group(1)
-        return node_text
-
-
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
     """The shipped three-node configuration with the users of make_users.py for c1, c2 (and the server)."""
@@ -303,7 +277,7 @@ def secured(tmp_path_factory):
     assert run.returncode == 0, run.stderr
     passwords = dict(line.split() for line in run.stdout.splitlines())
     assert sorted(passwords) == ["c1", "c2", "server"]
-    with ShippedCluster(out.read_text(), login=("server", passwords["server"])) as c:
+    with ShippedNatsCluster(out.read_text(), login=("server", passwords["server"])) as c:
         c.passwords = passwords
         yield c
 
