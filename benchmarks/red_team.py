@@ -393,7 +393,7 @@ def scenario(name: str, args: argparse.Namespace, bodies: dict[str, bytes], limi
         "peak_held_mb": round(stats["peak"]["held_bytes"] / 1e6, 1),
         "rejected": stats["rejected"], "receiver_errors": stats["errors"],
         "chunks_end": {k: stats["chunks"][k] for k in ("pending", "expired", "expired_deadline",
-                                                        "deferred_chunks", "gaps")},
+                                                        "deferred_chunks", "gaps", "evicted")},
         "broker_drop_lines": len(dropped),
     }
     if dropped:

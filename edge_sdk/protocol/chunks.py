@@ -51,6 +51,8 @@ DEFAULT_CHUNK_PENDING_PER_SENDER = 2
 DEFAULT_CHUNK_MEMORY = 512 * 1024 * 1024
 #: ... how long a chunk may be missing below one received before the transfer counts as cut (seconds).
 DEFAULT_CHUNK_GAP = 5.0
+#: Seconds without a chunk after which a transfer gives its room to a new one when the reassembler is full.
+DEFAULT_CHUNK_EVICT_IDLE = 2.0
 _INNER_KINDS = frozenset(int(k) for k in Kind if k != Kind.CHUNK)
 
 
@@ -191,7 +193,12 @@ class Reassembler:
     ``busy``: it is not the sender's fault, and its chunks are dropped
     quietly (:attr:`deferred_chunks`) so that the sender can be asked to send
     it again once there is room (the server does so: :mod:`server_kit.rounds.reask`).
-    So is a transfer with a chunk missing below one received for ``gap_s``: a
+    Before refusing, a full reassembler drops the transfers that sent nothing
+    for ``evict_idle_s`` or more, longest idle first, if that makes room
+    (:attr:`evicted`; their senders listed in :attr:`lost`): never-finished
+    transfers from many senders cannot hold the room while honest ones,
+    whose chunks come back to back, wait. A transfer with a chunk missing
+    below one received for ``gap_s`` is refused as ``busy`` too: a
     sender's chunks come in order but for a reconnection's redeliveries, so
     the missing one was dropped on the way (a broker drops a slow subscriber's
     messages past its queue limits). It is dropped, its memory freed
@@ -229,6 +236,10 @@ class Reassembler:
         Most bytes the pending transfers of one (federation, sender) may
         declare together (reason ``oversized``). Default: ``max_size``, else
         ``max_total_bytes``.
+    gap_s : float
+        A chunk missing below a received one this long: the transfer is dropped as cut.
+    evict_idle_s : float
+        A transfer that sent no chunk this long gives its room to a new one when the reassembler is full.
     """
 
     def __init__(
@@ -243,6 +254,7 @@ class Reassembler:
         max_pending_per_sender: int = DEFAULT_CHUNK_PENDING_PER_SENDER,
         max_sender_bytes: int | None = None,
         gap_s: float = DEFAULT_CHUNK_GAP,
+        evict_idle_s: float = DEFAULT_CHUNK_EVICT_IDLE,
     ) -> None:
         if max_total_bytes < 1 or max_pending < 1 or not timeout_s > 0:
             raise ValueError(
@@ -251,6 +263,8 @@ class Reassembler:
             )
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s!r}")
+        if not evict_idle_s > 0:
+            raise ValueError(f"evict_idle_s must be > 0, got {evict_idle_s!r}")
         if max_pending_per_sender < 1:
             raise ValueError(f"max_pending_per_sender must be positive, got {max_pending_per_sender!r}")
         if max_sender_bytes is not None and max_sender_bytes < 1:
@@ -263,6 +277,7 @@ class Reassembler:
         self.deadline_s = float(deadline_s)
         self.max_pending_per_sender = int(max_pending_per_sender)
         self.gap_s = float(gap_s)
+        self.evict_idle_s = float(evict_idle_s)
         if max_sender_bytes is None:
             max_sender_bytes = self.max_size if self.max_size is not None else self.max_total_bytes
         self.max_sender_bytes = int(max_sender_bytes)
@@ -281,6 +296,8 @@ class Reassembler:
         self.deferred_chunks = 0
         #: Transfers dropped because chunks went missing on the way (a gap older than ``gap_s``).
         self.gaps = 0
+        #: Transfers idle ``evict_idle_s`` or more that gave their room to a new transfer.
+        self.evicted = 0
         #: The (federation, sender, inner kind) of the transfers :meth:`expire` dropped, until taken.
         self.lost: list[tuple[str, str, int | None]] = []
 
@@ -308,6 +325,7 @@ class Reassembler:
             "refused": dict(self.refused),
             "deferred_chunks": self.deferred_chunks,
             "gaps": self.gaps,
+            "evicted": self.evicted,
         }
 
     def _sender_load(self, federation: str, sender: str) -> tuple[int, int]:
@@ -353,6 +371,33 @@ class Reassembler:
             while seen and (now - next(iter(seen.values())) > self.timeout_s or len(seen) > _MAX_DONE):
                 seen.popitem(last=False)
         return dropped
+
+    def _evict_idle(self, now: float, size: int) -> bool:
+        """Make room for a new transfer of ``size`` bytes by dropping the transfers idle longest (each at least
+        ``evict_idle_s``), if that is enough; returns whether it was (nothing is dropped otherwise).
+
+        Transfers that are going on send chunks back to back, so the room of the full reassembler is held by the
+        stalled ones: never-finished transfers, many senders' worth, give it up to whoever comes next, and their
+        senders are listed in :attr:`lost` (an honest one among them is asked again).
+        """
+        idle = sorted((p.touched, key) for key, p in self._partials.items() if now - p.touched >= self.evict_idle_s)
+        count, nbytes = len(self._partials), self.pending_bytes()
+        chosen = []
+        for _, key in idle:
+            if count < self.max_pending and nbytes + size <= self.max_total_bytes:
+                break
+            chosen.append(key)
+            count, nbytes = count - 1, nbytes - self._partials[key].size
+        if not (count < self.max_pending and nbytes + size <= self.max_total_bytes):
+            return False
+        for key in chosen:
+            p = self._partials.pop(key)
+            self._deferred[key] = now
+            self.lost.append((key[0], key[1], p.kind))
+            self.evicted += 1
+            log.info("transfer %s from %s/%s gave its room to a new one: %d of %d chunks, idle %.1f s",
+                     key[2], key[0], key[1], len(p.parts), p.n, now - p.touched)
+        return True
 
     def _validate(self, msg: Message) -> tuple[str, int, int, int, str, int | None]:
         if msg.kind != Kind.CHUNK:
@@ -429,10 +474,13 @@ class Reassembler:
                     if len(self._partials) >= self.max_pending else
                     f"{self.pending_bytes()} of the {self.max_total_bytes} bytes allowed for pending transfers "
                     "are taken" if self.pending_bytes() + size > self.max_total_bytes else None)
+            count, nbytes = self._sender_load(msg.federation, msg.sender)
+            if (busy is not None and count < self.max_pending_per_sender
+                    and nbytes + size <= self.max_sender_bytes and self._evict_idle(now, size)):
+                busy = None
             if busy is not None:
                 self._deferred[key] = now
                 raise ProtocolError(BUSY, f"transfer {tid} of {size} bytes must wait its turn: {busy}")
-            count, nbytes = self._sender_load(msg.federation, msg.sender)
             if count >= self.max_pending_per_sender:
                 raise ProtocolError(
                     "pending",

@@ -122,6 +122,33 @@ def test_global_memory_cap_counts_declared_bytes_and_makes_a_transfer_wait_its_t
     assert info.value.reason == "oversized"
 
 
+def test_a_full_reassembler_gives_the_room_of_transfers_idle_longest_to_a_new_one():
+    clock = Clock()
+    r = Reassembler(max_pending=2, clock=clock, evict_idle_s=2.0)
+    r.feed(drip("h01", "a", 0))  # never finished: many hostile senders' worth
+    clock.now += 1.0
+    r.feed(drip("h02", "b", 0))
+    clock.now += 0.5  # a idle 1.5 s, b 0.5 s: neither gives its room yet
+    with pytest.raises(ProtocolError, match="^transfer c of 1000 bytes must wait its turn: 2 transfers in "
+                                            "progress, the most at once$"):
+        r.feed(drip("c01", "c", 0))
+    clock.now += 1.0  # a idle 2.5 s: it goes, b (1.5 s) stays
+    r.feed(drip("c02", "d", 0))
+    assert r.pending() == 2 and r.evicted == 1 and r.lost == [(FED, "h01", int(Kind.UPDATE))]
+    assert r.feed(drip("h01", "a", 1)) is None and r.pending() == 2  # what comes of it later is dropped
+    # an honest transfer sends its chunks back to back: it is never the one that gives way
+    honest = chunks("c03", n=20_000)
+    clock.now += 3.0
+    assert r.feed(honest[0]) is None  # b (idle 4.5 s) goes; d (3 s) would be next
+    assert r.evicted == 2
+    for m in honest[1:-1]:
+        assert r.feed(m) is None
+    clock.now += 3.0
+    r.feed(drip("h03", "e", 0))  # d goes (idle longest), not the honest transfer (its last chunk came since)
+    assert r.evicted == 3 and [s for _, s, _ in r.lost] == ["h01", "h02", "c02"]
+    assert r.feed(honest[-1]) == payload("c03", n=20_000)
+
+
 def test_deadline_from_the_first_chunk_drops_a_drip_fed_transfer(caplog):
     clock = Clock(100.0)
     r = Reassembler(timeout_s=5, deadline_s=20, clock=clock)
@@ -161,7 +188,7 @@ def test_idle_transfer_expires_and_frees_its_bytes():
     assert r.expire() == 1
     assert (r.pending(), r.pending_bytes(), r.held_bytes()) == (0, 0, 0)
     assert r.stats() == {"pending": 0, "pending_bytes": 0, "held_bytes": 0, "expired": 1,
-                         "expired_deadline": 0, "refused": {}, "deferred_chunks": 0, "gaps": 0}
+                         "expired_deadline": 0, "refused": {}, "deferred_chunks": 0, "gaps": 0, "evicted": 0}
 
 
 def test_completed_transfer_holds_nothing():
@@ -218,7 +245,7 @@ def test_broker_config_chunk_defaults_reach_the_reassembler():
     assert MqttTransport(BrokerConfig(max_message=10**6), "c2", federation=FED)._inbox._reassembler.max_sender_bytes \
         == 10**6
     assert t.stats()["chunks"] == {"pending": 0, "pending_bytes": 0, "held_bytes": 0, "expired": 0,
-                                   "expired_deadline": 0, "refused": {}, "deferred_chunks": 0, "gaps": 0}
+                                   "expired_deadline": 0, "refused": {}, "deferred_chunks": 0, "gaps": 0, "evicted": 0}
 
 
 def test_memory_transport_expires_on_request_and_counts_refusals(server_transport):
@@ -240,7 +267,7 @@ def test_memory_transport_expires_on_request_and_counts_refusals(server_transpor
     assert [m.body for m in got] == [body]
     chunks_state = server.stats()["chunks"]
     assert chunks_state == {"pending": 2, "pending_bytes": 2000, "held_bytes": 2, "expired": 0,
-                            "expired_deadline": 0, "refused": {"pending": 1}, "deferred_chunks": 0, "gaps": 0}
+                            "expired_deadline": 0, "refused": {"pending": 1}, "deferred_chunks": 0, "gaps": 0, "evicted": 0}
     clock.now = 106.0
     assert server.expire_chunks() == 2
     assert server.stats()["chunks"]["pending"] == 0 and server.stats()["chunks"]["expired"] == 2
@@ -318,7 +345,7 @@ def test_one_flooding_sender_does_not_starve_honest_updates(connect):
     assert server.rejected == {"pending": refused}
     state = server.stats()["chunks"]
     assert state == {"pending": 2, "pending_bytes": 2000, "held_bytes": 2 * rounds, "expired": 0,
-                     "expired_deadline": 0, "refused": {"pending": refused}, "deferred_chunks": 0, "gaps": 0}
+                     "expired_deadline": 0, "refused": {"pending": refused}, "deferred_chunks": 0, "gaps": 0, "evicted": 0}
     assert all(t.stats()["sent"]["UPDATE"]["chunks"] > 12 for t in honest)
 
 
@@ -341,7 +368,7 @@ def test_partial_transfer_is_freed_without_further_traffic(connect):
     assert wait_for(lambda: server.stats()["chunks"]["pending"] == 0, timeout=4)
     assert time.monotonic() - t0 >= 0.5
     assert server.stats()["chunks"] == {"pending": 0, "pending_bytes": 0, "held_bytes": 0, "expired": 1,
-                                        "expired_deadline": 0, "refused": {}, "deferred_chunks": 0, "gaps": 0}
+                                        "expired_deadline": 0, "refused": {}, "deferred_chunks": 0, "gaps": 0, "evicted": 0}
     # an update dropped so is told busy, for the server to ask its device for it again
     assert got.messages == [] and server.rejected == {"busy": 1}
 
