@@ -22,7 +22,10 @@ Questions:
    Measured beside it: the coordinator's CPU per update (``getrusage``) and
    each worker's (``/proc``), and so what one worker takes alone, and each
    worker's peak memory. The devices and the broker run on the same machine:
-   on 2 cores they take CPU the workers would use.
+   on 2 cores they take CPU the workers would use. Each worker's peak memory is
+   checked against its configured bound (:func:`memory_bound`: its memory
+   before the round, plus ``hold_memory_bytes``, plus ``transfer_budget_bytes``,
+   plus three updates' size: the model, one update reassembled, one decoded).
 2. **A site's uplink.** A site of ``--site-devices`` devices (LeNet-5-sized
    updates, 61,706 parameters) behind one uplink: the bytes its devices
    publish (flat: what the bridge would carry to the core) over the bytes a
@@ -35,7 +38,8 @@ summed, over both runs: 0 or no rate is reported), ``ingest_updates_per_s_w1``,
 ``ingest_updates_per_s_w2``, ``ingest_speedup_w2`` (each None when its run
 lost an update), ``ingest_asked`` and ``ingest_asked_again`` (per run),
 ``coordinator_cpu_share`` (its CPU per update over a worker's, per run),
-``worker_alone_updates_per_s``, ``worker_peak_rss_mb``,
+``worker_alone_updates_per_s``, ``worker_peak_rss_mb``, ``worker_memory_bound_mb``,
+``worker_within_bound``,
 ``site_uplink_bytes_ratio`` (1 cluster), ``site_uplink_bytes_ratio_2_clusters``.
 
 Run: ``.venv/bin/python benchmarks/scale_out.py`` (about 2 minutes;
@@ -68,6 +72,7 @@ from server_kit.rounds.reask import Reasks, ReaskWhy
 FED = "scale"
 #: The server's default bytes of announced updates on their way to one receiver.
 BUDGET = ServerConfig().transfer_budget_bytes
+HOLD = ServerConfig().hold_memory_bytes
 ROOT = Path(__file__).resolve().parents[1]
 RESNET18_PARAMS = 11_689_512
 LENET5_PARAMS = 61_706
@@ -227,12 +232,19 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _peak_rss(pid: int) -> int:
-    """A process's peak resident memory so far (bytes, VmHWM)."""
+def _peak_rss(pid: int, field: str = "VmHWM") -> int:
+    """A process's peak resident memory so far (bytes, VmHWM; ``field="VmRSS"``: its resident memory now)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def memory_bound(start_rss: int, update_bytes: int) -> int:
+    """A worker's configured memory bound (bytes): its memory before the round, the updates it may hold in memory
+    (``hold_memory_bytes``), the announced updates on their way to it (``transfer_budget_bytes``), and the round's
+    model, one update reassembled and that update decoded."""
+    return start_rss + HOLD + BUDGET + 3 * update_bytes
 
 
 def _own_cpu_s() -> float:
@@ -262,6 +274,7 @@ def ingest(workers: int, n_devices: int, params: int, timeout: float) -> dict[st
         devices.start()
         try:
             server = _server(broker.url, pool.start(), counter, logins)
+            start_rss = {aid: _peak_rss(pool.pid(aid), "VmRSS") for aid in pool.ids}
             sizes = here.recv()  # the devices are connected, their updates made and announced
             nbytes = sum(sizes.values())
             _collect(server, model, {"c0"})
@@ -333,7 +346,9 @@ def ingest(workers: int, n_devices: int, params: int, timeout: float) -> dict[st
             "worker_cpu_ms_per_update": round(1000 * worker_cpu_per_update, 1),
             "worker_alone_updates_per_s": {aid: round(per_worker[aid] / cpu[aid], 2) if cpu[aid] else None
                                            for aid in pids},
-            "worker_peak_rss_mb": {aid: round(b / 1e6) for aid, b in peak.items()}}
+            "worker_peak_rss_mb": {aid: round(b / 1e6) for aid, b in peak.items()},
+            "worker_memory_bound_mb": {aid: round(memory_bound(start_rss[aid], 4 * params) / 1e6) for aid in pids},
+            "worker_within_bound": all(peak[aid] <= memory_bound(start_rss[aid], 4 * params) for aid in pids)}
 
 
 def site(n_devices: int, clusters: int, timeout: float) -> dict[str, Any]:
@@ -384,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         for aid in sorted(r["worker_cpu_s"]):
             print(f"    {aid}: {r['worker_updates'][aid]} updates in {r['worker_cpu_s'][aid]} CPU s "
                   f"({r['worker_alone_updates_per_s'][aid]} updates/s alone), peak memory "
-                  f"{r['worker_peak_rss_mb'][aid]} MB", file=sys.stderr)
+                  f"{r['worker_peak_rss_mb'][aid]} MB (bound {r['worker_memory_bound_mb'][aid]} MB)", file=sys.stderr)
     sites = [site(args.site_devices, k, args.timeout) for k in (1, 2)]
     for s in sites:
         print(f"site of {s['devices']} devices in {s['clusters']} cluster(s): flat {s['flat_bytes']:,} B, "
@@ -399,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
                                      if r["worker_cpu_ms_per_update"] else None for r in rows],
            "worker_alone_updates_per_s": [r["worker_alone_updates_per_s"] for r in rows],
            "worker_peak_rss_mb": [r["worker_peak_rss_mb"] for r in rows],
+           "worker_memory_bound_mb": [r["worker_memory_bound_mb"] for r in rows],
+           "worker_within_bound": all(r["worker_within_bound"] for r in rows),
            "site_uplink_bytes_ratio": sites[0]["ratio"], "site_uplink_bytes_ratio_2_clusters": sites[1]["ratio"],
            "site_devices": args.site_devices}
     print(json.dumps(out))
