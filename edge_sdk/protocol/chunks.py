@@ -1,25 +1,24 @@
-"""Chunks: payloads above a broker's message limit, cut up and put back together.
+"""Chunks, the receiving side: payloads above a broker's message limit put back together.
 
-Payloads above a broker's message limit are cut by :func:`split_payload` into
-``CHUNK`` envelopes and put back together by a :class:`Reassembler`, which
-checks the whole payload's sha256 and forgets partial transfers that stall.
-:func:`chunked_size` tells how many bytes those envelopes take, without
-cutting anything.
+Payloads cut into ``CHUNK`` envelopes (:mod:`.chunk_split`) are put back
+together by a :class:`Reassembler`, which checks the whole payload's sha256,
+holds no sender's transfers at the others' expense and forgets partial
+transfers that stall. :func:`split_payload` and :func:`chunked_size` are
+re-exported here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import math
-import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .envelope import HEADER_SIZE, MAGIC, Kind, Message, ProtocolError, encode_message
+from .chunk_split import chunked_size, split_payload
+from .envelope import Kind, Message, ProtocolError
 
 __all__ = [
     "BUSY",
@@ -54,110 +53,6 @@ DEFAULT_CHUNK_GAP = 5.0
 #: Seconds without a chunk after which a transfer gives its room to a new one when the reassembler is full.
 DEFAULT_CHUNK_EVICT_IDLE = 2.0
 _INNER_KINDS = frozenset(int(k) for k in Kind if k != Kind.CHUNK)
-
-
-# -- chunking ---------------------------------------------------------------
-
-
-def split_payload(
-    payload: bytes, *, max_payload: int, federation: str, sender: str, round: int = 0
-) -> list[bytes]:
-    """Cut a payload into CHUNK envelopes of at most ``max_payload`` bytes each.
-
-    Parameters
-    ----------
-    payload : bytes
-        Usually an encoded envelope that is too large for the broker.
-    max_payload : int
-        Largest encoded chunk, in bytes.
-    federation, sender : str
-        Ids written into every chunk (the receiver checks the sender against
-        the topic, as for any message).
-    round : int
-        Round written into every chunk.
-
-    Returns
-    -------
-    list of bytes
-        ``[payload]`` unchanged when it fits; otherwise encoded CHUNK messages
-        whose meta holds the transfer ``id``, index ``i``, count ``n``, total
-        ``size``, the whole payload's ``sha256`` and, for an envelope, the
-        inner message kind ``k`` (so byte counts can be attributed).
-    """
-    payload = bytes(payload)
-    if len(payload) <= max_payload:
-        return [payload]
-    total = len(payload)
-    digest = hashlib.sha256(payload).hexdigest()
-    transfer = secrets.token_hex(8)
-    inner_kind = payload[3] if payload[:2] == MAGIC and len(payload) >= HEADER_SIZE else None
-    step = _chunk_step(max_payload, _chunk_meta(transfer, total, total, total, digest, inner_kind),
-                       federation=federation, sender=sender, round=round)
-    n = math.ceil(total / step)
-    chunks = []
-    for i in range(n):
-        piece = payload[i * step : (i + 1) * step]
-        meta = _chunk_meta(transfer, i, n, total, digest, inner_kind)
-        chunk = encode_message(Message(Kind.CHUNK, federation, sender, round, meta, piece))
-        chunks.append(chunk)
-    log.debug("split %d bytes into %d chunks of at most %d bytes (transfer %s)", total, n, max_payload, transfer)
-    return chunks
-
-
-def chunked_size(
-    total: int, *, max_payload: int, federation: str, sender: str, round: int = 0, inner_kind: int | None = None
-) -> int:
-    """Bytes :func:`split_payload` would send for a ``total``-byte payload, computed without cutting it.
-
-    Parameters
-    ----------
-    total : int
-        Length of the payload, in bytes.
-    max_payload, federation, sender, round
-        As for :func:`split_payload`.
-    inner_kind : int, optional
-        The payload's message kind when it is an envelope (its byte 3), as
-        :func:`split_payload` writes it into every chunk's meta.
-
-    Returns
-    -------
-    int
-        ``total`` when it fits in ``max_payload``; otherwise the sum of the
-        lengths of the CHUNK envelopes. :meth:`Message.wire_size` uses it.
-
-    Raises
-    ------
-    ValueError
-        When ``max_payload`` leaves no room for data after a chunk header.
-    """
-    if total <= max_payload:
-        return total
-    # The transfer id and the sha256 have fixed widths: placeholders of those widths size the real ones.
-    transfer, digest = "0" * 16, "0" * 64
-    step = _chunk_step(max_payload, _chunk_meta(transfer, total, total, total, digest, inner_kind),
-                       federation=federation, sender=sender, round=round)
-    n = math.ceil(total / step)
-    # Every chunk's header is the first one's, except for the digits of its index ``i``.
-    first = Message(Kind.CHUNK, federation, sender, round, _chunk_meta(transfer, 0, n, total, digest, inner_kind))
-    return n * (first.wire_size() - 1) + sum(len(str(i)) for i in range(n)) + total
-
-
-def _chunk_meta(transfer: str, i: int, n: int, total: int, digest: str, inner_kind: int | None) -> dict[str, Any]:
-    """The meta of chunk ``i`` of ``n`` of a transfer."""
-    m: dict[str, Any] = {"id": transfer, "i": i, "n": n, "size": total, "sha256": digest}
-    if inner_kind is not None:
-        m["k"] = inner_kind
-    return m
-
-
-def _chunk_step(max_payload: int, worst_meta: dict[str, Any], *, federation: str, sender: str, round: int) -> int:
-    """Bytes of payload each chunk carries, given the widest chunk meta."""
-    # Upper bound of the envelope overhead: index and count as wide as the payload's length.
-    worst = Message(Kind.CHUNK, federation, sender, round, worst_meta).wire_size()
-    step = max_payload - worst
-    if step < 1:
-        raise ValueError(f"max_payload={max_payload} leaves no room for data after the {worst}-byte chunk header")
-    return step
 
 
 def _int_field(meta: Mapping[str, Any], key: str) -> int:
@@ -451,6 +346,40 @@ class Reassembler:
             self.refused[e.reason] = self.refused.get(e.reason, 0) + 1
             raise
 
+    def _admit(self, msg: Message, tid: str, size: int, now: float) -> None:
+        """Make room for a new transfer of ``size`` bytes, or raise the ProtocolError that refuses it (``busy``
+        defers it)."""
+        key = (msg.federation, msg.sender, tid)
+        if size > self.max_total_bytes:
+            raise ProtocolError(
+                "oversized",
+                f"transfer {tid} of {size} bytes exceeds the {self.max_total_bytes} bytes allowed for "
+                "pending transfers",
+            )
+        busy = (f"{len(self._partials)} transfers in progress, the most at once"
+                if len(self._partials) >= self.max_pending else
+                f"{self.pending_bytes()} of the {self.max_total_bytes} bytes allowed for pending transfers "
+                "are taken" if self.pending_bytes() + size > self.max_total_bytes else None)
+        count, nbytes = self._sender_load(msg.federation, msg.sender)
+        if (busy is not None and count < self.max_pending_per_sender
+                and nbytes + size <= self.max_sender_bytes and self._evict_idle(now, size)):
+            busy = None
+        if busy is not None:
+            self._deferred[key] = now
+            raise ProtocolError(BUSY, f"transfer {tid} of {size} bytes must wait its turn: {busy}")
+        if count >= self.max_pending_per_sender:
+            raise ProtocolError(
+                "pending",
+                f"sender {msg.sender!r} already has {count} transfers in progress (limit "
+                f"{self.max_pending_per_sender} per sender); refusing transfer {tid}",
+            )
+        if nbytes + size > self.max_sender_bytes:
+            raise ProtocolError(
+                "oversized",
+                f"transfer {tid} of {size} bytes from sender {msg.sender!r} would exceed the "
+                f"{self.max_sender_bytes} bytes allowed per sender ({nbytes} pending)",
+            )
+
     def _feed(self, msg: Message) -> bytes | None:
         self.expire()
         tid, i, n, size, digest, k = self._validate(msg)
@@ -464,35 +393,7 @@ class Reassembler:
             return None
         part = self._partials.get(key)
         if part is None:
-            if size > self.max_total_bytes:
-                raise ProtocolError(
-                    "oversized",
-                    f"transfer {tid} of {size} bytes exceeds the {self.max_total_bytes} bytes allowed for "
-                    "pending transfers",
-                )
-            busy = (f"{len(self._partials)} transfers in progress, the most at once"
-                    if len(self._partials) >= self.max_pending else
-                    f"{self.pending_bytes()} of the {self.max_total_bytes} bytes allowed for pending transfers "
-                    "are taken" if self.pending_bytes() + size > self.max_total_bytes else None)
-            count, nbytes = self._sender_load(msg.federation, msg.sender)
-            if (busy is not None and count < self.max_pending_per_sender
-                    and nbytes + size <= self.max_sender_bytes and self._evict_idle(now, size)):
-                busy = None
-            if busy is not None:
-                self._deferred[key] = now
-                raise ProtocolError(BUSY, f"transfer {tid} of {size} bytes must wait its turn: {busy}")
-            if count >= self.max_pending_per_sender:
-                raise ProtocolError(
-                    "pending",
-                    f"sender {msg.sender!r} already has {count} transfers in progress (limit "
-                    f"{self.max_pending_per_sender} per sender); refusing transfer {tid}",
-                )
-            if nbytes + size > self.max_sender_bytes:
-                raise ProtocolError(
-                    "oversized",
-                    f"transfer {tid} of {size} bytes from sender {msg.sender!r} would exceed the "
-                    f"{self.max_sender_bytes} bytes allowed per sender ({nbytes} pending)",
-                )
+            self._admit(msg, tid, size, now)
             part = _Partial(n=n, size=size, sha256=digest, kind=k, started=now, touched=now)
             self._partials[key] = part
         elif (n, size, digest, k) != (part.n, part.size, part.sha256, part.kind):

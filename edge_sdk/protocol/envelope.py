@@ -188,7 +188,9 @@ class Message:
         size = sum(map(len, _head_parts(self))) + len(self.body)
         if max_payload is None or size <= max_payload:
             return size
-        from .chunks import chunked_size  # chunks builds on this module: imported when needed
+        from .chunk_split import (
+            chunked_size,  # chunk_split builds on this module: imported when needed
+        )
 
         return chunked_size(size, max_payload=max_payload, federation=self.federation, sender=self.sender,
                             round=self.round, inner_kind=int(self.kind))
