@@ -154,31 +154,34 @@ def numpy_state(model: Any) -> dict[str, np.ndarray]:
 
 
 def initial_weights(architecture: str, seed: int) -> dict[str, np.ndarray]:
-    """Seeded initial weights of an architecture (needs torch).
+    """Portable seeded initial weights of an architecture, bit for bit the same on every platform.
 
-    ``torch.manual_seed(seed)`` then the constructor, which is what the
-    export recipe does: ``initial_weights("digits_cnn_1x8x8_10", 0)`` equals
-    the shipped ``digits_cnn.safetensors``. The caller's torch RNG state is
-    restored afterwards.
+    torch builds the model only for its structure (the names, shapes and dtypes of its
+    ``state_dict``; the caller's torch RNG state is left untouched); the values are
+    :func:`edge_sdk.portable_init.initial_tensors` of that spec and ``seed``, which follow
+    torch's default initialisation in law but not in value: they are neither what
+    ``torch.manual_seed(seed)`` and the constructor give nor the shipped
+    ``digits_cnn.safetensors``. Every device (x86 or a Raspberry Pi) builds the same bits,
+    so a federation's version 0 never has to be sent.
 
     Parameters
     ----------
     architecture : str
         A key of :data:`edge_sdk.nets.ARCHITECTURES`.
     seed : int
-        Seed of the initialisation.
+        Seed of the initialisation, in ``[0, 2**64)``.
 
     Returns
     -------
     dict of str to numpy.ndarray
-        The ``state_dict`` (float32 floats, integer buffers as they are).
+        The ``state_dict``'s tensors in its order (float32 floats, integer buffers zero).
     """
     torch = import_torch()
     from .nets import ARCHITECTURES, build_model
+    from .portable_init import initial_tensors
 
     if architecture not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {architecture!r}; known: {sorted(ARCHITECTURES)}")
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
         model = build_model(architecture)
-    return numpy_state(model)
+    return initial_tensors(state_spec(numpy_state(model)), seed)
