@@ -395,7 +395,7 @@ def train(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
     # the model it started from (a worker that names a model it was not sent is refused by the server)
     start = held.get(upd.model_key) or held[keys[0]]
     try:
-        body, extra, _ = codec.encode(upd.model_key, upd.weights, start.weights, start.version, state)
+        body, extra, _ = codec.encode(upd.model_key, upd.weights, start.weights, start.version, state, lean=True)
     except ValueError as e:
         raise ValueError(f"round {r}: {e}") from None
     send_update(state, ctx, r, {**meta, **extra}, body, partition=m.get("partition"),

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .held_models import NEEDS_WHOLE
 from .protocol import SERVER_ID, Kind, Message, ProtocolError, Topics
 from .rejections import RejectionLog
 from .schema import check_meta
@@ -121,6 +122,9 @@ class DeviceLink:
             self._receive_model(msg, meta)
         except ProtocolError as e:
             self._reject(e.reason, msg.sender, f"model for round {msg.round}: {e}")
+            if e.reason in NEEDS_WHOLE:  # what it was sent does not apply to its copy: ask for the model whole
+                self.send(self.topics.status(self.cid), Kind.STATUS, msg.round,
+                          {"state": "online", "need": [meta["key"]]})
         except Exception as e:  # never let a message end the device
             self._reject("handler-error", msg.sender, f"model: {type(e).__name__}: {e}")
 

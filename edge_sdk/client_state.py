@@ -17,6 +17,7 @@ from typing import Any
 from .client_encoders import ReceivedEncoders
 from .client_keep import KeepOutcome
 from .compress import Compression, ErrorFeedback
+from .compress.update_codec import device_feedback
 from .held_models import ModelStore
 from .protocol import Message
 
@@ -52,7 +53,7 @@ class DeviceState:
     #: A folder the device keeps across restarts (the error feedback is saved there), or None.
     state_dir: Path | None = None
     #: The part of each delta not sent yet (compression on), per model key.
-    feedback: ErrorFeedback = field(default_factory=lambda: ErrorFeedback(Compression()))
+    feedback: ErrorFeedback = field(default_factory=lambda: device_feedback(Compression()))
     #: Whether the state folder's feedback was read (at the first compressed update: its method is known then).
     feedback_read: bool = False
     #: The run the server last announced (its status, or its welcome), None before the first.

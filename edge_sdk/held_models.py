@@ -1,13 +1,24 @@
 """The models a device holds: what the server sent, whole or as compressed changes, and the wait for one.
 
-A model arrives whole (safetensors) or, with compression on, as the chain of
-its compressed changes since a version the device holds
-(:mod:`edge_sdk.compress.steps`): the device applies the changes it lacks,
-with the same float32 addition as the server, so that its copy is bit-identical
-to the server's. A chain that starts after the version held (the device missed
-more than the server knew) cannot be applied: it is refused with reason
-``model-base`` and the model stays as it was (the command that needs it times
-out; the server sends the whole model once the device says which version it holds).
+With downstream compression on, a model arrives as one of (the server's
+:class:`server_kit.downstream.ModelVersions` picks the fewest bytes):
+
+- nothing new (``current``): the device holds that version already;
+- its portable initial weights (``init``): the device builds them
+  (:func:`edge_sdk.torch_support.initial_weights`, the same bits on every
+  platform) and checks them against the server's ``sha256``;
+- the chain of its compressed changes since a version the device holds
+  (:mod:`edge_sdk.compress.steps`), applied with the same float32 addition as
+  the server's, or one exact merged catch-up (``codec: "exact"``,
+  :mod:`edge_sdk.compress.catchup`): either way the copy is bit-identical to
+  the server's;
+- the whole model (safetensors), as always with compression off.
+
+What cannot be applied to the copy held (no version held, another version,
+initial weights that hash otherwise or cannot be built here) is refused with
+reason ``model-base`` or ``model-init`` (:data:`NEEDS_WHOLE`) and the model
+stays as it was; the device then asks the server for the model whole (its
+status ``need``, :class:`edge_sdk.client_link.DeviceLink`).
 
 A model of an earlier round than the one held is a late copy (a broker that
 redelivers an unacknowledged QoS 1 message, a NATS cluster among them): it is
@@ -23,14 +34,25 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from .compress import Method, apply_steps, parse_chain
+from .compress import Method, apply_catchup, apply_steps, parse_chain
+from .portable_init import tensors_sha256
 from .protocol import Message, ProtocolError, parse_tensors
 
-__all__ = ["HeldModel", "ModelStore"]
+__all__ = ["NEEDS_WHOLE", "HeldModel", "ModelStore"]
+
+#: The refusals after which the device asks for the model whole (status ``need``): what it was sent does
+#: not apply to its copy.
+NEEDS_WHOLE = frozenset({"model-base", "model-init"})
+
+
+def _initial_weights(architecture: str, seed: int) -> dict[str, np.ndarray]:
+    from .torch_support import initial_weights
+
+    return initial_weights(architecture, seed)
 
 
 @dataclass(frozen=True)
@@ -50,10 +72,13 @@ class ModelStore:
     Thread-safe: the network thread puts, the command loop waits.
     """
 
-    def __init__(self, max_models: int = 8) -> None:
+    def __init__(self, max_models: int = 8,
+                 build_initial: Callable[[str, int], dict[str, np.ndarray]] | None = None) -> None:
         if int(max_models) < 1:
             raise ValueError(f"max_models must be a positive integer, got {max_models!r}")
         self.max_models = int(max_models)
+        #: Builds the portable initial weights of an architecture and a seed (default: with torch, for the structure).
+        self.build_initial = build_initial or _initial_weights
         self._models: dict[str, HeldModel] = {}
         #: The keys whose next model is taken whatever its round (:meth:`rewind`).
         self._rewound: set[str] = set()
@@ -74,26 +99,61 @@ class ModelStore:
             if have is not None and msg.round < have.round and key not in self._rewound:
                 raise ProtocolError("model-stale", f"model {key!r} of round {msg.round} came after the one of "
                                                    f"round {have.round}: a late copy, ignored")
-        if "base" not in meta:
+        if meta.get("current"):
+            held = HeldModel(msg.round, self._held_version(key, version).weights, version)
+        elif "init" in meta:
+            held = HeldModel(msg.round, self._initial(key, meta), version)
+        elif "base" not in meta:
             held = HeldModel(msg.round, parse_tensors(msg.body), version)
+        elif meta["codec"] == "exact":
+            have = self._held_version(key, meta["base"])
+            spec = {n: (a.shape, "float32") for n, a in have.weights.items()}
+            held = HeldModel(msg.round, apply_catchup(have.weights, msg.body, spec), version)
         else:
-            method = Method(meta["codec"])
-            steps = parse_chain(msg.body, method)
-            with self.cv:
-                have = self._models.get(key)
-            if have is None or have.version is None:
-                raise ProtocolError("model-base", f"changes of model {key!r} since version {meta['base']}, "
-                                                  "and no version of it is held")
-            if steps and steps[-1].version != version:
-                raise ProtocolError("compressed-index", f"changes of model {key!r} end at version "
-                                                        f"{steps[-1].version}, the meta says {version}")
-            try:
-                v, weights = apply_steps(have.version, have.weights, steps, method)
-            except ValueError as e:
-                raise ProtocolError("model-base", f"model {key!r}: {e}") from None
-            held = HeldModel(msg.round, weights, v)
+            held = HeldModel(msg.round, *self._apply_chain(key, msg.body, meta)[::-1])
         self.put(key, held)
         return held
+
+    def _held_version(self, key: str, version: int | None) -> HeldModel:
+        """The model held of ``key`` when it is of ``version``; else ``model-base`` (the device needs it whole)."""
+        with self.cv:
+            have = self._models.get(key)
+        if have is None or have.version is None or have.version != version:
+            held = "no version" if have is None or have.version is None else f"version {have.version}"
+            raise ProtocolError("model-base", f"model {key!r} sent for version {version}, and {held} of it is held")
+        return have
+
+    def _initial(self, key: str, meta: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The portable initial weights the meta names, built here and checked against its hash."""
+        arch, seed = meta.get("architecture"), meta["init"]
+        if not arch or "sha256" not in meta:
+            raise ProtocolError("model-init", f"model {key!r}: initial weights without an architecture or a hash")
+        try:
+            weights = self.build_initial(arch, seed)
+        except (ImportError, ValueError) as e:
+            raise ProtocolError("model-init", f"model {key!r}: cannot build {arch} seed {seed} here: {e}") from None
+        got = tensors_sha256(weights)
+        if got != meta["sha256"]:
+            raise ProtocolError("model-init", f"model {key!r}: {arch} seed {seed} built here hashes to {got[:12]}, "
+                                              f"the server's to {str(meta['sha256'])[:12]}")
+        return weights
+
+    def _apply_chain(self, key: str, body: bytes, meta: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
+        """The chain of changes in ``body`` applied to the version held."""
+        method = Method(meta["codec"])
+        steps = parse_chain(body, method)
+        with self.cv:
+            have = self._models.get(key)
+        if have is None or have.version is None:
+            raise ProtocolError("model-base", f"changes of model {key!r} since version {meta['base']}, "
+                                              "and no version of it is held")
+        if steps and steps[-1].version != meta.get("version"):
+            raise ProtocolError("compressed-index", f"changes of model {key!r} end at version "
+                                                    f"{steps[-1].version}, the meta says {meta.get('version')}")
+        try:
+            return apply_steps(have.version, have.weights, steps, method)
+        except ValueError as e:
+            raise ProtocolError("model-base", f"model {key!r}: {e}") from None
 
     def put(self, key: str, held: HeldModel) -> None:
         """Hold ``held`` as model ``key`` (it replaces the one held)."""

@@ -29,7 +29,7 @@ in the spec, so no tensor depends on another's size:
 
 A value is ``u * (2 b) - b`` in float32, with ``b`` computed in float64 (``math.sqrt``) and rounded
 to float32 once: each float32 operation is correctly rounded, so the bits are the same everywhere.
-:func:`weights_sha256` hashes tensors without depending on the safetensors library's version.
+:func:`tensors_sha256` hashes tensors without depending on the safetensors library's version.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["initial_tensors", "portable_uniform", "weights_sha256"]
+__all__ = ["initial_tensors", "portable_uniform", "tensors_sha256"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -184,7 +184,7 @@ def initial_tensors(spec: Mapping[str, tuple[tuple[int, ...], Any]], seed: int) 
     return {name: _tensor(name, i, seed, checked) for i, name in enumerate(checked)}
 
 
-def weights_sha256(weights: Mapping[str, Any]) -> str:
+def tensors_sha256(weights: Mapping[str, Any]) -> str:
     """A sha256 of named tensors that depends on no file format's version.
 
     Per name in sorted order: the name in UTF-8, a zero byte, the dtype's name (``float32``) in

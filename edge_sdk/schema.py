@@ -254,6 +254,8 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "ready": Field("int", 0, MAX_ROUND),  # the round whose large update it holds, to send when asked
         "size": Field("int", 0, 1 << 40),  # ... and its size in bytes
         "follow": _FOLLOW,  # the model topics it now follows (the answer to an assign's "follow")
+        # the models it needs whole: what it was sent could not be applied to its copy (edge_sdk.held_models)
+        "need": Field("ids", max_len=64),
         # the server's own status (retained on server/status): the run it serves ("online") or served
         "run": Field("id"),
         # the server's own status: after its run it keeps serving its models to devices that ask (cold start)
@@ -312,9 +314,16 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "sha256": Field("str", max_len=64),
         "entry": Field("object", max_len=64),
         # compression on: the model's version; with "base", the body is the chain of its changes since that one
+        # (codec: the method of its steps), or their exact merged catch-up (codec "exact")
         "version": Field("int", 0, MAX_ROUND),
         "base": Field("int", 0, MAX_ROUND),
-        "codec": Field("str", choices=("int8", "topk", "stc")),
+        "codec": Field("str", choices=("int8", "int4", "sign", "topk", "stc", "exact")),
+        # the device holds that version already: the body is empty
+        "current": Field("bool"),
+        # the portable initial weights of this architecture and seed (edge_sdk.torch_support.initial_weights),
+        # which the device builds and checks against sha256: the body is empty
+        "init": Field("int", 0, 2**31 - 1),
+        "architecture": _ARCH,
     },
 }
 

@@ -38,7 +38,8 @@ from edge_sdk.protocol import SERVER_ID
 from edge_sdk.transport import BrokerConfig
 
 from .cli_options import (
-    DEFAULT_COMPRESS,
+    DEFAULT_COMPRESS_DOWN,
+    DEFAULT_COMPRESS_UP,
     build_parser,
     known_architectures,
     known_encoders,
@@ -385,8 +386,10 @@ def _build_strategy(args: argparse.Namespace, name: str, config: Any, strat: dic
 
 
 def _apply_compression(args: argparse.Namespace, name: str, strat: dict[str, Any]) -> None:
-    """``--compress`` (or the ``[strategy]`` table's ``compress``; default :data:`DEFAULT_COMPRESS`) into ``strat``.
+    """``--compress``, ``--compress-up`` and ``--compress-down`` (or the ``[strategy]`` table's keys) into ``strat``.
 
+    Each direction takes its own option, else ``--compress``, else its
+    default (:data:`DEFAULT_COMPRESS_UP`, :data:`DEFAULT_COMPRESS_DOWN`).
     Asked for a method that cannot take it, the strategy refuses at its
     start; by default, such a method sends whole updates (said in the log).
     """
@@ -395,17 +398,24 @@ def _apply_compression(args: argparse.Namespace, name: str, strat: dict[str, Any
 
     from .strategies import strategy_class
 
-    asked = args.compress if args.compress is not None else strat.pop("compress", None)
+    def asked(option: str) -> Any:
+        given = getattr(args, option, None)
+        return given if given is not None else strat.pop(option, None)
+
+    both, up, down = asked("compress"), asked("compress_up"), asked("compress_down")
     if name == "fedcref":
-        if asked is not None:
-            raise ValueError("--compress applies to the model-averaging strategies, not fedcref")
+        if (both, up, down) != (None, None, None):
+            raise ValueError("--compress, --compress-up and --compress-down apply to the model-averaging "
+                             "strategies, not fedcref")
         return
-    comp = Compression.parse(asked if asked is not None else DEFAULT_COMPRESS)
     refuses = strategy_class(name).capabilities.refuses_compression
-    settled = compression_for(comp, refuses, f"strategy {name!r}", asked=asked is not None)
-    if settled != comp:
-        log.info("strategy %s sends whole updates: %s", name, refuses)
-    strat["compression"] = settled
+    for direction, given, default in (("up", up, DEFAULT_COMPRESS_UP), ("down", down, DEFAULT_COMPRESS_DOWN)):
+        given = given if given is not None else both
+        comp = Compression.parse(given if given is not None else default)
+        settled = compression_for(comp, refuses, f"strategy {name!r}", asked=given is not None)
+        if settled != comp:
+            log.info("strategy %s sends whole models %s: %s", name, direction, refuses)
+        strat[f"compress_{direction}"] = settled
 
 
 def _apply_strategy_options(args: argparse.Namespace, name: str, strat: dict[str, Any],

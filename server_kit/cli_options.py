@@ -12,10 +12,13 @@ from typing import Any
 
 from edge_sdk.transport import BrokerConfig
 
-__all__ = ["DEFAULT_COMPRESS", "DESCRIPTION", "build_parser", "known_architectures", "known_encoders", "known_strategies"]
+__all__ = ["DEFAULT_COMPRESS_DOWN", "DEFAULT_COMPRESS_UP", "DESCRIPTION", "build_parser", "known_architectures", "known_encoders", "known_strategies"]
 
-#: ``--compress`` when not given: the method that met the goals of ``benchmarks/compression.py`` (see the README).
-DEFAULT_COMPRESS = "int8"
+#: ``--compress-up`` and ``--compress-down`` when not given: the pair ``benchmarks/compression.py`` picked (README).
+DEFAULT_COMPRESS_UP = "int8"
+DEFAULT_COMPRESS_DOWN = "int8"
+#: The ``--compress`` forms, for the help texts.
+COMPRESS_FORMS = "none (whole float32 models), int8, int4, sign (1 bit), topk[:FRACTION] or stc[:FRACTION]"
 #: The first line of ``fedsketch-server --help``.
 DESCRIPTION = "``fedsketch-server``: run a federation's server over MQTT."
 
@@ -163,10 +166,14 @@ def _add_strategy_options(p: argparse.ArgumentParser, dflt: Callable[..., str]) 
                    help="fraction cut at each end of every coordinate by --aggregator trimmed-mean, in (0, 0.5) "
                         f"{dflt('trim_fraction')}")
     p.add_argument("--compress", default=None, metavar="METHOD",
-                   help="how updates come up and models go down: none (whole float32 models), int8, "
-                        "topk[:FRACTION] or stc[:FRACTION] (the share of each tensor sent, e.g. topk:0.01); "
-                        "the devices follow. A method that clusters from whole updates (cfl, ocfl, briggs, "
-                        f"kmeans-weights, flis) sends them whole (default: {DEFAULT_COMPRESS})")
+                   help=f"how updates come up and models go down: {COMPRESS_FORMS} (the share of each tensor "
+                        "sent, e.g. topk:0.01); the devices follow. A method that clusters from whole updates (cfl, "
+                        "ocfl, briggs, kmeans-weights, flis) sends them whole (default: --compress-up "
+                        f"{DEFAULT_COMPRESS_UP} --compress-down {DEFAULT_COMPRESS_DOWN})")
+    p.add_argument("--compress-up", default=None, metavar="METHOD",
+                   help=f"how updates come up, instead of --compress (default: {DEFAULT_COMPRESS_UP})")
+    p.add_argument("--compress-down", default=None, metavar="METHOD",
+                   help=f"how models go down, instead of --compress (default: {DEFAULT_COMPRESS_DOWN})")
     p.add_argument("--set", dest="params", action="append", default=[], metavar="KEY=VALUE",
                    help="a strategy parameter, the value in TOML syntax (repeatable): --set algorithm=hdbscan "
                         "--set eps1=0.4 (default: the strategy's own)")

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .cli_options import DEFAULT_COMPRESS
+from .cli_options import COMPRESS_FORMS, DEFAULT_COMPRESS_DOWN, DEFAULT_COMPRESS_UP
 
 if TYPE_CHECKING:
     from edge_sdk.tasks import TrainSettings
@@ -92,7 +92,8 @@ def run_demo(args: argparse.Namespace) -> dict:
         "fedavg_acc": round(float(fedavg[-1]), 4),
         "seconds": round(seconds, 1),
         "sketch_bytes": int(sketch_bytes),
-        "compress": args.compress,
+        "compress_up": args.compress_up,
+        "compress_down": args.compress_down,
         "update_bytes": int(result.transport["received"].get("UPDATE", {}).get("bytes", 0)),
         "model_bytes": int(result.delivered.get("MODEL", 0)),
     }
@@ -137,7 +138,8 @@ def _run_over_mqtt(args: argparse.Namespace, clients: list, settings: TrainSetti
         print(f"started {len(procs)} client processes (logs in {log_dir})")
 
         strategy = SketchClustered(settings=settings, fraction=1.0, seed=args.seed,
-                                   min_cluster_size=args.min_cluster_size, compression=args.compress)
+                                   min_cluster_size=args.min_cluster_size, compress_up=args.compress_up,
+                                   compress_down=args.compress_down)
         transport = MqttTransport(BrokerConfig.from_url(url), SERVER_ID, federation=federation)
         transport.sign_with(load_signer(tmpdir / "server.key"))
         transport.connect()
@@ -210,7 +212,7 @@ def _print_saved(args: argparse.Namespace, result: RunResult) -> None:
                                                              "loss": 0.0, "metrics": {}}) * ups.get("messages", 0)
     whole_down = weights_message_bytes(Kind.MODEL, template, {"key": "c0"}) * downloads
     got_up, got_down = ups.get("bytes", 0), result.delivered.get("MODEL", 0)
-    print(f"\ncompression {args.compress}: updates {got_up:,} bytes and models {got_down:,} bytes, against "
+    print(f"\ncompression up {args.compress_up}, down {args.compress_down}: updates {got_up:,} bytes and models {got_down:,} bytes, against "
           f"{whole_up:,} and {whole_down:,} as whole float32 models")
     if got_up and got_down:
         print(f"  {whole_up / got_up:.1f}x fewer bytes up, {whole_down / got_down:.1f}x fewer down; "
@@ -305,12 +307,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flip-prob", type=float, default=0.1)
     ap.add_argument("--min-cluster-size", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--compress", default=DEFAULT_COMPRESS,
-                    help=f"how updates and models travel: none, int8, topk[:F], stc[:F] (default: {DEFAULT_COMPRESS})")
+    ap.add_argument("--compress", default=None, help=f"how updates and models travel: {COMPRESS_FORMS}")
+    ap.add_argument("--compress-up", default=None, help=f"how updates come up (default: {DEFAULT_COMPRESS_UP})")
+    ap.add_argument("--compress-down", default=None, help=f"how models go down (default: {DEFAULT_COMPRESS_DOWN})")
     ap.add_argument("--broker", default="auto", choices=["auto", "mosquitto", "amqtt"])
     ap.add_argument("--report-dir", default="reports/demo")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
+    args.compress_up = args.compress_up or args.compress or DEFAULT_COMPRESS_UP
+    args.compress_down = args.compress_down or args.compress or DEFAULT_COMPRESS_DOWN
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     summary = run_demo(args)

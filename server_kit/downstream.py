@@ -1,24 +1,43 @@
 """Models downstream: each model's versions, its compressed changes, and what a device is sent.
 
-With compression on (``fedsketch-server --compress``), a model key's
-*canonical* weights are exactly what the devices hold: after each
-aggregation the change from the previous version (plus the part of earlier
-changes not sent yet: the server's own error feedback) is compressed with the
-run's method, and the new version is the previous one plus the decoded
-change, computed with the same float32 addition on the server and on every
-device (:func:`edge_sdk.compress.apply_steps`), so that both copies are
+With downstream compression on (``fedsketch-server --compress-down``, or
+``--compress`` for both ways), a model key's *canonical* weights are exactly
+what the devices hold: after each aggregation the change from the previous
+version (plus the part of earlier changes not sent yet: the server's own
+error feedback) is compressed with the run's downstream method, and the new
+version is the previous one plus the decoded change, computed with the same
+float32 addition on the server and on every device
+(:func:`edge_sdk.compress.apply_steps`), so that both copies are
 bit-identical. The strategy's model becomes that canonical copy.
 
-The last ``cache_steps`` changes of each key are kept (STC's weight-update
-caching): a device that holds version ``u`` of a key at version ``v`` is sent
-the chain of changes ``u -> v`` when it is kept and smaller than the whole
-model, else the whole model (a device that missed many rounds, joined late, or
-whose version the server does not know). A change of a model outside
-aggregation (a new cluster's model, a device moved to a pool) starts a new
-version with no change leading to it: everyone gets it whole.
+What a device holding version ``u`` of a key at version ``v`` is sent
+(:meth:`ModelVersions.payload`), the fewest bytes of:
 
-With compression off, versions are not tracked and every model goes whole,
-as it always did.
+- **nothing** when ``u == v``: a body of 0 bytes whose meta says ``current``;
+- **its first model for free**: a version whose weights are the portable
+  initial weights of the run's architecture and a seed
+  (:func:`edge_sdk.torch_support.initial_weights`, bit for bit the same on
+  every platform) goes as ``{"init": seed, "architecture": ..., "sha256": ...}``
+  and a 0-byte body; the device builds it and checks the hash (a device whose
+  copy differs asks for the whole model: status ``need``);
+- **the chain of changes** ``u -> ... -> v`` (:mod:`edge_sdk.compress.steps`);
+- **one merged catch-up** (``codec: "exact"``, :mod:`edge_sdk.compress.catchup`):
+  the difference of the float32 bit patterns of versions ``u`` and ``v`` as
+  ordered integers, exact, so the device lands on version ``v`` bit for bit.
+  The server rebuilds version ``u`` from the oldest version it keeps and the
+  steps since (the same additions as the devices'): it keeps no copy per device;
+- **the whole model** (a device whose version the server does not know, one
+  behind the oldest version kept).
+
+The changes are kept for the whole run up to ``cache_bytes`` per key (256 MB
+by default: thousands of rounds of a LeNet-5 in any codec); past it the oldest
+step is folded into the oldest version kept. A change of a model outside
+aggregation (a new cluster's model, a device moved to a pool) starts a new
+version with no change leading to it: it goes whole, or free when it is a
+portable initial model.
+
+With downstream compression off, versions are not tracked and every model
+goes whole, as it always did.
 """
 
 from __future__ import annotations
@@ -26,53 +45,94 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from edge_sdk.compress import Compression, ErrorFeedback, Step, chain_body
+from edge_sdk.compress import (
+    Compression,
+    ErrorFeedback,
+    Step,
+    apply_steps,
+    catchup_body,
+    chain_body,
+)
 from edge_sdk.compress.update_codec import with_delta
+from edge_sdk.portable_init import tensors_sha256
 from edge_sdk.protocol import tensors_body
 
-__all__ = ["DEFAULT_CACHE_STEPS", "ModelVersions"]
+__all__ = ["DEFAULT_CACHE_BYTES", "ModelVersions"]
 
 log = logging.getLogger(__name__)
 
-#: Changes kept per model key (a device more rounds behind gets the whole model).
-DEFAULT_CACHE_STEPS = 8
+#: Bytes of changes kept per model key (the oldest folded into the oldest version kept past it).
+DEFAULT_CACHE_BYTES = 256 << 20
 
 Models = MutableMapping[str, dict[str, np.ndarray]]
 Payload = tuple[dict[str, Any], bytes]
 
 
+@dataclass(frozen=True)
+class InitialOrigin:
+    """Where a model version comes from when every device can build it: an architecture and a seed."""
+
+    architecture: str
+    seed: int
+    sha256: str
+
+
+@dataclass
+class _History:
+    """A key's oldest version kept (its weights) and the steps from it to the current version."""
+
+    base_version: int
+    base: dict[str, np.ndarray]
+    steps: deque[Step]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(s.body) for s in self.steps)
+
+
 class ModelVersions:
-    """Versions, canonical weights and the last changes of every model key (see the module docstring).
+    """Versions, canonical weights and the changes of every model key (see the module docstring).
 
     Parameters
     ----------
     compression : Compression
-        The run's method (:class:`edge_sdk.compress.Compression`); ``none``: nothing tracked.
-    cache_steps : int
-        Changes kept per key.
+        The run's downstream method (:class:`edge_sdk.compress.Compression`); ``none``: nothing tracked.
+    cache_bytes : int
+        Bytes of changes kept per key.
     """
 
-    def __init__(self, compression: Compression, cache_steps: int = DEFAULT_CACHE_STEPS) -> None:
-        if int(cache_steps) < 1:
-            raise ValueError(f"cache_steps must be a positive integer, got {cache_steps!r}")
+    def __init__(self, compression: Compression, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        if int(cache_bytes) < 1:
+            raise ValueError(f"cache_bytes must be a positive integer, got {cache_bytes!r}")
         self.compression = compression
-        self.cache_steps = int(cache_steps)
+        self.cache_bytes = int(cache_bytes)
         #: Each key's current version (0: its first weights).
         self.version: dict[str, int] = {}
         self._canon: dict[str, dict[str, np.ndarray]] = {}
-        self._steps: dict[str, deque[Step]] = {}
-        self._feedback = ErrorFeedback(compression)
-        self._payloads: dict[tuple[str, int | None, int], Payload] = {}
+        self._history: dict[str, _History] = {}
+        self._feedback = ErrorFeedback(compression) if compression.enabled else None
+        self._payloads: dict[tuple[str, int | None, int, bool], Payload] = {}
         self._whole: dict[str, tuple[Mapping[str, np.ndarray], Payload]] = {}
+        #: The portable initial models the devices can build, by their hash (:meth:`note_initial`).
+        self._initial: dict[str, InitialOrigin] = {}
+        #: The keys whose current version is a portable initial model.
+        self._origin: dict[str, InitialOrigin] = {}
 
     @property
     def enabled(self) -> bool:
-        """Whether models go as compressed changes (compression is on)."""
+        """Whether models go as compressed changes (downstream compression is on)."""
         return self.compression.enabled
+
+    def note_initial(self, architecture: str | None, seed: int, weights: Mapping[str, np.ndarray]) -> None:
+        """``weights`` are ``initial_weights(architecture, seed)``: a version equal to them goes free."""
+        if self.enabled and architecture:
+            sha = tensors_sha256(weights)
+            self._initial[sha] = InitialOrigin(str(architecture), int(seed), sha)
 
     # -- the models change ---------------------------------------------------------
     def _changed(self, key: str, weights: Mapping[str, np.ndarray]) -> bool:
@@ -80,15 +140,21 @@ class ModelVersions:
         return canon is None or canon.keys() != weights.keys() or any(weights[n] is not canon[n] for n in canon)
 
     def sync(self, models: Models) -> None:
-        """Take note of models changed outside aggregation: each starts a new version, sent whole."""
+        """Take note of models changed outside aggregation: each starts a new version (whole, or free)."""
         if not self.enabled:
             return
         for key in list(models):
             if self._changed(key, models[key]):
-                self.version[key] = self.version.get(key, -1) + 1
+                v = self.version[key] = self.version.get(key, -1) + 1
                 self._canon[key] = dict(models[key])
-                self._steps[key] = deque(maxlen=self.cache_steps)
+                self._history[key] = _History(v, self._canon[key], deque())
                 self._feedback.reset(key)
+                self._payloads = {k: p for k, p in self._payloads.items() if k[0] != key}
+                origin = self._initial.get(tensors_sha256(models[key])) if self._initial else None
+                if origin is None:
+                    self._origin.pop(key, None)
+                else:
+                    self._origin[key] = origin
         for key in set(self._canon) - set(models):
             self.forget(key)
 
@@ -115,28 +181,43 @@ class ModelVersions:
             body, sent = self._feedback.compress(key, delta)
             new = with_delta(canon, sent)
             v = self.version[key] + 1
-            self._steps[key].append(Step(v - 1, v, body))
+            self._keep_step(key, Step(v - 1, v, body))
             self.version[key] = v
+            self._origin.pop(key, None)
             models[key] = new
             self._canon[key] = dict(new)
             moved[key] = v
         self._payloads = {k: p for k, p in self._payloads.items() if k[0] not in moved}
         return moved
 
+    def _keep_step(self, key: str, step: Step) -> None:
+        """Keep ``step``; past ``cache_bytes``, fold the oldest steps into the oldest version kept."""
+        hist = self._history[key]
+        hist.steps.append(step)
+        while len(hist.steps) > 1 and hist.nbytes > self.cache_bytes:
+            oldest = hist.steps.popleft()
+            hist.base_version, hist.base = apply_steps(hist.base_version, hist.base, [oldest],
+                                                       self.compression.method)
+
     def forget(self, key: str) -> None:
         """A key the strategy dropped (a merged cluster)."""
-        for d in (self.version, self._canon, self._steps):
+        for d in (self.version, self._canon, self._history, self._origin):
             d.pop(key, None)
-        self._feedback.reset(key)
+        if self._feedback is not None:
+            self._feedback.reset(key)
 
     # -- what a device is sent ---------------------------------------------------
-    def payload(self, key: str, held: int | None, weights: Mapping[str, np.ndarray]) -> Payload:
+    def payload(self, key: str, held: int | None, weights: Mapping[str, np.ndarray], *,
+                whole: bool = False, merge: bool = True) -> Payload:
         """The meta and body of model ``key`` for a device holding version ``held`` of it (None: unknown).
 
-        The chain of changes since ``held`` when it is kept and smaller than
-        the whole model; else the whole model (``weights``). Memoised per
-        (key, held, version): the devices holding the same version get the
-        same bytes (the same object: one publication on a cluster topic).
+        The fewest bytes of those the module docstring lists; ``whole``: the
+        whole model whatever the device holds (it asked: its copy differs);
+        ``merge`` False: no merged catch-up (a cluster topic's devices that
+        hold several versions: each applies the steps it lacks).
+        Memoised per (key, held, version): the devices holding the same
+        version get the same bytes (the same object: one publication on a
+        cluster topic).
         """
         if not self.enabled:  # the same bytes (the same object) for every device while the weights stay
             got = self._whole.get(key)
@@ -144,23 +225,57 @@ class ModelVersions:
                 got = self._whole[key] = (weights, ({"key": key}, tensors_body(weights)))
             return got[1]
         v = self.version[key]
-        whole = self._payloads.get((key, None, v))
-        if whole is None:
-            whole = self._payloads[(key, None, v)] = ({"key": key, "version": v}, tensors_body(weights))
-        start = held if held is not None and held < v else None
-        if start is None:
-            return whole
-        memo = (key, start, v)
+        entire = self._payloads.get((key, -1, v, False))
+        if entire is None:
+            entire = self._payloads[(key, -1, v, False)] = ({"key": key, "version": v}, tensors_body(weights))
+        if whole:
+            return entire
+        start = held if held is not None and held <= v else None
+        memo = (key, start, v, merge)
         got = self._payloads.get(memo)
         if got is None:
-            got = whole
-            steps = [s for s in self._steps.get(key, ()) if s.base >= start]
-            if steps and steps[0].base == start:
-                chain = chain_body(steps)
-                if len(chain) < len(whole[1]):
-                    got = ({"key": key, "version": v, "base": start, "codec": self.compression.method.value}, chain)
-            self._payloads[memo] = got
+            got = self._payloads[memo] = self._choose(key, start, v, entire, merge)
         return got
+
+    def _choose(self, key: str, held: int | None, v: int, entire: Payload, merge: bool) -> Payload:
+        """What a device holding ``held`` is sent: nothing, the free first model, or :meth:`_catch_up`."""
+        if held == v:
+            return {"key": key, "version": v, "current": True}, b""
+        if held is None:
+            origin = self._origin.get(key)
+            if origin is None:
+                return entire
+            return {"key": key, "version": v, "init": origin.seed, "architecture": origin.architecture,
+                    "sha256": origin.sha256}, b""
+        return self._catch_up(key, held, v, entire, merge)
+
+    def _catch_up(self, key: str, held: int, v: int, entire: Payload, merge: bool) -> Payload:
+        """The smallest of the chain of changes since ``held``, the exact merged catch-up and the whole model."""
+        hist = self._history.get(key)
+        if hist is None or held < hist.base_version:
+            return entire
+        steps = [s for s in hist.steps if s.base >= held]
+        meta = {"key": key, "version": v, "base": held}
+        best = entire
+        if steps and steps[0].base == held:
+            chain = chain_body(steps)
+            if len(chain) < len(best[1]):
+                best = ({**meta, "codec": self.compression.method.value}, chain)
+        if merge and len(steps) > 1:
+            before = self.weights_at(key, held)
+            merged = catchup_body(before, self._canon[key])
+            if len(merged) < len(best[1]):
+                best = ({**meta, "codec": "exact"}, merged)
+        return best
+
+    def weights_at(self, key: str, version: int) -> dict[str, np.ndarray]:
+        """The canonical weights of an earlier ``version`` of ``key``: the oldest kept plus the steps since."""
+        hist = self._history[key]
+        steps = [s for s in hist.steps if s.version <= version]
+        held, weights = apply_steps(hist.base_version, hist.base, steps, self.compression.method)
+        if held != version:
+            raise ValueError(f"version {version} of model {key!r} is not kept (oldest {hist.base_version})")
+        return weights
 
     # -- checkpoints ---------------------------------------------------------------
     def state(self) -> dict[str, int]:
@@ -172,6 +287,7 @@ class ModelVersions:
         if not self.enabled:
             return
         for key in models:  # a new version, sent whole: the changes leading to it went with the old process
-            self.version[key] = int(versions.get(key, -1)) + 1
+            v = self.version[key] = int(versions.get(key, -1)) + 1
             self._canon[key] = dict(models[key])
-            self._steps[key] = deque(maxlen=self.cache_steps)
+            self._history[key] = _History(v, self._canon[key], deque())
+            self._origin.pop(key, None)

@@ -3,6 +3,8 @@
 - :mod:`.codec`: :class:`Compression` (the ``--compress`` setting: ``none``, ``int8``,
   ``topk:0.01``, ``stc:0.01``), :func:`encode_delta` and :func:`decode_delta`, the body format.
 - :mod:`.feedback`: :class:`ErrorFeedback`, the unsent rest of each delta, added to the next.
+- :mod:`.catchup`: :func:`catchup_body`, :func:`apply_catchup`, :func:`catchup_size`: one exact body
+  that brings a model from an older version to the current one bit for bit.
 - :mod:`.steps`: :class:`Step`, :func:`chain_body`, :func:`parse_chain` and :func:`apply_steps`:
   a model sent as the compressed changes since the version a device holds.
 
@@ -11,6 +13,7 @@ Every name is importable from ``edge_sdk.compress`` itself.
 
 from __future__ import annotations
 
+from .catchup import apply_catchup, catchup_body, catchup_size
 from .codec import Compression, Method, decode_delta, encode_delta, keep_count
 from .feedback import ErrorFeedback
 from .steps import Step, apply_steps, chain_body, parse_chain
@@ -20,7 +23,10 @@ __all__ = [
     "ErrorFeedback",
     "Method",
     "Step",
+    "apply_catchup",
     "apply_steps",
+    "catchup_body",
+    "catchup_size",
     "chain_body",
     "decode_delta",
     "encode_delta",

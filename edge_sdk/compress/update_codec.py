@@ -32,7 +32,7 @@ from .codec import Compression, decode_delta
 from .feedback import ErrorFeedback
 
 __all__ = ["CompressedDelta", "DecodedUpdate", "DeviceFeedback", "InMemoryFeedback", "UpdateCodec", "WholeWeights",
-           "compression_for", "update_codec", "with_delta"]
+           "compression_for", "device_feedback", "update_codec", "with_delta"]
 
 #: A tensor's shape and dtype by name: what the receiver expects (:func:`edge_sdk.protocol.parse_tensors`).
 Spec = Mapping[str, tuple[tuple[int, ...], str]]
@@ -105,11 +105,15 @@ class UpdateCodec(ABC):
 
     @abstractmethod
     def encode(self, model_key: str, trained: Mapping[str, np.ndarray], start: Mapping[str, np.ndarray],
-               start_version: int | None, device: DeviceFeedback) -> tuple[bytes, dict[str, Any],
-                                                                            dict[str, np.ndarray] | None]:
+               start_version: int | None, device: DeviceFeedback, *, lean: bool = False
+               ) -> tuple[bytes, dict[str, Any], dict[str, np.ndarray] | None]:
         """A device's update of ``model_key``: the body, the meta it adds, and the delta the server decodes.
 
         ``start`` is the model trained from, of version ``start_version``.
+        ``lean`` (a device): ``trained`` is the caller's to lose (the delta is
+        computed in its float32 arrays) and no dense copy of what was sent is
+        built (the third value is None), so that compressing adds little
+        memory beyond the residual the device keeps.
         """
 
     @abstractmethod
@@ -136,7 +140,7 @@ class WholeWeights(UpdateCodec):
     def base_meta(self, version: int | None) -> dict[str, Any]:
         return {}
 
-    def encode(self, model_key, trained, start, start_version, device):
+    def encode(self, model_key, trained, start, start_version, device, *, lean=False):
         return tensors_body(trained), {}, None
 
     def check_version(self, key: str, named: Any, have: int | None) -> None:
@@ -156,13 +160,13 @@ class CompressedDelta(UpdateCodec):
     def base_meta(self, version: int | None) -> dict[str, Any]:
         return {"version": version, **self.command_meta}
 
-    def encode(self, model_key, trained, start, start_version, device):
+    def encode(self, model_key, trained, start, start_version, device, *, lean=False):
         if start_version is None:
             raise ValueError(f"compressed updates asked, but model {model_key!r} came without a version")
         device.load_feedback(self.compression)
         device.feedback.set_compression(self.compression)
-        delta = {n: np.asarray(np.subtract(trained[n], start[n], dtype=np.float32)) for n in start}
-        body, sent = device.feedback.compress(model_key, delta)
+        delta = {n: _delta(trained[n], start[n], in_place=lean) for n in start}
+        body, sent = device.feedback.compress(model_key, delta, keep_sent=not lean)
         device.save_feedback()
         return body, {"version": start_version}, sent
 
@@ -173,6 +177,19 @@ class CompressedDelta(UpdateCodec):
 
     def decode(self, body: bytes, spec: Spec, version: int | None) -> DecodedUpdate:
         return DecodedUpdate({}, decode_delta(body, spec, self.compression.method), version)
+
+
+def _delta(trained: np.ndarray, start: np.ndarray, *, in_place: bool) -> np.ndarray:
+    """``trained - start`` in float32, in ``trained``'s own array when allowed and possible."""
+    t = np.asarray(trained)
+    if in_place and t.dtype == np.float32 and t.flags.writeable and t.shape == np.shape(start):
+        return np.subtract(t, start, out=t)
+    return np.asarray(np.subtract(t, start, dtype=np.float32))
+
+
+def device_feedback(comp: Compression) -> ErrorFeedback:
+    """A device's error feedback: its residual in float16 (half the model's size; only the device reads it)."""
+    return ErrorFeedback(comp, residual_dtype=np.float16)
 
 
 def compression_for(comp: Compression, refusal: str | None, who: str, *, asked: bool = True) -> Compression:

@@ -37,9 +37,10 @@ its assignment anew.
 With compression on (``--compress``), what a device is sent of a model
 depends on the version it holds (:class:`server_kit.downstream.ModelVersions`:
 the chain of compressed changes since then, or the whole model). The server
-counts on a version only when the device said it holds it: each update names
-the version it was trained from (:meth:`Delivery.note_held`); a hello forgets
-it. A model goes once on its cluster topic only when every device that gets it
+counts on the version it sent a device, and on the one each update names
+(:meth:`Delivery.note_held`); a hello forgets them. A device that cannot
+apply what it was sent (its copy is not the version the server counted on)
+asks for the model whole with its status ``need`` (:meth:`Delivery.send_whole`). A model goes once on its cluster topic only when every device that gets it
 there is sent the same bytes (they hold the same version); otherwise per
 device. With ``"cluster"`` delivery, the topic carries the chain from the
 oldest version its needers hold (a device applies the changes it lacks and
@@ -109,6 +110,9 @@ class Delivery:
         self.delivered: dict[str, int] = {}
         #: The model versions each device said it holds (its updates name the version they started from).
         self.held: dict[str, dict[str, int]] = {}
+        #: The model keys each device was last sent (the ones it may ask for whole).
+        self.needed: dict[str, frozenset[str]] = {}
+        self._sent_whole: dict[tuple[str, str], int] = {}
 
     def note_held(self, cid: str, key: str, version: int) -> None:
         """Device ``cid`` holds version ``version`` of model ``key`` (it trained from it)."""
@@ -245,9 +249,40 @@ class Delivery:
         def topic_payload(key: str, needers: list[str]) -> tuple[dict[str, Any], bytes]:
             held = [self.held.get(c, {}).get(key) for c in needers]
             oldest = None if None in held else min(held)
-            return versions.payload(key, oldest, models[key])
+            return versions.payload(key, oldest, models[key], merge=len(set(held)) == 1)
 
-        return self.deliver(needs, payload_of, "MODEL", topic_payload)
+        sent = self.deliver(needs, payload_of, "MODEL", topic_payload)
+        if versions.enabled:  # each holds the version sent now (a device that could not apply it says "need")
+            for cid, keys in needs.items():
+                held = self.held.setdefault(cid, {})
+                for key in keys:
+                    held[key] = versions.version[key]
+                self.needed[cid] = frozenset(keys)
+        return sent
+
+    def send_whole(self, cid: str, keys: Iterable[str], models: Mapping[str, Mapping[str, np.ndarray]],
+                   versions: ModelVersions) -> int:
+        """A device could not apply what it was sent of these models (its status ``need``): each goes whole.
+
+        Only a model it was last sent, once per version: a device cannot make
+        the server send whole models it does not need, nor the same one twice.
+        Returns the bytes sent.
+        """
+        total = 0
+        for key in keys:
+            self.held.get(cid, {}).pop(key, None)
+            if key not in self.needed.get(cid, ()) or key not in models or not versions.enabled:
+                log.info("client %s asks for model %r whole, which it was not sent: ignored", cid, key)
+                continue
+            if self._sent_whole.get((cid, key)) == versions.version[key]:
+                continue
+            self._sent_whole[(cid, key)] = versions.version[key]
+            meta, body = versions.payload(key, None, models[key], whole=True)
+            total += self.link.send(self.link.topics.cmd(cid), Kind.MODEL, meta=meta, body=body)
+            log.info("client %s could not apply model %r version %d: sent whole (%d bytes)", cid, key,
+                     versions.version[key], len(body))
+        self.delivered["MODEL"] = self.delivered.get("MODEL", 0) + total
+        return total
 
     def send_encoder(self, cids: Iterable[str], message: tuple[dict[str, Any], bytes] | None) -> None:
         """Deliver the federated encoder to ``cids`` (all online ones at once: broadcast, a late one: to it)."""

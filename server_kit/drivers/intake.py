@@ -77,7 +77,7 @@ class Intake:
         self.num_classes = num_classes
         self.pace = pace or Pace()
         #: How the run's updates come up (chosen once: whole weights, or compressed deltas).
-        self.codec = update_codec(strategy.versions.compression)
+        self.codec = update_codec(strategy.compress_up)
         #: The run's phase and round (:meth:`RunPhase.enter` is the one way to change them).
         self.run = RunPhase()
         #: The clients the current phase waits for.

@@ -59,6 +59,8 @@ class RunModels:
         #: The classifier architecture of the run; None until chosen (or when a template was given).
         self.architecture = architecture
         self.template: dict[str, np.ndarray] | None = None
+        #: Whether the template is ``initial_weights(architecture, seed)``, which every device can build itself.
+        self.portable_template = False
         #: Name -> (shape, dtype) of every tensor of an update.
         self.spec: dict[str, tuple[tuple[int, ...], str]] = {}
         #: The sketches' latent size (when the strategy sketches with an encoder).
@@ -92,6 +94,7 @@ class RunModels:
             from edge_sdk.trainer import initial_weights
 
             self.template = {k: np.asarray(v) for k, v in initial_weights(architecture, self.seed).items()}
+            self.portable_template = True
         self.spec = {k: (tuple(v.shape), str(v.dtype)) for k, v in self.template.items()}
         if self.needs_encoder():
             self.latent = self.latent_dim or encoder_latent(encoder)

@@ -185,7 +185,10 @@ class Orchestrator:
         register(self.parts, self.config, self.run_id)
         timings = self.record.timings
         timings["register_s"] = time.monotonic() - t0
-        self.strategy.setup([s.info for s in self.clients.values()], self.run_models.template)
+        models = self.run_models
+        self.strategy.setup([s.info for s in self.clients.values()], models.template)
+        if models.portable_template:  # the devices build it: it goes free
+            self.strategy.versions.note_initial(models.architecture, models.seed, models.template)
         capabilities = self.strategy.capabilities
         if capabilities.pretrain is not None:
             done = pretrain_ae(capabilities.pretrain, self.config, link=self.link, fleet=self.fleet,

@@ -77,6 +77,8 @@ class MessageRouter:
             self.fleet.on_status(cid, state, msg.meta, intake.round)
             if "follow" in msg.meta:
                 self.delivery.confirm(cid, msg.meta["follow"])
+            if "need" in msg.meta:
+                self.delivery.send_whole(cid, msg.meta["need"], self.strategy.models, self.strategy.versions)
         elif msg.kind in (Kind.SKETCH, Kind.FEATURES):
             if not self.resketch.admits(cid, msg):
                 return  # sent unasked, and this run does not follow drift: refused, counted

@@ -19,8 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk.compress import ErrorFeedback
-from edge_sdk.compress.update_codec import InMemoryFeedback, update_codec
+from edge_sdk.compress.update_codec import InMemoryFeedback, device_feedback, update_codec
 from edge_sdk.protocol import Kind, sketch_body
 from edge_sdk.protocol.commands import Op, build
 from edge_sdk.sketch import Sketch, Sketcher
@@ -189,7 +188,7 @@ class Simulator:
     ) -> None:
         self.strategy = strategy
         #: How the run's updates come up, chosen once (the strategy's compression is set at its creation).
-        self.codec = update_codec(strategy.versions.compression)
+        self.codec = update_codec(strategy.compress_up)
         self.drift = drift
         self._watches: dict[str, Any] = {}
         self._sketchers: dict[str, Sketcher] = {}
@@ -286,7 +285,9 @@ class Simulator:
         s = self.strategy
         infos = [ClientInfo(cid, **{k: v for k, v in w.hello().items() if k in ("n_samples", "classes_present")})
                  for cid, w in self.workers.items()]
-        s.setup(infos, initial_weights(self.architecture, self.seed))
+        template = initial_weights(self.architecture, self.seed)
+        s.setup(infos, template)
+        s.versions.note_initial(self.architecture, self.seed, template)  # every device builds it: it goes free
         result = SimulationResult(strategy=s.name)
         t0 = time.perf_counter()
         ledger = result.ledger
@@ -395,7 +396,7 @@ class Simulator:
         :class:`~edge_sdk.compress.update_codec.UpdateCodec`, what a device sends).
         """
         versions = self.strategy.versions
-        feedback = self._feedback.setdefault(u.cid, InMemoryFeedback(ErrorFeedback(versions.compression)))
+        feedback = self._feedback.setdefault(u.cid, InMemoryFeedback(device_feedback(self.codec.compression)))
         start = task.models.get(u.model_key) or next(iter(task.models.values()))  # a hostile worker's other key
         body, extra, sent = self.codec.encode(u.model_key, u.weights, start, versions.version.get(u.model_key), feedback)
         loss = u.loss if math.isfinite(u.loss) else 0.0  # a hostile worker's inf is not JSON: a number's bytes

@@ -64,9 +64,10 @@ def check_carry(strategy: Any, *, flip_prob: float, num_rounds: int | None = Non
         raise ValueError(f"strategy {strategy.name!r} pre-trains its autoencoder with the devices "
                          "(pretrain=...), which the Flower adapter does not carry; give the nodes a "
                          "ready ONNX encoder (strategy 'fedsketch') or run it over MQTT")
-    compression_for(strategy.versions.compression, "compression is carried over MQTT only: Flower's ArrayRecords "
-                    "move whole float32 arrays both ways, and its nodes keep no model version between rounds; "
-                    "build the strategy with compression='none' for Flower", "the Flower adapter")
+    for comp in (strategy.compress_up, strategy.versions.compression):
+        compression_for(comp, "compression is carried over MQTT only: Flower's ArrayRecords "
+                        "move whole float32 arrays both ways, and its nodes keep no model version between rounds; "
+                        "build the strategy with compression='none' for Flower", "the Flower adapter")
     if strategy.capabilities.follows_drift:
         raise ValueError("follow_drift needs devices that send a sketch unasked when their data changes; "
                          "Flower nodes only answer the server, so the Flower adapter does not carry it")

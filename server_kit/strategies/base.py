@@ -95,6 +95,15 @@ def add_updates(agg: StreamingFedAvg | CoordinateAggregator, updates: Sequence[U
     return n
 
 
+def _compression(value: Compression | str | None, default: Compression | None = None) -> Compression:
+    """A setting as a :class:`Compression`: given, its text parsed, or ``default`` (``none``) when None."""
+    if isinstance(value, Compression):
+        return value
+    if value is None:
+        return default if default is not None else Compression()
+    return Compression.parse(value)
+
+
 class Strategy(ABC):
     """Base of every method. Subclasses fill the hooks; drivers call them in order:
 
@@ -132,6 +141,9 @@ class Strategy(ABC):
     compression : Compression or str, optional
         How updates come up and models go down (:class:`edge_sdk.compress.Compression`,
         or its text: ``"topk:0.01"``); default ``none``: whole float32 models both ways.
+    compress_up, compress_down : Compression or str, optional
+        One direction's method, instead of ``compression`` (``compress_up="stc:0.01"``,
+        ``compress_down="sign"``).
     """
 
     name: str = "base"
@@ -151,13 +163,16 @@ class Strategy(ABC):
                  aggregator: str = "fedavg", norm_bound: float | None = DEFAULT_NORM_BOUND,
                  trim_fraction: float = DEFAULT_TRIM_FRACTION,
                  refuse_above: float | None = DEFAULT_REFUSE_ABOVE,
-                 compression: Compression | str | None = None) -> None:
+                 compression: Compression | str | None = None, compress_up: Compression | str | None = None,
+                 compress_down: Compression | str | None = None) -> None:
         if not 0.0 < float(fraction) <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
-        comp = compression if isinstance(compression, Compression) else Compression.parse(compression or "none")
-        comp = compression_for(comp, self.capabilities.refuses_compression, f"strategy {self.name!r}")
-        #: The models' versions and their compressed changes (nothing tracked with compression off).
-        self.versions = ModelVersions(comp)
+        both = _compression(compression)
+        who, refusal = f"strategy {self.name!r}", self.capabilities.refuses_compression
+        #: How the devices' updates come up (the devices are told it in each train command).
+        self.compress_up = compression_for(_compression(compress_up, both), refusal, who)
+        #: The models' versions and their compressed changes (nothing tracked with downstream compression off).
+        self.versions = ModelVersions(compression_for(_compression(compress_down, both), refusal, who))
         self.robust = RobustConfig(aggregator=aggregator, norm_bound=norm_bound, trim_fraction=trim_fraction,
                                    refuse_above=refuse_above)
         self.settings = settings or TrainSettings()

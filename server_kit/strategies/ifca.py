@@ -93,6 +93,8 @@ class IFCA(Strategy):
             from edge_sdk.trainer import initial_weights
 
             models = [initial_weights(self.architecture, self.seed + j) for j in range(self.k)]
+            for j, w in enumerate(models):  # every device builds them: they go free
+                self.versions.note_initial(self.architecture, self.seed + j, w)
             if state_spec(models[0]) != state_spec(template):
                 raise ValueError(
                     f"architecture {self.architecture!r} does not match the template's tensor "

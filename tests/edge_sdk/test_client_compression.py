@@ -114,3 +114,29 @@ def test_a_late_copy_of_an_earlier_rounds_model_is_refused_until_the_server_come
     assert ec.store.get("c0").round == 2 and model_digest(ec.store.get("c0").weights) == model_digest(w0)
     ec.link.on_model("t", model_msg(1, {"key": "c0"}, tensors_body(w1)))  # the rewind lets one model in, not more
     assert ec.rejected == {"model-stale": 2} and ec.store.get("c0").round == 2
+
+
+def test_a_device_builds_its_free_first_model_keeps_a_current_one_and_asks_for_a_model_it_cannot_apply():
+    from edge_sdk.compress import catchup_body
+    from edge_sdk.portable_init import tensors_sha256
+
+    pytest.importorskip("torch")
+    w0 = template()
+    ec, sent = device()
+    init = {"key": "c0", "version": 0, "init": 0, "architecture": ARCH, "sha256": tensors_sha256(w0)}
+    ec.link.on_model("t", model_msg(1, init, b""))
+    held = ec.store.get("c0")
+    assert held.version == 0 and model_digest(held.weights) == model_digest(w0) and sent == []
+    # current: the same weights, now of round 2
+    ec.link.on_model("t", model_msg(2, {"key": "c0", "version": 0, "current": True}, b""))
+    assert ec.store.get("c0").round == 2 and ec.store.get("c0").weights is held.weights
+    # an exact merged catch-up lands on the server's bits
+    w3 = {n: (a + np.float32(0.003)).astype(np.float32) for n, a in w0.items()}
+    ec.link.on_model("t", model_msg(3, {"key": "c0", "version": 3, "base": 0, "codec": "exact"}, catchup_body(w0, w3)))
+    assert ec.store.get("c0").version == 3 and model_digest(ec.store.get("c0").weights) == model_digest(w3)
+    # what does not apply to its copy: refused, counted, and the model asked for whole (status "need")
+    ec.link.on_model("t", model_msg(4, {"key": "c0", "version": 2, "current": True}, b""))
+    ec.link.on_model("t", model_msg(4, {**init, "key": "c1", "sha256": "0" * 64}, b""))
+    assert ec.rejected == {"model-base": 1, "model-init": 1} and ec.store.get("c0").version == 3
+    assert [(m.kind, m.meta) for m in sent] == [(Kind.STATUS, {"state": "online", "need": ["c0"]}),
+                                                (Kind.STATUS, {"state": "online", "need": ["c1"]})]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_sdk.portable_init import initial_tensors, portable_uniform, weights_sha256
+from edge_sdk.portable_init import initial_tensors, portable_uniform, tensors_sha256
 from edge_sdk.torch_support import torch_available
 
 FIXTURE = Path(__file__).resolve().parents[1] / "pi" / "portable_init.json"
@@ -35,8 +35,8 @@ def test_initial_weights_are_pinned_bit_for_bit():
     from edge_sdk.torch_support import initial_weights
 
     lenet = initial_weights("lenet5_1x28x28_10", 0)
-    assert weights_sha256(lenet) == LENET_0
-    assert weights_sha256(initial_weights("digits_cnn_1x8x8_10", 3)) == DIGITS_3
+    assert tensors_sha256(lenet) == LENET_0
+    assert tensors_sha256(initial_weights("digits_cnn_1x8x8_10", 3)) == DIGITS_3
     bits = lenet["features.0.weight"].reshape(-1)[:4].view(np.uint32).tolist()
     assert bits == [0x3E1D010D, 0xBCE05E80, 0xBE41F905, 0x3E40DF8D]
     # the Pi step's fixture holds the same specs and hashes

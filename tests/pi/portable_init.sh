@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from edge_sdk.portable_init import initial_tensors, portable_uniform, weights_sha256
+from edge_sdk.portable_init import initial_tensors, portable_uniform, tensors_sha256
 
 M = (1 << 64) - 1
 
@@ -43,7 +43,7 @@ for case in fixture["cases"]:
     spec = {name: (tuple(shape), dtype) for name, shape, dtype in case["spec"]}
     weights = initial_tensors(spec, case["seed"])
     built.append(weights)
-    digest = weights_sha256(weights)
+    digest = tensors_sha256(weights)
     ok = digest == case["sha256"]
     print(f"{case['architecture']} seed {case['seed']}: sha256 {digest} {'ok' if ok else 'DIFFERS from ' + case['sha256']}")
     if not ok:

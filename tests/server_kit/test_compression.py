@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from edge_sdk.compress import Compression, Method, apply_steps, parse_chain
+from edge_sdk.protocol import tensors_body
 from edge_sdk.tasks import TrainSettings, Update
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.downstream import ModelVersions
@@ -62,33 +63,95 @@ def weights(seed: int) -> dict[str, np.ndarray]:
     return {"a": rng.normal(size=(40, 30)).astype(np.float32), "b": rng.normal(size=30).astype(np.float32)}
 
 
-def test_devices_that_skip_rounds_apply_the_chain_and_hold_the_servers_bits():
-    v = ModelVersions(Compression.parse("topk:0.05"), cache_steps=3)
+def _trained(models, rng, scale=0.1):
+    return {n: w + rng.normal(scale=scale, size=w.shape).astype(np.float32) for n, w in models["c0"].items()}
+
+
+def test_devices_that_skip_rounds_get_the_smallest_catch_up_and_hold_the_servers_bits():
+    from edge_sdk.compress import apply_catchup, catchup_body, chain_body
+
+    v = ModelVersions(Compression.parse("topk:0.05"))
     models = {"c0": weights(0)}
     v.sync(models)
     assert v.version == {"c0": 0}
-    device = {"version": 0, "weights": dict(models["c0"])}  # got the whole first version
+    first = dict(models["c0"])  # the whole first version, as a device got it
     rng = np.random.default_rng(1)
     for rnd in range(1, 4):
-        models["c0"] = {n: w + rng.normal(scale=0.1, size=w.shape).astype(np.float32)
-                        for n, w in models["c0"].items()}
+        models["c0"] = _trained(models, rng)
         assert v.commit(models) == {"c0": rnd}
     meta, body = v.payload("c0", 0, models["c0"])
-    assert meta == {"key": "c0", "version": 3, "base": 0, "codec": "topk"}
-    steps = parse_chain(body, Method.TOPK)
-    assert [(s.base, s.version) for s in steps] == [(0, 1), (1, 2), (2, 3)]
-    version, held = apply_steps(device["version"], device["weights"], steps, Method.TOPK)
-    assert version == 3 and model_digest(held) == model_digest(models["c0"])
-    # a device one round behind gets only the last change; the same bytes for everyone at that version
+    steps = v._history["c0"].steps
+    chain, merged = chain_body(list(steps)), catchup_body(first, models["c0"])
+    assert len(body) == min(len(chain), len(merged)) < len(tensors_body(models["c0"]))
+    if meta["codec"] == "topk":
+        _, held = apply_steps(0, first, parse_chain(body, Method.TOPK), Method.TOPK)
+    else:
+        held = apply_catchup(first, body, {n: (a.shape, "float32") for n, a in first.items()})
+    assert meta == {"key": "c0", "version": 3, "base": 0, "codec": meta["codec"]}
+    assert model_digest(held) == model_digest(models["c0"])
+    # one round behind: only the last change; the same bytes (the same object) for everyone at that version
     one = v.payload("c0", 2, models["c0"])
     assert one is v.payload("c0", 2, models["c0"]) and len(parse_chain(one[1], Method.TOPK)) == 1
-    # late (None) or further behind than the cache: the whole model
-    for held_version in (None, -5):
-        meta, _ = v.payload("c0", held_version, models["c0"])
-        assert meta == {"key": "c0", "version": 3}
-    models["c0"] = {n: w + 1 for n, w in models["c0"].items()}
+    # current: nothing but the envelope's meta; late (None): the whole model
+    assert v.payload("c0", 3, models["c0"]) == ({"key": "c0", "version": 3, "current": True}, b"")
+    assert v.payload("c0", None, models["c0"]) == ({"key": "c0", "version": 3}, tensors_body(models["c0"]))
+
+
+def test_a_merged_catch_up_replaces_a_chain_of_dense_steps_bit_for_bit():
+    from edge_sdk.compress import apply_catchup
+
+    v = ModelVersions(Compression.parse("int8"))
+    models = {"c0": weights(0)}
+    v.sync(models)
+    first = dict(models["c0"])
+    rng = np.random.default_rng(2)
+    for _ in range(6):
+        models["c0"] = _trained(models, rng, scale=1e-3)
+        v.commit(models)
+    meta, body = v.payload("c0", 0, models["c0"])
+    assert meta == {"key": "c0", "version": 6, "base": 0, "codec": "exact"}
+    assert len(body) < sum(len(s.body) for s in v._history["c0"].steps)  # fewer bytes than the 6 int8 steps
+    held = apply_catchup(first, body, {n: (a.shape, "float32") for n, a in first.items()})
+    assert model_digest(held) == model_digest(models["c0"])
+    # a cluster topic whose devices hold several versions: no merged body; six int8 steps outweigh the model
+    assert v.payload("c0", 0, models["c0"], merge=False)[0] == {"key": "c0", "version": 6}
+
+
+def test_the_cache_folds_its_oldest_steps_past_its_bytes_and_rebuilds_old_versions_exactly():
+    v = ModelVersions(Compression.parse("int8"), cache_bytes=2500)  # about two int8 steps of 1,230 entries
+    models = {"c0": weights(0)}
+    v.sync(models)
+    kept = {0: dict(models["c0"])}
+    rng = np.random.default_rng(3)
+    for rnd in range(1, 6):
+        models["c0"] = _trained(models, rng)
+        v.commit(models)
+        kept[rnd] = dict(models["c0"])
+    hist = v._history["c0"]
+    assert hist.base_version == 3 and [s.version for s in hist.steps] == [4, 5]
+    assert model_digest(v.weights_at("c0", 4)) == model_digest(kept[4])
+    assert v.payload("c0", 2, models["c0"])[0] == {"key": "c0", "version": 5}  # behind the oldest kept: whole
+    with pytest.raises(ValueError, match="version 2 of model 'c0' is not kept"):
+        v.weights_at("c0", 2)
+
+
+def test_a_portable_initial_model_goes_free_with_its_hash():
+    from edge_sdk.portable_init import tensors_sha256
+    from edge_sdk.trainer import initial_weights
+
+    pytest.importorskip("torch")
+    v = ModelVersions(Compression.parse("sign"))
+    w0 = initial_weights(ARCH, 7)
+    v.note_initial(ARCH, 7, w0)
+    models = {"c0": dict(w0), "c1": weights(1)}
+    v.sync(models)
+    assert v.payload("c0", None, models["c0"]) == (
+        {"key": "c0", "version": 0, "init": 7, "architecture": ARCH, "sha256": tensors_sha256(w0)}, b"")
+    assert v.payload("c1", None, models["c1"])[0] == {"key": "c1", "version": 0}  # not an initial model: whole
+    assert v.payload("c0", None, models["c0"], whole=True)[0] == {"key": "c0", "version": 0}  # asked whole
+    models["c0"] = {n: a + np.float32(0.01) for n, a in w0.items()}
     v.commit(models)
-    assert v.payload("c0", 0, models["c0"])[0] == {"key": "c0", "version": 4}  # 0 -> 1 left the cache of 3
+    assert "init" not in v.payload("c0", None, models["c0"])[0]  # trained since: whole
 
 
 def test_a_model_replaced_outside_aggregation_goes_whole():
