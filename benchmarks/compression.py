@@ -156,9 +156,11 @@ def device_memory(arch: str, comp_text: str) -> dict:
     codec = update_codec(Compression.parse(comp_text))
     device = InMemoryFeedback(device_feedback(codec.compression))
     model_bytes = sum(v.nbytes for v in start.values())
-    codec.encode("c0", trained, start, 0, device)  # a first round: the residual exists from then on
+    # a first round: the residual exists from then on; each call takes its own trained copy (it is the device's to lose)
+    codec.encode("c0", {n: v.copy() for n, v in trained.items()}, start, 0, device, lean=True)
+    again = {n: v.copy() for n, v in trained.items()}
     tracemalloc.start()
-    codec.encode("c0", trained, start, 0, device)
+    codec.encode("c0", again, start, 0, device, lean=True)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     residual = device.feedback.residual_bytes()

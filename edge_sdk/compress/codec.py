@@ -1,4 +1,4 @@
-"""Compressed model deltas: 8-bit quantisation, top-k and sparse ternary (STC) bodies.
+"""Compressed model deltas: 8-bit, 4-bit and 1-bit quantisation, top-k and sparse ternary (STC) bodies.
 
 A device sends the change of its model, not the model. :func:`encode_delta` turns a delta (named
 float32 arrays) into a body and also returns ``sent``, exactly what :func:`decode_delta` gives
@@ -10,13 +10,15 @@ back on the other side, bit for bit, so that error feedback (:mod:`.feedback`) c
   magnitudes the lowest indices), as gap-coded indices and float32 values.
 - ``stc``: Sattler et al.'s sparse ternary compression: the same positions, one sign bit each, and
   one magnitude ``mu`` per tensor, the mean ``|x|`` of the kept entries; ``+-mu`` comes back.
+- ``int4`` and ``sign``: 4 bits and 1 bit per entry with one scale per block of 256 entries
+  (:mod:`.blocks`, where their per-tensor layout is).
 
 Every body is little-endian::
 
     offset  size  field
     0       2     magic b"FZ"
     2       1     version (1)
-    3       1     method (1 = int8, 2 = topk, 3 = stc)
+    3       1     method (1 = int8, 2 = topk, 3 = stc, 4 = sign, 5 = int4)
     4       4     u32 number of tensors (the receiver's spec must have as many)
 
 then per tensor, in sorted name order (names and shapes are not on the wire: the receiver's spec
@@ -59,6 +61,8 @@ import numpy as np
 
 from ..protocol import ProtocolError
 from ..validation import check_choice, check_int, check_number
+from .blocks import decode_int4, decode_sign, encode_int4, encode_sign
+from .varints import read_varints, varints
 
 __all__ = ["Compression", "Method", "decode_delta", "encode_delta", "keep_count"]
 
@@ -77,13 +81,15 @@ class Method(str, enum.Enum):
     INT8 = "int8"  #: every entry in 8 bits, one scale per tensor
     TOPK = "topk"  #: the largest ``fraction`` of the entries per tensor, indices and float32 values
     STC = "stc"  #: the same positions, one sign bit each, one magnitude per tensor
+    SIGN = "sign"  #: one bit per entry, one magnitude per block of 256 (:mod:`.blocks`)
+    INT4 = "int4"  #: 4 bits per entry, one scale per block of 256 (:mod:`.blocks`)
 
 
-_CODES = {Method.INT8: 1, Method.TOPK: 2, Method.STC: 3}
+_CODES = {Method.INT8: 1, Method.TOPK: 2, Method.STC: 3, Method.SIGN: 4, Method.INT4: 5}
 _SPARSE = (Method.TOPK, Method.STC)
 _NAMES = tuple(m.value for m in Method)
 _DEFAULT_FRACTION = 0.01
-_CLI_FORMS = "'none', 'int8', 'topk[:fraction]' or 'stc[:fraction]'"
+_CLI_FORMS = "'none', 'int8', 'int4', 'sign', 'topk[:fraction]' or 'stc[:fraction]'"
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ class Compression:
     Parameters
     ----------
     method : Method or str
-        ``"none"``, ``"int8"``, ``"topk"`` or ``"stc"``.
+        ``"none"``, ``"int8"``, ``"int4"``, ``"sign"``, ``"topk"`` or ``"stc"``.
     fraction : float
         Share of the entries kept per tensor, in ``(0, 1]``, for top-k and STC. It is checked for
         every method, then set to the default 0.01 for ``none`` and ``int8``, which ignore it, so
@@ -176,54 +182,6 @@ def keep_count(n: int, fraction: float) -> int:
     return 0 if n == 0 else min(n, max(1, math.ceil(fraction * n)))
 
 
-# -- varints ------------------------------------------------------------------
-
-
-def _varints(values: np.ndarray) -> np.ndarray:
-    """LEB128 bytes of unsigned integers below 2**32 (uint8 array), without a loop per entry."""
-    v = values.astype(np.uint64, copy=False)
-    nb = np.ones(len(v), dtype=np.int64)
-    for bits in (7, 14, 21, 28):
-        nb += v >= (1 << bits)
-    ends = np.cumsum(nb)
-    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.uint8)
-    starts = ends - nb
-    for j in range(5):
-        sel = nb > j
-        if j and not sel.any():
-            break
-        chunk = (v[sel] >> np.uint64(7 * j)) & np.uint64(0x7F)
-        out[starts[sel] + j] = chunk.astype(np.uint8) | ((nb[sel] > j + 1).astype(np.uint8) << 7)
-    return out
-
-
-def _read_varints(block: np.ndarray, k: int, where: str) -> np.ndarray:
-    """Decode exactly ``k`` varints that fill ``block``; uint64 values below 2**32."""
-    ends = np.flatnonzero(block < 0x80)
-    if len(ends) != k:
-        raise ProtocolError("compressed-index", f"{where}: the index block holds {len(ends)} varints, "
-                                                f"k is {k}")
-    if len(block) and ends[-1] != len(block) - 1:
-        raise ProtocolError("compressed-index", f"{where}: the index block ends inside a varint")
-    if k == len(block):  # every gap in one byte
-        return block.astype(np.uint64)
-    starts = np.concatenate(([0], ends[:-1] + 1))
-    lengths = ends - starts + 1
-    if lengths.max() > 5:
-        raise ProtocolError("compressed-index", f"{where}: a varint of {int(lengths.max())} bytes (at most 5)")
-    if ((lengths > 1) & (block[ends] == 0)).any():
-        raise ProtocolError("compressed-index", f"{where}: a varint ends with a needless zero byte")
-    values = (block[starts] & 0x7F).astype(np.uint64)
-    for j in range(1, 5):
-        sel = lengths > j
-        if not sel.any():
-            break
-        values[sel] |= (block[starts[sel] + j] & 0x7F).astype(np.uint64) << np.uint64(7 * j)
-    if values.max() > _MAX_U32:
-        raise ProtocolError("compressed-index", f"{where}: a varint of {int(values.max())} (at most 2**32 - 1)")
-    return values
-
-
 # -- encoding -----------------------------------------------------------------
 
 
@@ -299,7 +257,7 @@ def _encode_sparse(name: str, x: np.ndarray, comp: Compression) -> tuple[list[by
     _finite_max(name, x)
     k = keep_count(n, comp.fraction)
     idx = _select(x, k)
-    block = _varints(np.diff(idx, prepend=0) if k else idx)
+    block = varints(np.diff(idx, prepend=0) if k else idx)
     values = x[idx]
     parts = [_KM.pack(k, len(block)), block.tobytes()]
     if comp.method is Method.TOPK:
@@ -313,9 +271,22 @@ def _encode_sparse(name: str, x: np.ndarray, comp: Compression) -> tuple[list[by
 
 _ENCODERS: dict[Method, Callable[[str, np.ndarray, Compression], tuple[list[bytes], np.ndarray]]] = {
     Method.INT8: _encode_int8, Method.TOPK: _encode_sparse, Method.STC: _encode_sparse}
+_BLOCK_ENCODERS = {Method.SIGN: encode_sign, Method.INT4: encode_int4}
 
 
-def encode_delta(delta: Mapping[str, np.ndarray], comp: Compression) -> tuple[bytes, dict[str, np.ndarray]]:
+def _encode_tensor(name: str, x: np.ndarray, comp: Compression, keep_sent: bool) -> tuple[list[bytes], np.ndarray | None]:
+    """One flat tensor's parts and what was sent; without ``keep_sent``, ``x`` becomes the rest not sent."""
+    if comp.method in _BLOCK_ENCODERS:
+        return _BLOCK_ENCODERS[comp.method](name, x, keep_sent)
+    parts, sent = _ENCODERS[comp.method](name, x, comp)
+    if keep_sent:
+        return parts, sent
+    np.subtract(x, sent, out=x)
+    return parts, None
+
+
+def encode_delta(delta: Mapping[str, np.ndarray], comp: Compression, *,
+                 keep_sent: bool = True) -> tuple[bytes, dict[str, np.ndarray] | None]:
     """Compress a model delta into a body.
 
     Parameters
@@ -324,20 +295,25 @@ def encode_delta(delta: Mapping[str, np.ndarray], comp: Compression) -> tuple[by
         The change per tensor; float32 (other float types are cast), finite.
     comp : Compression
         The method (not ``none``) and, for top-k and STC, the share kept.
+    keep_sent : bool
+        False: no dense copy of what was sent is built; instead each tensor of ``delta`` (which
+        must then be writeable, C-contiguous float32) is overwritten with what was not sent
+        (``delta - sent``: error feedback's rest), and ``sent`` is None.
 
     Returns
     -------
     body : bytes
         The body, in the format of this module's docstring.
-    sent : dict of str to ndarray
+    sent : dict of str to ndarray, or None
         Exactly what :func:`decode_delta` gives back for ``body``: new float32 arrays of the same
-        names (in sorted order) and shapes.
+        names (in sorted order) and shapes (None without ``keep_sent``).
 
     Raises
     ------
     ValueError
         Method ``none``, an empty mapping, a tensor that is not floating point or holds NaN or
-        Inf, a top-k or STC tensor of 2**32 entries or more.
+        Inf, a top-k or STC tensor of 2**32 entries or more; without ``keep_sent``, a tensor
+        that cannot be overwritten.
     """
     if not isinstance(comp, Compression):
         raise ValueError(f"comp must be a Compression, got {type(comp).__name__}")
@@ -350,10 +326,13 @@ def encode_delta(delta: Mapping[str, np.ndarray], comp: Compression) -> tuple[by
     sent = {}
     for name in sorted(delta, key=str):
         x = _as_float32(name, delta[name])
-        tensor_parts, values = _ENCODERS[comp.method](name, x.reshape(-1), comp)
+        if not keep_sent and (x is not delta[name] or not x.flags.c_contiguous or not x.flags.writeable):
+            raise ValueError(f"tensor {name!r}: encoding in place needs a writeable C-contiguous float32 array")
+        tensor_parts, values = _encode_tensor(name, x.reshape(-1), comp, keep_sent)
         parts += tensor_parts
-        sent[name] = values.reshape(x.shape)
-    return b"".join(parts), sent
+        if keep_sent:
+            sent[name] = values.reshape(x.shape)
+    return b"".join(parts), sent if keep_sent else None
 
 
 # -- decoding -----------------------------------------------------------------
@@ -408,7 +387,7 @@ def _decode_sparse(r: _Reader, where: str, n: int, method: Method) -> np.ndarray
                             f"{where}: index block of {m} bytes for k {k} (must be {k} to {5 * k})")
     tail = 4 * k if method is Method.TOPK else 4 + (k + 7) // 8
     r.need(m + tail, f"{where}: {m} index bytes and {tail} bytes of values")
-    gaps = _read_varints(r.array("u1", m, where), k, where)
+    gaps = read_varints(r.array("u1", m, where), k, where)
     if k > 1 and not gaps[1:].all():
         raise ProtocolError("compressed-index", f"{where}: a gap of 0 (a duplicate index)")
     idx = np.cumsum(gaps)
@@ -427,7 +406,8 @@ def _decode_sparse(r: _Reader, where: str, n: int, method: Method) -> np.ndarray
 
 
 _DECODERS: dict[Method, Callable[[_Reader, str, int, Method], np.ndarray]] = {
-    Method.INT8: _decode_int8, Method.TOPK: _decode_sparse, Method.STC: _decode_sparse}
+    Method.INT8: _decode_int8, Method.TOPK: _decode_sparse, Method.STC: _decode_sparse,
+    Method.SIGN: decode_sign, Method.INT4: decode_int4}
 
 
 def _check_spec(spec: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:

@@ -9,7 +9,10 @@ key and adds it to the next delta of the same key::
     residual[key] = total - sent
 
 so that the sum of what was sent trails the sum of the deltas by one residual, whatever the
-rounds. All of it is float32, and ``sent`` is what the receiver decodes, bit for bit.
+rounds. ``sent`` is what the receiver decodes, bit for bit. The residual is float32, or float16 on a
+device (``residual_dtype``: half the memory; it never leaves the device, so its rounding changes no
+copy of a model), and a device compresses in place (``keep_sent=False``: no dense copy of what was
+sent), so that compression adds less than the model's size to a device's memory.
 
 A device keeps one residual per model key (the model of its cluster); a change of cluster
 (:meth:`ErrorFeedback.reset`) or of compression (:meth:`ErrorFeedback.set_compression`) starts
@@ -26,6 +29,7 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -59,9 +63,14 @@ class ErrorFeedback:
         The current setting; change it with :meth:`set_compression`.
     """
 
-    def __init__(self, comp: Compression) -> None:
+    def __init__(self, comp: Compression, residual_dtype: Any = np.float32) -> None:
         self.comp = _check_comp(comp)
+        #: How the residuals are stored: float32, or float16 on a device (half the memory; only it reads them).
+        self.residual_dtype = np.dtype(residual_dtype)
+        if self.residual_dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
+            raise ValueError(f"residual_dtype must be float32 or float16, got {residual_dtype!r}")
         self._residual: dict[str, dict[str, np.ndarray]] = {}
+        self._clipped = False
 
     def set_compression(self, comp: Compression) -> None:
         """Use ``comp`` from now on; a setting other than the current one drops every residual."""
@@ -77,7 +86,8 @@ class ErrorFeedback:
         """The model keys that have a residual, sorted."""
         return sorted(self._residual)
 
-    def compress(self, key: str, delta: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, np.ndarray]]:
+    def compress(self, key: str, delta: Mapping[str, np.ndarray], *,
+                 keep_sent: bool = True) -> tuple[bytes, dict[str, np.ndarray] | None]:
         """Encode ``delta + residual[key]`` and keep what was not sent as the new residual.
 
         A residual whose names or shapes differ from ``delta``'s (the model changed) is dropped,
@@ -89,13 +99,18 @@ class ErrorFeedback:
             The model the delta belongs to (a cluster's model key); no ``/`` in it.
         delta : mapping of str to ndarray
             The change of that model, floating point (float32, or cast to it), finite.
+        keep_sent : bool
+            False (a device): ``delta``'s float32 arrays are the caller's to lose; the residual is
+            added into them, the encoder leaves there what it did not send, and no dense copy of
+            what was sent is built (the second value is None). Compressing then adds, beyond the
+            residual kept, about the body and a chunk of temporaries.
 
         Returns
         -------
         body : bytes
             :func:`~edge_sdk.compress.encode_delta`'s body of ``delta + residual``.
-        sent : dict of str to ndarray
-            What the receiver decodes from ``body`` (float32).
+        sent : dict of str to ndarray, or None
+            What the receiver decodes from ``body`` (float32); None without ``keep_sent``.
 
         Raises
         ------
@@ -109,14 +124,47 @@ class ErrorFeedback:
                 np.shape(delta[name]) != r.shape for name, r in residual.items())):
             log.warning("the residual of model %r has other tensors than its delta; dropped", key)
             residual = None
+        if not keep_sent:
+            return self._compress_in_place(key, delta, residual), None
         if residual is None:
             total = {name: _as_float32(name, value) for name, value in delta.items()}
         else:
-            total = {name: np.add(_as_float32(name, value), residual[name]) for name, value in delta.items()}
+            total = {name: np.add(_as_float32(name, value), residual[name], dtype=np.float32)
+                     for name, value in delta.items()}
         body, sent = encode_delta(total, self.comp)
         # (out= keeps a 0-d tensor an array: np.subtract alone gives a numpy scalar)
-        self._residual[key] = {name: np.subtract(total[name], s, out=np.empty_like(s)) for name, s in sent.items()}
+        self._residual[key] = {name: self._stored(np.subtract(total[name], s, out=np.empty_like(s)))
+                               for name, s in sent.items()}
         return body, sent
+
+    def _compress_in_place(self, key: str, delta: Mapping[str, np.ndarray],
+                           residual: Mapping[str, np.ndarray] | None) -> bytes:
+        """:meth:`compress` without ``keep_sent``: the residual added into ``delta``, the rest left there."""
+        total = {}
+        for name, value in delta.items():
+            x = value if isinstance(value, np.ndarray) and value.dtype == np.float32 and value.flags.writeable \
+                and value.flags.c_contiguous else np.array(value, dtype=np.float32)
+            if residual is not None:
+                np.add(x, residual[name], out=x, casting="unsafe")
+            total[name] = x
+        body, _ = encode_delta(total, self.comp, keep_sent=False)
+        self._residual[key] = {}  # the old residual goes before the new one is built, tensor by tensor
+        self._residual[key] = {name: self._stored(x) for name, x in total.items()}
+        return body
+
+    def _stored(self, rest: np.ndarray) -> np.ndarray:
+        """A residual as kept: float32, or float16 clipped to its finite range (said once)."""
+        if self.residual_dtype == np.float32:
+            return rest
+        top = np.float32(np.finfo(np.float16).max)
+        if not self._clipped and rest.size and np.abs(rest).max() > top:
+            self._clipped = True
+            log.warning("error feedback: a residual beyond float16's range (%g) clipped", float(top))
+        return np.clip(rest, -top, top, out=rest).astype(np.float16)
+
+    def residual_bytes(self) -> int:
+        """Bytes of every residual held."""
+        return sum(a.nbytes for arrays in self._residual.values() for a in arrays.values())
 
     def reset(self, key: str | None = None) -> None:
         """Drop the residual of one model key, or of all (the device changed cluster) when None."""
@@ -180,9 +228,9 @@ class ErrorFeedback:
                 for full in f.keys():
                     key, _, name = full.partition("/")
                     arr = f.get_tensor(full)
-                    if not key or not name or arr.dtype != np.float32 or not np.isfinite(arr).all():
-                        raise ValueError(f"tensor {full!r} is not a finite float32 'key/name' residual")
-                    residual.setdefault(key, {})[name] = np.array(arr)
+                    if not key or not name or arr.dtype not in (np.float32, np.float16) or not np.isfinite(arr).all():
+                        raise ValueError(f"tensor {full!r} is not a finite float32 or float16 'key/name' residual")
+                    residual.setdefault(key, {})[name] = np.array(arr, dtype=self.residual_dtype)
         except Exception as e:  # safetensors raises its own error types; any failure means: start afresh
             log.warning("error feedback: %s is unreadable (%s); ignored", path, e)
             return False
