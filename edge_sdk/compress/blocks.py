@@ -35,7 +35,7 @@ __all__ = ["BLOCK", "CHUNK", "decode_int4", "decode_sign", "encode_int4", "encod
 #: Entries per scale.
 BLOCK = 256
 #: Entries encoded at a time (a multiple of BLOCK and of 8).
-CHUNK = 64 * BLOCK
+CHUNK = 8 * BLOCK
 _TINY = np.nextafter(np.float32(0), np.float32(1))
 
 

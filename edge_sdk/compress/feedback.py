@@ -91,7 +91,8 @@ class ErrorFeedback:
         """Encode ``delta + residual[key]`` and keep what was not sent as the new residual.
 
         A residual whose names or shapes differ from ``delta``'s (the model changed) is dropped,
-        with a warning, never mixed in. Nothing changes when encoding fails.
+        with a warning, never mixed in. Nothing changes when encoding fails, except that without
+        ``keep_sent`` the residual of ``key`` is dropped (it was added into the refused delta).
 
         Parameters
         ----------
@@ -125,7 +126,9 @@ class ErrorFeedback:
             log.warning("the residual of model %r has other tensors than its delta; dropped", key)
             residual = None
         if not keep_sent:
-            return self._compress_in_place(key, delta, residual), None
+            stale = residual is None
+            residual = None  # the in-place path owns the residual now: it lets each tensor go once added in
+            return self._compress_in_place(key, delta, stale), None
         if residual is None:
             total = {name: _as_float32(name, value) for name, value in delta.items()}
         else:
@@ -137,18 +140,23 @@ class ErrorFeedback:
                                for name, s in sent.items()}
         return body, sent
 
-    def _compress_in_place(self, key: str, delta: Mapping[str, np.ndarray],
-                           residual: Mapping[str, np.ndarray] | None) -> bytes:
-        """:meth:`compress` without ``keep_sent``: the residual added into ``delta``, the rest left there."""
+    def _compress_in_place(self, key: str, delta: Mapping[str, np.ndarray], stale: bool) -> bytes:
+        """:meth:`compress` without ``keep_sent``: the residual added into ``delta``, the rest left there.
+
+        Each old residual tensor is let go as soon as it is added in, and the new ones are built
+        after the encoding, so the old and the new residual are never held whole together.
+        """
+        old = self._residual.pop(key, None) or {}
+        if stale:  # none, or of other tensors (dropped above)
+            old = {}
         total = {}
         for name, value in delta.items():
             x = value if isinstance(value, np.ndarray) and value.dtype == np.float32 and value.flags.writeable \
                 and value.flags.c_contiguous else np.array(value, dtype=np.float32)
-            if residual is not None:
-                np.add(x, residual[name], out=x, casting="unsafe")
+            if name in old:
+                np.add(x, old.pop(name), out=x, casting="unsafe")
             total[name] = x
-        body, _ = encode_delta(total, self.comp, keep_sent=False)
-        self._residual[key] = {}  # the old residual goes before the new one is built, tensor by tensor
+        body, _ = encode_delta(total, self.comp, keep_sent=False)  # refused (NaN, Inf): the residual is gone
         self._residual[key] = {name: self._stored(x) for name, x in total.items()}
         return body
 

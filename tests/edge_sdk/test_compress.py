@@ -124,7 +124,7 @@ def test_indices_past_127_take_two_varint_bytes_and_empty_tensors_take_only_thei
 
 
 def test_varints_of_every_length_match_a_plain_leb128_coder():
-    from edge_sdk.compress.codec import _read_varints, _varints
+    from edge_sdk.compress.varints import read_varints as _read_varints, varints as _varints
 
     edges = [0, 1, 127, 128, 2**14 - 1, 2**14, 2**21 - 1, 2**21, 2**28 - 1, 2**28, 2**32 - 1]
     values = np.array(edges + np.random.default_rng(2).integers(0, 2**32, 500).tolist(), np.uint64)
@@ -230,7 +230,7 @@ def test_compression_equality_ignores_the_fraction_where_the_method_does():
 
 
 @pytest.mark.parametrize(("text", "match"), [
-    ("gzip", r"^compression must be 'none', 'int8', 'topk\[:fraction\]' or 'stc\[:fraction\]', got 'gzip'$"),
+    ("gzip", r"^compression must be 'none', 'int8', 'int4', 'sign', 'topk\[:fraction\]' or 'stc\[:fraction\]', got 'gzip'$"),
     ("TOPK", r"^compression must be .* got 'TOPK'$"),
     ("int8:0.5", r"^compression must be .* got 'int8:0.5'$"),
     ("topk:0", r"^compression fraction must be > 0.0, got 0.0$"),
@@ -246,7 +246,7 @@ def test_compression_parse_refuses_bad_text(text, match):
 
 
 def test_compression_refuses_bad_values_and_meta():
-    with pytest.raises(ValueError, match=r"^compression method must be one of \['none', 'int8', 'topk', 'stc'\], "
+    with pytest.raises(ValueError, match=r"^compression method must be one of \['none', 'int8', 'topk', 'stc', 'sign', 'int4'\], "
                                          r"got 'zip'$"):
         Compression("zip")
     with pytest.raises(ValueError, match=r"^compression fraction must be a finite number, got True$"):
@@ -266,9 +266,9 @@ def test_compression_refuses_bad_values_and_meta():
 
 def test_the_package_exports_the_agreed_names():
     assert compress.__all__ == sorted(compress.__all__) == [
-        "Compression", "ErrorFeedback", "Method", "Step", "apply_steps", "chain_body", "decode_delta",
-        "encode_delta", "keep_count", "parse_chain"]
-    assert [m.value for m in Method] == ["none", "int8", "topk", "stc"]
+        "Compression", "ErrorFeedback", "Method", "Step", "apply_catchup", "apply_steps", "catchup_body",
+        "catchup_size", "chain_body", "decode_delta", "encode_delta", "keep_count", "parse_chain"]
+    assert [m.value for m in Method] == ["none", "int8", "topk", "stc", "sign", "int4"]
 
 
 # -- hostile bodies -------------------------------------------------------------
@@ -365,7 +365,7 @@ def test_hand_built_bodies_that_follow_the_format_are_read():
 
 def test_decode_refuses_a_bad_spec_or_method_as_the_callers_error():
     body = encode_delta({"w": np.ones(10, F32)}, Compression.parse("int8"))[0]
-    with pytest.raises(ValueError, match=r"^method must be one of \['int8', 'topk', 'stc'\], got <Method.NONE"):
+    with pytest.raises(ValueError, match=r"^method must be one of \['int8', 'topk', 'stc', 'sign', 'int4'\], got <Method.NONE"):
         decode_delta(body, W10, Method.NONE)
     with pytest.raises(ValueError, match=r"^spec entry 'w' has dtype int8; a delta is floating point$"):
         decode_delta(body, {"w": ((10,), "int8")}, Method.INT8)
