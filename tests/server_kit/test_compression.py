@@ -219,3 +219,24 @@ def test_ifca_compressed_sends_its_k_models_as_changes(digits, encoder):
     _, comp = simulate("ifca", digits, encoder, "topk:0.05", rounds=3, k=2)
     assert comp.ledger.total("down", ["MODEL"]) < 0.5 * whole.ledger.total("down", ["MODEL"])
     assert comp.ledger.total("up", ["UPDATE"]) < 0.1 * whole.ledger.total("up", ["UPDATE"])
+
+
+def test_the_server_options_set_each_direction_and_refuse_what_a_method_cannot_take():
+    from server_kit.cli import _apply_compression, build_parser
+
+    def settled(name, *argv, table=None):
+        args = build_parser().parse_args(["--strategy", name, *argv])
+        strat = dict(table or {})
+        _apply_compression(args, name, strat)
+        return {k: str(v) for k, v in strat.items()}
+
+    assert settled("fedsketch", "--compress", "int4", "--compress-down", "sign") == {
+        "compress_up": "int4", "compress_down": "sign"}
+    assert settled("ifca", table={"compress_up": "stc:0.01"}) == {"compress_up": "stc:0.01", "compress_down": "int8"}
+    assert settled("cfl") == {"compress_up": "none", "compress_down": "none"}  # the defaults give way, said in the log
+    with pytest.raises(ValueError, match=r"^strategy 'cfl' cannot use --compress sign: it splits clusters"):
+        settled("cfl", "--compress-down", "sign")
+    with pytest.raises(ValueError, match="apply to the model-averaging strategies, not fedcref"):
+        settled("fedcref", "--compress-up", "sign")
+    with pytest.raises(ValueError, match=r"^compression must be 'none', 'int8', 'int4', 'sign'"):
+        settled("fedsketch", "--compress-up", "gzip")
