@@ -17,7 +17,7 @@ Every body is little-endian::
 
     offset  size  field
     0       2     magic b"FZ"
-    2       1     version (1)
+    2       1     version: 2 for topk and stc (1, their LEB128-only layout, is still read), else 1
     3       1     method (1 = int8, 2 = topk, 3 = stc, 4 = sign, 5 = int4)
     4       4     u32 number of tensors (the receiver's spec must have as many)
 
@@ -27,19 +27,20 @@ gives them, and so ``n``, the number of entries)::
     int8   4     f32 scale (finite, >= 0, not -0.0)
            n     int8 q (-128 is refused)
     topk   4     u32 k, 0 <= k <= n
-           4     u32 m, the bytes of the index block, k <= m <= 5 k
-           m     k LEB128 varints: the first index, then each gap to the previous index (>= 1);
-                 1 to 5 bytes each, values < 2**32, no needless final zero byte (so one list of
-                 indices has one encoding)
+           1     index coding: 0 = LEB128, 1 = Rice (then 1 byte: its parameter b <= 31)
+           4     u32 m, the bytes of the index block: k to 5 k (LEB128), at most what k gaps within
+                 n entries can need (Rice, :mod:`.golomb`)
+           m     the first index, then each gap to the previous index (>= 1): LEB128 varints (1 to
+                 5 bytes each, no needless final zero byte) or Rice codes, whichever is fewer bytes
            4 k   f32 values (finite)
-    stc    8+m   k, m and the index block, as topk
+    stc    k, the coding, m and the index block, as topk, then
            4     f32 mu (finite, >= 0, not -0.0)
            ceil(k / 8)  sign bits, bit i least significant first, 1 = negative; padding bits 0
 
 and the body ends exactly there. ``k = 0`` is accepted for any ``n`` (nothing sent for that
 tensor: ``m = 0``, no values; STC still carries ``mu``); the encoder writes it only for empty
 tensors. One tensor of 1,000 entries takes 8 + 1,004 bytes as int8; as ``topk:0.01`` (k = 10)
-8 + 8 + m + 40 and as ``stc:0.01`` 8 + 8 + m + 4 + 2, with m from 10 to 20 index bytes.
+8 + 9 + m + 40 and as ``stc:0.01`` 8 + 9 + m + 4 + 2, with m from 10 to 20 index bytes (LEB128).
 
 The decoder trusts nothing: each fixed field is read only after the bytes left are checked, counts
 are checked against the spec and the bytes left before anything of their size is built, and every
@@ -62,6 +63,9 @@ import numpy as np
 from ..protocol import ProtocolError
 from ..validation import check_choice, check_int, check_number
 from .blocks import decode_int4, decode_sign, encode_int4, encode_sign
+from .golomb import MAX_B, best_parameter, max_rice_bytes, read_rice, rice
+from .reader import Reader as _Reader
+from .reader import read_scalar as _read_scalar
 from .varints import read_varints, varints
 
 __all__ = ["Compression", "Method", "decode_delta", "encode_delta", "keep_count"]
@@ -69,7 +73,11 @@ __all__ = ["Compression", "Method", "decode_delta", "encode_delta", "keep_count"
 MAGIC = b"FZ"
 VERSION = 1
 _HEADER = struct.Struct("<2sBBI")
-_KM = struct.Struct("<II")
+_K = _U32 = struct.Struct("<I")
+_U8 = struct.Struct("<B")
+#: The version of top-k and STC bodies, whose index block says its coding (version 1: LEB128 only, still read).
+SPARSE_VERSION = 2
+_LEB128, _RICE = 0, 1
 _F32 = struct.Struct("<f")
 _MAX_U32 = 0xFFFFFFFF
 
@@ -87,6 +95,7 @@ class Method(str, enum.Enum):
 
 _CODES = {Method.INT8: 1, Method.TOPK: 2, Method.STC: 3, Method.SIGN: 4, Method.INT4: 5}
 _SPARSE = (Method.TOPK, Method.STC)
+_SPARSE_CODES = (2, 3)
 _NAMES = tuple(m.value for m in Method)
 _DEFAULT_FRACTION = 0.01
 _CLI_FORMS = "'none', 'int8', 'int4', 'sign', 'topk[:fraction]' or 'stc[:fraction]'"
@@ -257,9 +266,15 @@ def _encode_sparse(name: str, x: np.ndarray, comp: Compression) -> tuple[list[by
     _finite_max(name, x)
     k = keep_count(n, comp.fraction)
     idx = _select(x, k)
-    block = varints(np.diff(idx, prepend=0) if k else idx)
+    gaps = (np.diff(idx, prepend=0) if k else idx).astype(np.uint64)
+    block = varints(gaps)
+    b, size = best_parameter(gaps) if k else (0, 0)
+    if k and size < len(block):
+        block = rice(gaps, b)
+        parts = [_K.pack(k), bytes([_RICE, b]), _U32.pack(len(block)), block.tobytes()]
+    else:
+        parts = [_K.pack(k), bytes([_LEB128]), _U32.pack(len(block)), block.tobytes()]
     values = x[idx]
-    parts = [_KM.pack(k, len(block)), block.tobytes()]
     if comp.method is Method.TOPK:
         parts.append(values.astype("<f4", copy=False).tobytes())
         return parts, _scatter(n, idx, values)
@@ -322,7 +337,8 @@ def encode_delta(delta: Mapping[str, np.ndarray], comp: Compression, *,
                          "(send the whole weights instead)")
     if not delta:
         raise ValueError("no tensors in the delta to encode")
-    parts = [_HEADER.pack(MAGIC, VERSION, _CODES[comp.method], len(delta))]
+    version = SPARSE_VERSION if comp.method in _SPARSE else VERSION
+    parts = [_HEADER.pack(MAGIC, version, _CODES[comp.method], len(delta))]
     sent = {}
     for name in sorted(delta, key=str):
         x = _as_float32(name, delta[name])
@@ -338,37 +354,6 @@ def encode_delta(delta: Mapping[str, np.ndarray], comp: Compression, *,
 # -- decoding -----------------------------------------------------------------
 
 
-class _Reader:
-    """A position in a body; every read checks the bytes left first."""
-
-    def __init__(self, body: bytes) -> None:
-        self.body, self.pos = body, 0
-
-    def need(self, size: int, what: str) -> int:
-        """The position, after checking that ``size`` bytes are left for ``what``."""
-        left = len(self.body) - self.pos
-        if size > left:
-            raise ProtocolError("compressed-length", f"{what} needs {size} bytes, {left} left")
-        return self.pos
-
-    def unpack(self, fmt: struct.Struct, what: str) -> tuple[Any, ...]:
-        self.pos = self.need(fmt.size, what) + fmt.size
-        return fmt.unpack_from(self.body, self.pos - fmt.size)
-
-    def array(self, dtype: str, count: int, what: str) -> np.ndarray:
-        start = self.need(np.dtype(dtype).itemsize * count, what)
-        out = np.frombuffer(self.body, dtype=dtype, count=count, offset=start)
-        self.pos = start + out.nbytes
-        return out
-
-
-def _read_scalar(r: _Reader, what: str) -> np.float32:
-    (value,) = r.unpack(_F32, what)
-    if not math.isfinite(value) or math.copysign(1.0, value) < 0:
-        raise ProtocolError("compressed-value", f"{what} is {value!r}; it must be finite and >= 0")
-    return np.float32(value)
-
-
 def _decode_int8(r: _Reader, where: str, n: int, method: Method) -> np.ndarray:
     r.need(4 + n, f"{where}: scale and {n} int8 entries")
     scale = _read_scalar(r, f"{where}: scale")
@@ -378,16 +363,31 @@ def _decode_int8(r: _Reader, where: str, n: int, method: Method) -> np.ndarray:
     return np.multiply(q, scale, dtype=np.float32)
 
 
-def _decode_sparse(r: _Reader, where: str, n: int, method: Method) -> np.ndarray:
-    k, m = r.unpack(_KM, f"{where}: k and m")
+def _read_gaps(r: _Reader, where: str, n: int, method: Method) -> tuple[int, np.ndarray]:
+    """k and the index gaps: LEB128 (a version 1 body, or coding 0) or Rice (coding 1), sizes checked first."""
+    (k,) = r.unpack(_K, f"{where}: k")
     if k > n:
         raise ProtocolError("compressed-count", f"{where}: k {k} > {n} entries")
-    if not k <= m <= 5 * k:
+    coding, b = _LEB128, 0
+    if r.version == SPARSE_VERSION:
+        (coding,) = r.unpack(_U8, f"{where}: index coding")
+        if coding == _RICE:
+            (b,) = r.unpack(_U8, f"{where}: Rice parameter")
+        if coding not in (_LEB128, _RICE) or b > MAX_B:
+            raise ProtocolError("compressed-index", f"{where}: index coding {coding} (parameter {b}) is unknown")
+    (m,) = r.unpack(_U32, f"{where}: m")
+    low, high = (k, 5 * k) if coding == _LEB128 else (0, max_rice_bytes(n, k, b))
+    if not low <= m <= high:
         raise ProtocolError("compressed-count",
-                            f"{where}: index block of {m} bytes for k {k} (must be {k} to {5 * k})")
+                            f"{where}: index block of {m} bytes for k {k} (must be {low} to {high})")
     tail = 4 * k if method is Method.TOPK else 4 + (k + 7) // 8
     r.need(m + tail, f"{where}: {m} index bytes and {tail} bytes of values")
-    gaps = read_varints(r.array("u1", m, where), k, where)
+    block = r.array("u1", m, where)
+    return k, read_varints(block, k, where) if coding == _LEB128 else read_rice(block, k, b, where)
+
+
+def _decode_sparse(r: _Reader, where: str, n: int, method: Method) -> np.ndarray:
+    k, gaps = _read_gaps(r, where, n, method)
     if k > 1 and not gaps[1:].all():
         raise ProtocolError("compressed-index", f"{where}: a gap of 0 (a duplicate index)")
     idx = np.cumsum(gaps)
@@ -460,7 +460,8 @@ def decode_delta(body: bytes, spec: Mapping[str, tuple[tuple[int, ...], str]],
                             f"body of {len(body)} bytes is shorter than the {_HEADER.size}-byte header")
     r = _Reader(body)
     magic, version, code, count = r.unpack(_HEADER, "header")
-    if magic != MAGIC or version != VERSION:
+    r.version = version
+    if magic != MAGIC or not (version == VERSION or (version == SPARSE_VERSION and code in _SPARSE_CODES)):
         raise ProtocolError("compressed-header", f"not a compressed delta (magic {magic!r}, version {version})")
     if code != _CODES[method]:
         raise ProtocolError("compressed-method", f"method byte {code}, expected {_CODES[method]} ({method.value})")

@@ -43,6 +43,12 @@ def sparse(k: int, index_block: bytes, m: int | None = None) -> bytes:
     return struct.pack("<II", k, len(index_block) if m is None else m) + index_block
 
 
+def sparse2(k: int, index_block: bytes, rice_b: int | None = None) -> bytes:
+    """A version 2 index block: LEB128 (coding 0), or Rice with parameter ``rice_b`` (coding 1)."""
+    coding = b"\x00" if rice_b is None else bytes([1, rice_b])
+    return struct.pack("<I", k) + coding + struct.pack("<I", len(index_block)) + index_block
+
+
 def f32s(*values: float) -> bytes:
     return struct.pack(f"<{len(values)}f", *values)
 
@@ -101,13 +107,15 @@ def test_exact_bytes_of_a_small_delta_per_method():
     assert sent["b"].tolist() == [F32(32) * scale_b, F32(-127) * scale_b, 0.0, F32(95) * scale_b]
     assert sent["a"].tolist() == F32(127) * scale_a
     topk, sent = encode_delta(delta, Compression.parse("topk:0.5"))
-    assert topk == head(2, 2) + sparse(1, b"\x00") + f32s(3.0) + sparse(2, b"\x01\x02") + f32s(-2.0, 1.5)
-    assert len(topk) == 8 + (8 + 1 + 4) + (8 + 2 + 8) == 39
+    # gaps [1, 2] in Rice with b = 0: 1 0, 1 1 0 (least significant bit first) = 0x0D, one byte against LEB128's two
+    assert topk == (head(2, 2, version=2) + sparse2(1, b"\x00") + f32s(3.0)
+                    + sparse2(2, b"\x0d", rice_b=0) + f32s(-2.0, 1.5))
+    assert len(topk) == 8 + (9 + 1 + 4) + (10 + 1 + 8) == 41
     assert sent["b"].tolist() == [0.0, -2.0, 0.0, 1.5] and sent["a"].tolist() == 3.0
     stc, sent = encode_delta(delta, Compression.parse("stc:0.5"))
-    assert stc == (head(3, 2) + sparse(1, b"\x00") + f32s(3.0) + b"\x00"
-                   + sparse(2, b"\x01\x02") + f32s(1.75) + b"\x01")
-    assert len(stc) == 8 + (8 + 1 + 4 + 1) + (8 + 2 + 4 + 1) == 37
+    assert stc == (head(3, 2, version=2) + sparse2(1, b"\x00") + f32s(3.0) + b"\x00"
+                   + sparse2(2, b"\x0d", rice_b=0) + f32s(1.75) + b"\x01")
+    assert len(stc) == 8 + (9 + 1 + 4 + 1) + (10 + 1 + 4 + 1) == 39
     assert sent["b"].tolist() == [0.0, -1.75, 0.0, 1.75]
 
 
@@ -115,16 +123,18 @@ def test_indices_past_127_take_two_varint_bytes_and_empty_tensors_take_only_thei
     x = np.zeros(300, F32)
     x[[5, 200]] = [1.0, -3.0]
     body, _ = encode_delta({"w": x, "z": np.zeros(0, F32)}, Compression.parse("topk:0.005"))  # k = 2
-    assert body == head(2, 2) + sparse(2, b"\x05" + leb(195)) + f32s(1.0, -3.0) + sparse(0, b"")
-    assert leb(195) == b"\xc3\x01" and len(body) == 8 + 8 + 3 + 8 + 8 == 35
+    # Rice needs 3 bytes too (17 bits with b = 6 or 7): LEB128 is kept on a tie
+    assert body == head(2, 2, version=2) + sparse2(2, b"\x05" + leb(195)) + f32s(1.0, -3.0) + sparse2(0, b"")
+    assert leb(195) == b"\xc3\x01" and len(body) == 8 + 9 + 3 + 8 + 9 == 37
     body, _ = encode_delta({"z": np.zeros(0, F32)}, Compression.parse("stc:0.5"))
-    assert body == head(3) + sparse(0, b"") + f32s(0.0)
+    assert body == head(3, version=2) + sparse2(0, b"") + f32s(0.0)
     body, _ = encode_delta({"z": np.zeros(0, F32)}, Compression.parse("int8"))
     assert body == head(1) + f32s(0.0)
 
 
 def test_varints_of_every_length_match_a_plain_leb128_coder():
-    from edge_sdk.compress.varints import read_varints as _read_varints, varints as _varints
+    from edge_sdk.compress.varints import read_varints as _read_varints
+    from edge_sdk.compress.varints import varints as _varints
 
     edges = [0, 1, 127, 128, 2**14 - 1, 2**14, 2**21 - 1, 2**21, 2**28 - 1, 2**28, 2**32 - 1]
     values = np.array(edges + np.random.default_rng(2).integers(0, 2**32, 500).tolist(), np.uint64)
@@ -280,7 +290,11 @@ def test_hostile_headers_are_refused():
     good = encode_delta({"w": np.arange(10, dtype=F32)}, Compression.parse("topk:0.2"))[0]
     refused(good[:7], W10, Method.TOPK, "compressed-header", r"^body of 7 bytes is shorter than the 8-byte header$")
     refused(b"FX" + good[2:], W10, Method.TOPK, "compressed-header", r"^not a compressed delta \(magic b'FX'")
-    refused(good[:2] + b"\x02" + good[3:], W10, Method.TOPK, "compressed-header", r"version 2\)$")
+    refused(good[:2] + b"\x03" + good[3:], W10, Method.TOPK, "compressed-header", r"version 3\)$")
+    int8 = encode_delta({"w": np.arange(10, dtype=F32)}, Compression.parse("int8"))[0]
+    refused(int8[:2] + b"\x02" + int8[3:], W10, Method.INT8, "compressed-header", r"version 2\)$")  # sparse only
+    refused(good[:8] + good[8:12] + b"\x07" + good[13:], W10, Method.TOPK, "compressed-index",
+            r"^tensor 'w': index coding 7 \(parameter 0\) is unknown$")
     refused(head(2, 2) + good[8:], W10, Method.TOPK, "compressed-header", r"^body holds 2 tensors, the spec 1$")
     refused(good, W10, Method.STC, "compressed-method", r"^method byte 2, expected 3 \(stc\)$")
     refused(head(9) + good[8:], W10, Method.TOPK, "compressed-method", r"^method byte 9, expected 2 \(topk\)$")
@@ -312,7 +326,7 @@ def test_counts_that_lie_are_refused_before_anything_is_allocated():
     refused(head(2) + sparse(2, b"\x01\x01") + f32s(1.0), W10, Method.TOPK, "compressed-length",
             r"^tensor 'w': 2 index bytes and 8 bytes of values needs 10 bytes, 6 left$")
     refused(head(2) + b"\x01\x00\x00", W10, Method.TOPK, "compressed-length",
-            r"^tensor 'w': k and m needs 8 bytes, 3 left$")
+            r"^tensor 'w': k needs 4 bytes, 3 left$")
 
 
 @pytest.mark.parametrize(("block", "k", "match"), [

@@ -16,8 +16,8 @@ F32 = np.float32
 SIGN, INT4 = Compression.parse("sign"), Compression.parse("int4")
 
 
-def head(code: int, count: int = 1) -> bytes:
-    return b"FZ" + bytes([1, code]) + struct.pack("<I", count)
+def head(code: int, count: int = 1, version: int = 1) -> bytes:
+    return b"FZ" + bytes([version, code]) + struct.pack("<I", count)
 
 
 def test_exact_bytes_of_small_sign_and_int4_tensors():
@@ -114,3 +114,56 @@ def test_a_devices_compression_adds_less_than_the_model_to_its_memory(method, tm
     device.feedback.save(tmp_path)
     back = device_feedback(codec.compression)
     assert back.load(tmp_path) and back.residual_bytes() == kept
+
+
+def rice_tensor(k: int, b: int, block: bytes, m: int | None = None) -> bytes:
+    """A version 2 top-k tensor whose index block is Rice-coded, with k values of 1.0."""
+    return (struct.pack("<I", k) + bytes([1, b]) + struct.pack("<I", len(block) if m is None else m) + block
+            + struct.pack(f"<{k}f", *[1.0] * k))
+
+
+RICE_BAD = {
+    # gaps [1, 2] with b = 0 is 0x0D (1 0, 1 1 0): each change below breaks one rule
+    "too few quotients": (2, 0, b"\xff", "fewer than 2 quotients"),
+    "padding bit set": (2, 0, b"\x2d", "set padding bits or a needless byte"),
+    "needless byte": (2, 0, b"\x0d\x00", "set padding bits or a needless byte"),
+    "ends inside its remainders": (2, 4, b"\x00", "ends inside its remainders"),
+    "index out of range": (1, 0, b"\xff\x03", "index 10 out of range for 10 entries"),
+    "a duplicate index": (2, 0, b"\x01", "a gap of 0"),
+}
+
+
+@pytest.mark.parametrize("case", RICE_BAD)
+def test_hostile_rice_blocks_are_refused(case):
+    k, b, block, match = RICE_BAD[case]
+    body = head(2, version=2) + rice_tensor(k, b, block)
+    with pytest.raises(ProtocolError, match=match) as e:
+        decode_delta(body, {"w": ((10,), "float32")}, Method.TOPK)
+    assert e.value.reason == "compressed-index"
+
+
+def test_a_rice_block_larger_than_k_gaps_can_need_is_refused_before_it_is_read():
+    body = head(2, version=2) + rice_tensor(2, 0, b"\x00" * 64)  # 2 gaps within 10 entries: at most 2 bytes
+    with pytest.raises(ProtocolError, match=r"index block of 64 bytes for k 2 \(must be 0 to 2\)") as e:
+        decode_delta(body, {"w": ((10,), "float32")}, Method.TOPK)
+    assert e.value.reason == "compressed-count"
+
+
+def test_rice_positions_cost_less_than_leb128_at_one_percent():
+    from edge_sdk.compress.golomb import best_parameter, read_rice, rice
+    from edge_sdk.compress.varints import varints
+
+    rng = np.random.default_rng(4)
+    idx = np.sort(rng.choice(85_822, 859, replace=False))
+    gaps = np.diff(idx, prepend=0).astype(np.uint64)
+    b, size = best_parameter(gaps)
+    block = rice(gaps, b)
+    assert len(block) == size and read_rice(block, len(gaps), b, "t").tolist() == gaps.tolist()
+    print(f"859 positions of 85,822: Rice b={b} {size} bytes, LEB128 {len(varints(gaps))} bytes")
+    assert size < 0.85 * len(varints(gaps))  # observed 871 against 1,099 bytes
+    x = np.zeros(85_822, F32)
+    x[idx] = rng.normal(size=859).astype(F32)
+    body, sent = encode_delta({"w": x}, Compression.parse("stc:0.01"))
+    assert body[2] == 2 and body[12] == 1 and body[13] == b  # version 2, Rice coding, its parameter
+    back = decode_delta(body, {"w": ((85_822,), "float32")}, Method.STC)
+    assert back["w"].tobytes() == sent["w"].tobytes()

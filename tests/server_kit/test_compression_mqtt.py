@@ -101,6 +101,9 @@ def test_devices_that_skip_rounds_or_join_late_hold_the_servers_bits(digits, shi
     whole = weights_message_bytes(Kind.MODEL, strategy.models["c0"], {"key": "c0", "version": 9})
     downloads = sum(ec.transport.stats()["received"]["MODEL"]["messages"] for ec, _ in devices)
     assert result.delivered["MODEL"] < 0.5 * whole * downloads, (result.delivered, whole, downloads)
+    # round 1: each device built its first model itself (the portable initial weights): envelopes only
+    first = result.history[0]
+    assert first["model_bytes_delivered"] < 0.02 * whole * first["tasked"], first
     ups = result.transport["received"]["UPDATE"]
     assert ups["bytes"] < 0.15 * whole * ups["messages"]
     assert not result.rejected
@@ -130,7 +133,7 @@ def test_every_device_at_the_previous_version_gets_the_change_once_on_its_cluste
 def stc_tensor(k: int, gaps: list[int], mu: float, n_signs: int | None = None) -> bytes:
     idx = b"".join(leb(g) for g in gaps)
     signs = bytes((k + 7) // 8 if n_signs is None else n_signs)
-    return struct.pack("<II", k, len(idx)) + idx + struct.pack("<f", mu) + signs
+    return struct.pack("<IBI", k, 0, len(idx)) + idx + struct.pack("<f", mu) + signs  # LEB128 positions
 
 
 #: What a hostile device puts in place of its first tensor (the 1st conv's bias, 16 entries), and the reason.
