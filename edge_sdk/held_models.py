@@ -6,7 +6,8 @@ With downstream compression on, a model arrives as one of (the server's
 - nothing new (``current``): the device holds that version already;
 - its portable initial weights (``init``): the device builds them
   (:func:`edge_sdk.torch_support.initial_weights`, the same bits on every
-  platform) and checks them against the server's ``sha256``;
+  platform) and checks them against the server's ``sha256``; with ``base``,
+  the changes that follow come in the same message and apply to them;
 - the chain of its compressed changes since a version the device holds
   (:mod:`edge_sdk.compress.steps`), applied with the same float32 addition as
   the server's, or one exact merged catch-up (``codec: "exact"``,
@@ -99,18 +100,21 @@ class ModelStore:
             if have is not None and msg.round < have.round and key not in self._rewound:
                 raise ProtocolError("model-stale", f"model {key!r} of round {msg.round} came after the one of "
                                                    f"round {have.round}: a late copy, ignored")
+        start = None  # the version the changes apply to: the one held, or the initial weights built here
+        if "init" in meta:
+            start = HeldModel(msg.round, self._initial(key, meta), meta.get("base", version))
         if meta.get("current"):
             held = HeldModel(msg.round, self._held_version(key, version).weights, version)
-        elif "init" in meta:
-            held = HeldModel(msg.round, self._initial(key, meta), version)
+        elif "init" in meta and "base" not in meta:
+            held = start
         elif "base" not in meta:
             held = HeldModel(msg.round, parse_tensors(msg.body), version)
         elif meta["codec"] == "exact":
-            have = self._held_version(key, meta["base"])
+            have = start or self._held_version(key, meta["base"])
             spec = {n: (a.shape, "float32") for n, a in have.weights.items()}
             held = HeldModel(msg.round, apply_catchup(have.weights, msg.body, spec), version)
         else:
-            held = HeldModel(msg.round, *self._apply_chain(key, msg.body, meta)[::-1])
+            held = HeldModel(msg.round, *self._apply_chain(key, msg.body, meta, start)[::-1])
         self.put(key, held)
         return held
 
@@ -138,12 +142,14 @@ class ModelStore:
                                               f"the server's to {str(meta['sha256'])[:12]}")
         return weights
 
-    def _apply_chain(self, key: str, body: bytes, meta: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
-        """The chain of changes in ``body`` applied to the version held."""
+    def _apply_chain(self, key: str, body: bytes, meta: Mapping[str, Any],
+                     have: HeldModel | None = None) -> tuple[int, dict[str, np.ndarray]]:
+        """The chain of changes in ``body`` applied to ``have``, by default the version held."""
         method = Method(meta["codec"])
         steps = parse_chain(body, method)
-        with self.cv:
-            have = self._models.get(key)
+        if have is None:
+            with self.cv:
+                have = self._models.get(key)
         if have is None or have.version is None:
             raise ProtocolError("model-base", f"changes of model {key!r} since version {meta['base']}, "
                                               "and no version of it is held")

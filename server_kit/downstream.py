@@ -19,7 +19,10 @@ What a device holding version ``u`` of a key at version ``v`` is sent
   (:func:`edge_sdk.torch_support.initial_weights`, bit for bit the same on
   every platform) goes as ``{"init": seed, "architecture": ..., "sha256": ...}``
   and a 0-byte body; the device builds it and checks the hash (a device whose
-  copy differs asks for the whole model: status ``need``);
+  copy differs asks for the whole model: status ``need``). A device that holds
+  no version of a key that started from such a model is sent the same
+  ``init`` with the changes since it (a chain or a merged catch-up, ``base``
+  being that first version), unless the whole model is smaller;
 - **the chain of changes** ``u -> ... -> v`` (:mod:`edge_sdk.compress.steps`);
 - **one merged catch-up** (``codec: "exact"``, :mod:`edge_sdk.compress.catchup`):
   the difference of the float32 bit patterns of versions ``u`` and ``v`` as
@@ -45,7 +48,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -80,6 +83,8 @@ class InitialOrigin:
     architecture: str
     seed: int
     sha256: str
+    #: The key's version whose weights these are.
+    version: int = 0
 
 
 @dataclass
@@ -154,7 +159,7 @@ class ModelVersions:
                 if origin is None:
                     self._origin.pop(key, None)
                 else:
-                    self._origin[key] = origin
+                    self._origin[key] = replace(origin, version=v)
         for key in set(self._canon) - set(models):
             self.forget(key)
 
@@ -183,7 +188,6 @@ class ModelVersions:
             v = self.version[key] + 1
             self._keep_step(key, Step(v - 1, v, body))
             self.version[key] = v
-            self._origin.pop(key, None)
             models[key] = new
             self._canon[key] = dict(new)
             moved[key] = v
@@ -241,12 +245,15 @@ class ModelVersions:
         """What a device holding ``held`` is sent: nothing, the free first model, or :meth:`_catch_up`."""
         if held == v:
             return {"key": key, "version": v, "current": True}, b""
-        if held is None:
+        if held is None:  # a device that holds none of it builds the portable initial version, if there was one
             origin = self._origin.get(key)
             if origin is None:
                 return entire
-            return {"key": key, "version": v, "init": origin.seed, "architecture": origin.architecture,
-                    "sha256": origin.sha256}, b""
+            init = {"init": origin.seed, "architecture": origin.architecture, "sha256": origin.sha256}
+            if origin.version == v:
+                return {"key": key, "version": v, **init}, b""
+            meta, body = self._catch_up(key, origin.version, v, entire, merge)
+            return ({**meta, **init}, body) if "base" in meta else (meta, body)
         return self._catch_up(key, held, v, entire, merge)
 
     def _catch_up(self, key: str, held: int, v: int, entire: Payload, merge: bool) -> Payload:

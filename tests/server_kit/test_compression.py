@@ -149,9 +149,18 @@ def test_a_portable_initial_model_goes_free_with_its_hash():
         {"key": "c0", "version": 0, "init": 7, "architecture": ARCH, "sha256": tensors_sha256(w0)}, b"")
     assert v.payload("c1", None, models["c1"])[0] == {"key": "c1", "version": 0}  # not an initial model: whole
     assert v.payload("c0", None, models["c0"], whole=True)[0] == {"key": "c0", "version": 0}  # asked whole
+    # trained since: a device that holds nothing builds version 0 and applies the change in the same message
     models["c0"] = {n: a + np.float32(0.01) for n, a in w0.items()}
     v.commit(models)
-    assert "init" not in v.payload("c0", None, models["c0"])[0]  # trained since: whole
+    meta, body = v.payload("c0", None, models["c0"])
+    assert meta == {"key": "c0", "version": 1, "base": 0, "codec": "sign", "init": 7, "architecture": ARCH,
+                    "sha256": tensors_sha256(w0)} and 0 < len(body) < len(tensors_body(w0)) / 25
+    from edge_sdk.held_models import ModelStore
+    from edge_sdk.protocol import SERVER_ID, Kind, Message
+
+    store = ModelStore()
+    held = store.receive("c0", Message(Kind.MODEL, "f", SERVER_ID, 2, meta, body), meta)
+    assert held.version == 1 and model_digest(held.weights) == model_digest(models["c0"])
 
 
 def test_a_model_replaced_outside_aggregation_goes_whole():
