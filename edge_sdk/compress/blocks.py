@@ -26,6 +26,8 @@ the caller's array (the error feedback's rest) and builds no dense copy of what 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..protocol import ProtocolError
@@ -53,34 +55,43 @@ def _finite(name: str, x: np.ndarray) -> None:
         raise ValueError(f"tensor {name!r} of the delta holds NaN or Inf")
 
 
-def _chunks(n: int):
+def _encode(name: str, x: np.ndarray, keep_sent: bool,
+            chunk: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+            ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray | None]:
+    """Encode ``x`` chunk by chunk: ``chunk(c)`` gives its scales, its codes and what comes back.
+
+    Returns the scales and codes of every chunk and what was sent (None without ``keep_sent``:
+    then each chunk of ``x`` becomes what was not sent).
+    """
+    n = x.size
+    scales, codes = [], []
+    sent = np.empty(n, dtype=np.float32) if keep_sent else None
     for lo in range(0, n, CHUNK):
-        yield lo, min(n, lo + CHUNK)
+        c = x[lo:lo + CHUNK]
+        _finite(name, c)
+        s, code, back = chunk(c)
+        scales.append(s)
+        codes.append(code)
+        if keep_sent:
+            sent[lo:lo + CHUNK] = back
+        else:
+            np.subtract(c, back, out=c)
+    return scales, codes, sent
+
+
+def _sign_chunk(c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    starts = _starts(c.size)
+    lengths = np.diff(np.append(starts, c.size))
+    s = (np.add.reduceat(np.abs(c), starts, dtype=np.float64) / lengths).astype(np.float32)
+    negative = c < 0
+    rep = _spread(s, c.size)
+    return s, np.packbits(negative, bitorder="little"), np.where(negative, -rep, rep)
 
 
 def encode_sign(name: str, x: np.ndarray, keep_sent: bool = True) -> tuple[list[bytes], np.ndarray | None]:
     """``sign``: the parts of one flat float32 tensor, and what was sent (None and ``x`` its rest without ``keep_sent``)."""
-    n = x.size
-    scales, bits = [], []
-    sent = np.empty(n, dtype=np.float32) if keep_sent else None
-    for lo, hi in _chunks(n):
-        c = x[lo:hi]
-        _finite(name, c)
-        a = np.abs(c)
-        lengths = np.diff(np.append(_starts(hi - lo), hi - lo))
-        s = (np.add.reduceat(a, _starts(hi - lo), dtype=np.float64) / lengths).astype(np.float32)
-        del a
-        negative = c < 0
-        scales.append(s)
-        bits.append(np.packbits(negative, bitorder="little"))
-        back = np.where(negative, -_spread(s, hi - lo), _spread(s, hi - lo))
-        if keep_sent:
-            sent[lo:hi] = back
-        else:
-            np.subtract(c, back, out=c)
-    parts = [np.concatenate(scales).astype("<f4").tobytes() if scales else b"",
-             np.concatenate(bits).tobytes() if bits else b""]
-    return parts, sent
+    scales, bits, sent = _encode(name, x, keep_sent, _sign_chunk)
+    return [_f32_bytes(scales), np.concatenate(bits).tobytes() if bits else b""], sent
 
 
 def _int4_scales(amax: np.ndarray) -> np.ndarray:
@@ -93,32 +104,26 @@ def _int4_scales(amax: np.ndarray) -> np.ndarray:
     return scale
 
 
+def _int4_chunk(c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    s = _int4_scales(np.maximum.reduceat(np.abs(c), _starts(c.size)))
+    rep = _spread(s, c.size)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(rep > 0, np.rint(c / rep), 0)
+    q = np.clip(q, -7, 7).astype(np.int8)
+    return s, (q + 8).astype(np.uint8), np.multiply(q, rep, dtype=np.float32)
+
+
 def encode_int4(name: str, x: np.ndarray, keep_sent: bool = True) -> tuple[list[bytes], np.ndarray | None]:
     """``int4``: the parts of one flat float32 tensor, and what was sent (None and ``x`` its rest without ``keep_sent``)."""
-    n = x.size
-    scales, nibbles = [], []
-    sent = np.empty(n, dtype=np.float32) if keep_sent else None
-    for lo, hi in _chunks(n):
-        c = x[lo:hi]
-        _finite(name, c)
-        s = _int4_scales(np.maximum.reduceat(np.abs(c), _starts(hi - lo)))
-        rep = _spread(s, hi - lo)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            q = np.where(rep > 0, np.rint(c / rep), 0)
-        q = np.clip(q, -7, 7).astype(np.int8)
-        scales.append(s)
-        nibbles.append((q + 8).astype(np.uint8))
-        back = np.multiply(q, rep, dtype=np.float32)
-        if keep_sent:
-            sent[lo:hi] = back
-        else:
-            np.subtract(c, back, out=c)
+    scales, nibbles, sent = _encode(name, x, keep_sent, _int4_chunk)
     nib = np.concatenate(nibbles) if nibbles else np.zeros(0, np.uint8)
-    if n % 2:
+    if x.size % 2:
         nib = np.append(nib, np.uint8(0))
-    packed = nib[0::2] | (nib[1::2] << 4)
-    parts = [np.concatenate(scales).astype("<f4").tobytes() if scales else b"", packed.astype(np.uint8).tobytes()]
-    return parts, sent
+    return [_f32_bytes(scales), (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8).tobytes()], sent
+
+
+def _f32_bytes(scales: list[np.ndarray]) -> bytes:
+    return np.concatenate(scales).astype("<f4").tobytes() if scales else b""
 
 
 def _read_scales(r, where: str, n: int, tail: int) -> np.ndarray:
