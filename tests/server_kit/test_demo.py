@@ -26,13 +26,16 @@ def test_small_demo_runs_end_to_end(tmp_path, capsys, caplog, broker):
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     out = capsys.readouterr().out
     summary = json.loads(out.strip().splitlines()[-1])
-    assert set(summary) == {"ari", "clustered_acc", "fedavg_acc", "seconds", "sketch_bytes", "compress",
-                            "update_bytes", "model_bytes"}
+    assert set(summary) == {"ari", "clustered_acc", "fedavg_acc", "seconds", "sketch_bytes", "compress_up",
+                            "compress_down", "update_bytes", "model_bytes"}
     assert summary["ari"] == 1.0
     assert summary["sketch_bytes"] <= 64
-    # int8 by default: an update of the digits CNN is a quarter of its float32 size, plus the envelope
-    assert summary["compress"] == "int8"
-    assert "compression int8: updates" in out and "x fewer bytes up" in out
+    # the server's defaults, both ways; the bytes saved are printed
+    from server_kit.cli_options import DEFAULT_COMPRESS_DOWN, DEFAULT_COMPRESS_UP
+
+    assert (summary["compress_up"], summary["compress_down"]) == (DEFAULT_COMPRESS_UP, DEFAULT_COMPRESS_DOWN)
+    assert f"compression up {DEFAULT_COMPRESS_UP}, down {DEFAULT_COMPRESS_DOWN}: updates" in out
+    assert "x fewer bytes up" in out
     assert (report / "results.json").stat().st_size > 0
     from PIL import Image  # matplotlib's own dependency: it drew these
 
