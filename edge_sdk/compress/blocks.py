@@ -37,7 +37,7 @@ __all__ = ["BLOCK", "CHUNK", "decode_int4", "decode_sign", "encode_int4", "encod
 #: Entries per scale.
 BLOCK = 256
 #: Entries encoded at a time (a multiple of BLOCK and of 8).
-CHUNK = 8 * BLOCK
+CHUNK = 64 * BLOCK
 _TINY = np.nextafter(np.float32(0), np.float32(1))
 
 
@@ -55,28 +55,30 @@ def _finite(name: str, x: np.ndarray) -> None:
         raise ValueError(f"tensor {name!r} of the delta holds NaN or Inf")
 
 
-def _encode(name: str, x: np.ndarray, keep_sent: bool,
+def _encode(name: str, x: np.ndarray, keep_sent: bool, per_byte: int,
             chunk: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
-            ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray | None]:
-    """Encode ``x`` chunk by chunk: ``chunk(c)`` gives its scales, its codes and what comes back.
+            ) -> tuple[list[memoryview], np.ndarray | None]:
+    """Encode ``x`` chunk by chunk: ``chunk(c)`` gives its scales, its code bytes and what comes back.
 
-    Returns the scales and codes of every chunk and what was sent (None without ``keep_sent``:
+    ``per_byte`` entries go in one code byte. Returns the tensor's parts (its scales, then its code
+    bytes, each written in place as the chunks come) and what was sent (None without ``keep_sent``:
     then each chunk of ``x`` becomes what was not sent).
     """
     n = x.size
-    scales, codes = [], []
+    scales = np.empty(-(-n // BLOCK), dtype="<f4")
+    codes = np.empty(-(-n // per_byte), dtype=np.uint8)
     sent = np.empty(n, dtype=np.float32) if keep_sent else None
     for lo in range(0, n, CHUNK):
         c = x[lo:lo + CHUNK]
         _finite(name, c)
         s, code, back = chunk(c)
-        scales.append(s)
-        codes.append(code)
+        scales[lo // BLOCK:lo // BLOCK + len(s)] = s
+        codes[lo // per_byte:lo // per_byte + len(code)] = code
         if keep_sent:
             sent[lo:lo + CHUNK] = back
         else:
             np.subtract(c, back, out=c)
-    return scales, codes, sent
+    return [scales.data, codes.data], sent
 
 
 def _sign_chunk(c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -88,10 +90,9 @@ def _sign_chunk(c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return s, np.packbits(negative, bitorder="little"), np.where(negative, -rep, rep)
 
 
-def encode_sign(name: str, x: np.ndarray, keep_sent: bool = True) -> tuple[list[bytes], np.ndarray | None]:
+def encode_sign(name: str, x: np.ndarray, keep_sent: bool = True) -> tuple[list[memoryview], np.ndarray | None]:
     """``sign``: the parts of one flat float32 tensor, and what was sent (None and ``x`` its rest without ``keep_sent``)."""
-    scales, bits, sent = _encode(name, x, keep_sent, _sign_chunk)
-    return [_f32_bytes(scales), np.concatenate(bits).tobytes() if bits else b""], sent
+    return _encode(name, x, keep_sent, 8, _sign_chunk)
 
 
 def _int4_scales(amax: np.ndarray) -> np.ndarray:
@@ -110,20 +111,15 @@ def _int4_chunk(c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(rep > 0, np.rint(c / rep), 0)
     q = np.clip(q, -7, 7).astype(np.int8)
-    return s, (q + 8).astype(np.uint8), np.multiply(q, rep, dtype=np.float32)
-
-
-def encode_int4(name: str, x: np.ndarray, keep_sent: bool = True) -> tuple[list[bytes], np.ndarray | None]:
-    """``int4``: the parts of one flat float32 tensor, and what was sent (None and ``x`` its rest without ``keep_sent``)."""
-    scales, nibbles, sent = _encode(name, x, keep_sent, _int4_chunk)
-    nib = np.concatenate(nibbles) if nibbles else np.zeros(0, np.uint8)
-    if x.size % 2:
+    nib = (q + 8).astype(np.uint8)
+    if nib.size % 2:  # the tensor's last chunk, of an odd size: a padding nibble 0
         nib = np.append(nib, np.uint8(0))
-    return [_f32_bytes(scales), (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8).tobytes()], sent
+    return s, nib[0::2] | (nib[1::2] << 4), np.multiply(q, rep, dtype=np.float32)
 
 
-def _f32_bytes(scales: list[np.ndarray]) -> bytes:
-    return np.concatenate(scales).astype("<f4").tobytes() if scales else b""
+def encode_int4(name: str, x: np.ndarray, keep_sent: bool = True) -> tuple[list[memoryview], np.ndarray | None]:
+    """``int4``: the parts of one flat float32 tensor, and what was sent (None and ``x`` its rest without ``keep_sent``)."""
+    return _encode(name, x, keep_sent, 2, _int4_chunk)
 
 
 def _read_scales(r, where: str, n: int, tail: int) -> np.ndarray:

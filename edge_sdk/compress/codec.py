@@ -11,7 +11,7 @@ back on the other side, bit for bit, so that error feedback (:mod:`.feedback`) c
 - ``stc``: Sattler et al.'s sparse ternary compression: the same positions, one sign bit each, and
   one magnitude ``mu`` per tensor, the mean ``|x|`` of the kept entries; ``+-mu`` comes back.
 - ``int4`` and ``sign``: 4 bits and 1 bit per entry with one scale per block of 256 entries
-  (:mod:`.blocks`, where their per-tensor layout is).
+  (:mod:`.blocks`).
 
 Every body is little-endian::
 
@@ -30,17 +30,30 @@ gives them, and so ``n``, the number of entries)::
            1     index coding: 0 = LEB128, 1 = Rice (then 1 byte: its parameter b <= 31)
            4     u32 m, the bytes of the index block: k to 5 k (LEB128), at most what k gaps within
                  n entries can need (Rice, :mod:`.golomb`)
-           m     the first index, then each gap to the previous index (>= 1): LEB128 varints (1 to
-                 5 bytes each, no needless final zero byte) or Rice codes, whichever is fewer bytes
+           m     the first index, then each gap to the previous index (>= 1), whichever is fewer
+                 bytes: LEB128 varints (1 to 5 bytes each, no needless final zero byte), or Rice:
+                 the k quotients g >> b in unary (that many 1 bits, then a 0), then the k
+                 remainders in b bits each, least significant bit first, padding bits 0
            4 k   f32 values (finite)
     stc    k, the coding, m and the index block, as topk, then
            4     f32 mu (finite, >= 0, not -0.0)
            ceil(k / 8)  sign bits, bit i least significant first, 1 = negative; padding bits 0
+    sign   4 B   f32 scales, one per block of 256 entries, B = ceil(n / 256) (finite, >= 0, not -0.0)
+           ceil(n / 8)  sign bits, as stc's: -scale or +scale of the entry's block comes back
+    int4   4 B   f32 scales, as sign
+           ceil(n / 2)  nibbles q + 8 (1 to 15), the low nibble first; an odd n ends with a
+                 padding nibble 0: q * scale of the entry's block comes back
 
 and the body ends exactly there. ``k = 0`` is accepted for any ``n`` (nothing sent for that
 tensor: ``m = 0``, no values; STC still carries ``mu``); the encoder writes it only for empty
-tensors. One tensor of 1,000 entries takes 8 + 1,004 bytes as int8; as ``topk:0.01`` (k = 10)
-8 + 9 + m + 40 and as ``stc:0.01`` 8 + 9 + m + 4 + 2, with m from 10 to 20 index bytes (LEB128).
+tensors. One tensor of 1,000 entries takes 8 + 1,004 bytes as int8, 8 + 16 + 500 as int4, 8 + 16
++ 125 as sign; as ``topk:0.01`` (k = 10) 8 + 9 + m + 40 and as ``stc:0.01`` 8 + 9 + m + 4 + 2,
+with m from 10 to 20 index bytes (LEB128; Rice adds its parameter byte and takes about 9 bits a
+position at 1 %).
+
+Encoding works :data:`~.blocks.CHUNK` entries at a time where the method allows (int8, sign,
+int4; top-k and STC select their positions chunk by chunk, :mod:`.sparse`), so its temporaries stay
+small; with ``keep_sent`` False no dense copy of what was sent is built at all.
 
 The decoder trusts nothing: each fixed field is read only after the bytes left are checked, counts
 are checked against the spec and the bytes left before anything of their size is built, and every
@@ -62,22 +75,16 @@ import numpy as np
 
 from ..protocol import ProtocolError
 from ..validation import check_choice, check_int, check_number
-from .blocks import decode_int4, decode_sign, encode_int4, encode_sign
-from .golomb import MAX_B, best_parameter, max_rice_bytes, read_rice, rice
+from .blocks import CHUNK, decode_int4, decode_sign, encode_int4, encode_sign
 from .reader import Reader as _Reader
 from .reader import read_scalar as _read_scalar
-from .varints import read_varints, varints
+from .sparse import SPARSE_VERSION, decode_sparse, encode_sparse
 
 __all__ = ["Compression", "Method", "decode_delta", "encode_delta", "keep_count"]
 
 MAGIC = b"FZ"
 VERSION = 1
 _HEADER = struct.Struct("<2sBBI")
-_K = _U32 = struct.Struct("<I")
-_U8 = struct.Struct("<B")
-#: The version of top-k and STC bodies, whose index block says its coding (version 1: LEB128 only, still read).
-SPARSE_VERSION = 2
-_LEB128, _RICE = 0, 1
 _F32 = struct.Struct("<f")
 _MAX_U32 = 0xFFFFFFFF
 
@@ -111,8 +118,9 @@ class Compression:
         ``"none"``, ``"int8"``, ``"int4"``, ``"sign"``, ``"topk"`` or ``"stc"``.
     fraction : float
         Share of the entries kept per tensor, in ``(0, 1]``, for top-k and STC. It is checked for
-        every method, then set to the default 0.01 for ``none`` and ``int8``, which ignore it, so
-        that equal settings compare equal (``Compression("int8", 0.5) == Compression("int8")``).
+        every method, then set to the default 0.01 for ``none``, ``int8``, ``int4`` and ``sign``,
+        which ignore it, so that equal settings compare equal (``Compression("int8", 0.5) ==
+        Compression("int8")``).
     """
 
     method: Method = Method.NONE
@@ -155,7 +163,7 @@ class Compression:
 
     @classmethod
     def parse(cls, text: str) -> Compression:
-        """Read the command-line form: ``none``, ``int8``, ``topk``, ``topk:0.01``, ``stc:0.005``.
+        """Read the command-line form: ``none``, ``int8``, ``int4``, ``sign``, ``topk``, ``topk:0.01``, ``stc:0.005``.
 
         Spaces around the text are ignored; the method is lower case; topk and
         stc without a fraction keep 0.01.
@@ -163,7 +171,7 @@ class Compression:
         Raises
         ------
         ValueError
-            An unknown method, a fraction after none or int8, a fraction not a number in (0, 1].
+            An unknown method, a fraction after none, int8, int4 or sign, a fraction not a number in (0, 1].
         """
         if not isinstance(text, str):
             raise ValueError(f"compression must be text ({_CLI_FORMS}), got {text!r}")
@@ -212,92 +220,49 @@ def _finite_max(name: str, x: np.ndarray) -> np.float32:
     return np.float32(abs(top))
 
 
-def _encode_int8(name: str, x: np.ndarray, comp: Compression) -> tuple[list[bytes], np.ndarray]:
-    amax = _finite_max(name, x)
+def _int8_scale(amax: np.float32) -> np.float32:
+    """``max|x| / 127``, kept so that ``127 * scale`` is finite and a non-zero tensor has a scale."""
     scale = np.float32(amax / np.float32(127))
     if np.isinf(scale * np.float32(127)):  # 127 * scale must stay finite on the way back
         scale = np.nextafter(scale, np.float32(0))
     if scale == 0 and amax > 0:  # magnitudes below 127 * the smallest subnormal: that is the scale
         scale = np.nextafter(np.float32(0), np.float32(1))
-    if scale > 0:
-        f = np.rint(x / scale)
-        q = np.clip(f, -127, 127, out=f).astype(np.int8)
-        del f
-    else:
-        q = np.zeros(x.size, dtype=np.int8)
-    return [_F32.pack(scale), q.tobytes()], np.multiply(q, scale, dtype=np.float32)  # as decoded
+    return scale
 
 
-def _select(x: np.ndarray, k: int) -> np.ndarray:
-    """Ascending indices of the ``k`` largest ``|x|``; among equal magnitudes the lowest indices.
-
-    ``np.partition`` finds the k-th largest magnitude, then masks pick the entries (``np.argpartition``
-    would take 8 bytes per entry, twice the tensor, and leave ties to its algorithm).
-    """
-    n = x.size
-    if k == n:
-        return np.arange(n, dtype=np.int64)
-    absx = np.abs(x)
-    absx.partition(n - k)
-    t = absx[n - k]
-    np.abs(x, out=absx)  # the order again, in the same memory
-    keep = absx > t
-    ties = absx == t
-    del absx
-    need = k - int(np.count_nonzero(keep))
-    if np.count_nonzero(ties) > need:
-        ranks = np.cumsum(ties, dtype=np.int64 if n > 2**31 - 1 else np.int32)
-        ties &= ranks <= need
-        del ranks
-    keep |= ties
-    return np.flatnonzero(keep)
+def _encode_int8(name: str, x: np.ndarray, comp: Compression, keep_sent: bool) -> tuple[list[Any], np.ndarray | None]:
+    """``int8``, :data:`CHUNK` entries at a time (the scale is the whole tensor's)."""
+    scale = _int8_scale(_finite_max(name, x))
+    q = np.zeros(x.size, dtype=np.int8)
+    sent = np.empty(x.size, dtype=np.float32) if keep_sent else None
+    for lo in range(0, x.size if scale > 0 else 0, CHUNK):
+        c = x[lo:lo + CHUNK]
+        f = np.rint(c / scale)
+        q[lo:lo + CHUNK] = np.clip(f, -127, 127, out=f)
+        back = np.multiply(q[lo:lo + CHUNK], scale, dtype=np.float32)  # as decoded
+        if keep_sent:
+            sent[lo:lo + CHUNK] = back
+        else:
+            np.subtract(c, back, out=c)
+    if keep_sent and not scale > 0:
+        sent.fill(0)
+    return [_F32.pack(scale), q.data], sent
 
 
-def _scatter(n: int, idx: np.ndarray, values: np.ndarray) -> np.ndarray:
-    out = np.zeros(n, dtype=np.float32)
-    out[idx] = values
-    return out
-
-
-def _encode_sparse(name: str, x: np.ndarray, comp: Compression) -> tuple[list[bytes], np.ndarray]:
+def _encode_sparse(name: str, x: np.ndarray, comp: Compression, keep_sent: bool) -> tuple[list[Any], np.ndarray | None]:
     n = x.size
     if n > _MAX_U32:
         raise ValueError(f"tensor {name!r} has {n} entries; top-k and STC count at most 2**32 - 1")
     _finite_max(name, x)
-    k = keep_count(n, comp.fraction)
-    idx = _select(x, k)
-    gaps = (np.diff(idx, prepend=0) if k else idx).astype(np.uint64)
-    block = varints(gaps)
-    b, size = best_parameter(gaps) if k else (0, 0)
-    if k and size < len(block):
-        block = rice(gaps, b)
-        parts = [_K.pack(k), bytes([_RICE, b]), _U32.pack(len(block)), block.tobytes()]
-    else:
-        parts = [_K.pack(k), bytes([_LEB128]), _U32.pack(len(block)), block.tobytes()]
-    values = x[idx]
-    if comp.method is Method.TOPK:
-        parts.append(values.astype("<f4", copy=False).tobytes())
-        return parts, _scatter(n, idx, values)
-    mu = np.float32(np.mean(np.abs(values), dtype=np.float64)) if k else np.float32(0)
-    negative = values < 0
-    parts += [_F32.pack(mu), np.packbits(negative, bitorder="little").tobytes()]
-    return parts, _scatter(n, idx, np.where(negative, -mu, mu))  # as decoded
+    return encode_sparse(x, keep_count(n, comp.fraction), comp.method is Method.STC, keep_sent)
 
 
-_ENCODERS: dict[Method, Callable[[str, np.ndarray, Compression], tuple[list[bytes], np.ndarray]]] = {
-    Method.INT8: _encode_int8, Method.TOPK: _encode_sparse, Method.STC: _encode_sparse}
-_BLOCK_ENCODERS = {Method.SIGN: encode_sign, Method.INT4: encode_int4}
-
-
-def _encode_tensor(name: str, x: np.ndarray, comp: Compression, keep_sent: bool) -> tuple[list[bytes], np.ndarray | None]:
-    """One flat tensor's parts and what was sent; without ``keep_sent``, ``x`` becomes the rest not sent."""
-    if comp.method in _BLOCK_ENCODERS:
-        return _BLOCK_ENCODERS[comp.method](name, x, keep_sent)
-    parts, sent = _ENCODERS[comp.method](name, x, comp)
-    if keep_sent:
-        return parts, sent
-    np.subtract(x, sent, out=x)
-    return parts, None
+#: Each method's encoder of one flat float32 tensor: its parts and what was sent (None without
+#: ``keep_sent``: then the tensor's array is left holding what was not sent).
+_ENCODERS: dict[Method, Callable[[str, np.ndarray, Compression, bool], tuple[list[Any], np.ndarray | None]]] = {
+    Method.INT8: _encode_int8, Method.TOPK: _encode_sparse, Method.STC: _encode_sparse,
+    Method.SIGN: lambda name, x, comp, keep_sent: encode_sign(name, x, keep_sent),
+    Method.INT4: lambda name, x, comp, keep_sent: encode_int4(name, x, keep_sent)}
 
 
 def encode_delta(delta: Mapping[str, np.ndarray], comp: Compression, *,
@@ -344,7 +309,7 @@ def encode_delta(delta: Mapping[str, np.ndarray], comp: Compression, *,
         x = _as_float32(name, delta[name])
         if not keep_sent and (x is not delta[name] or not x.flags.c_contiguous or not x.flags.writeable):
             raise ValueError(f"tensor {name!r}: encoding in place needs a writeable C-contiguous float32 array")
-        tensor_parts, values = _encode_tensor(name, x.reshape(-1), comp, keep_sent)
+        tensor_parts, values = _ENCODERS[comp.method](name, x.reshape(-1), comp, keep_sent)
         parts += tensor_parts
         if keep_sent:
             sent[name] = values.reshape(x.shape)
@@ -363,46 +328,8 @@ def _decode_int8(r: _Reader, where: str, n: int, method: Method) -> np.ndarray:
     return np.multiply(q, scale, dtype=np.float32)
 
 
-def _read_gaps(r: _Reader, where: str, n: int, method: Method) -> tuple[int, np.ndarray]:
-    """k and the index gaps: LEB128 (a version 1 body, or coding 0) or Rice (coding 1), sizes checked first."""
-    (k,) = r.unpack(_K, f"{where}: k")
-    if k > n:
-        raise ProtocolError("compressed-count", f"{where}: k {k} > {n} entries")
-    coding, b = _LEB128, 0
-    if r.version == SPARSE_VERSION:
-        (coding,) = r.unpack(_U8, f"{where}: index coding")
-        if coding == _RICE:
-            (b,) = r.unpack(_U8, f"{where}: Rice parameter")
-        if coding not in (_LEB128, _RICE) or b > MAX_B:
-            raise ProtocolError("compressed-index", f"{where}: index coding {coding} (parameter {b}) is unknown")
-    (m,) = r.unpack(_U32, f"{where}: m")
-    low, high = (k, 5 * k) if coding == _LEB128 else (0, max_rice_bytes(n, k, b))
-    if not low <= m <= high:
-        raise ProtocolError("compressed-count",
-                            f"{where}: index block of {m} bytes for k {k} (must be {low} to {high})")
-    tail = 4 * k if method is Method.TOPK else 4 + (k + 7) // 8
-    r.need(m + tail, f"{where}: {m} index bytes and {tail} bytes of values")
-    block = r.array("u1", m, where)
-    return k, read_varints(block, k, where) if coding == _LEB128 else read_rice(block, k, b, where)
-
-
 def _decode_sparse(r: _Reader, where: str, n: int, method: Method) -> np.ndarray:
-    k, gaps = _read_gaps(r, where, n, method)
-    if k > 1 and not gaps[1:].all():
-        raise ProtocolError("compressed-index", f"{where}: a gap of 0 (a duplicate index)")
-    idx = np.cumsum(gaps)
-    if k and idx[-1] >= n:
-        raise ProtocolError("compressed-index", f"{where}: index {int(idx[-1])} out of range for {n} entries")
-    if method is Method.TOPK:
-        values = r.array("<f4", k, f"{where}: {k} values")
-        if not np.isfinite(values).all():
-            raise ProtocolError("compressed-value", f"{where}: a value is NaN or Inf")
-        return _scatter(n, idx, values)
-    mu = _read_scalar(r, f"{where}: mu")
-    signs = r.array("u1", (k + 7) // 8, f"{where}: sign bits")
-    if k % 8 and signs[-1] >> (k % 8):
-        raise ProtocolError("compressed-value", f"{where}: padding bits set in the last sign byte")
-    return _scatter(n, idx, np.where(np.unpackbits(signs, count=k, bitorder="little").view(bool), -mu, mu))
+    return decode_sparse(r, where, n, method is Method.STC)
 
 
 _DECODERS: dict[Method, Callable[[_Reader, str, int, Method], np.ndarray]] = {

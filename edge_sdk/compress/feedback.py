@@ -17,9 +17,11 @@ sent), so that compression adds less than the model's size to a device's memory.
 A device keeps one residual per model key (the model of its cluster); a change of cluster
 (:meth:`ErrorFeedback.reset`) or of compression (:meth:`ErrorFeedback.set_compression`) starts
 afresh. :meth:`ErrorFeedback.save` writes the residuals to ``residual.safetensors`` (tensors
-named ``key/name``, the compression's command-line form as the metadata ``compression``) so that
-a restarted device goes on where it stopped; :meth:`ErrorFeedback.load` reads back only a file of
-the same compression, and ignores a missing, corrupt or other one.
+named ``key/name`` in the residual's dtype, the compression's command-line form as the metadata
+``compression``) so that a restarted device goes on where it stopped; :meth:`ErrorFeedback.load`
+reads back only a file of the same compression, converting a file of the other dtype (float16 to
+float32 exactly; float32 to float16 clipped to its range), and ignores a missing, corrupt or other
+one.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ class ErrorFeedback:
     ----------
     comp : Compression
         How deltas are compressed (not ``none`` for :meth:`compress`).
+    residual_dtype : numpy dtype
+        How the residuals are kept: ``np.float32`` (the default; the server's) or ``np.float16``
+        (a device's: half the memory; values beyond +-65504 are clipped, with one warning).
 
     Attributes
     ----------
@@ -63,7 +68,7 @@ class ErrorFeedback:
         The current setting; change it with :meth:`set_compression`.
     """
 
-    def __init__(self, comp: Compression, residual_dtype: Any = np.float32) -> None:
+    def __init__(self, comp: Compression, *, residual_dtype: Any = np.float32) -> None:
         self.comp = _check_comp(comp)
         #: How the residuals are stored: float32, or float16 on a device (half the memory; only it reads them).
         self.residual_dtype = np.dtype(residual_dtype)
@@ -129,15 +134,18 @@ class ErrorFeedback:
             stale = residual is None
             residual = None  # the in-place path owns the residual now: it lets each tensor go once added in
             return self._compress_in_place(key, delta, stale), None
+        fresh = residual is not None  # then each total is a new array, and becomes the new rest in place
         if residual is None:
             total = {name: _as_float32(name, value) for name, value in delta.items()}
         else:
-            total = {name: np.add(_as_float32(name, value), residual[name], dtype=np.float32)
-                     for name, value in delta.items()}
+            total = {name: np.add(_as_float32(name, value), residual[name],
+                                  out=np.empty(np.shape(value), dtype=np.float32)) for name, value in delta.items()}
         body, sent = encode_delta(total, self.comp)
-        # (out= keeps a 0-d tensor an array: np.subtract alone gives a numpy scalar)
-        self._residual[key] = {name: self._stored(np.subtract(total[name], s, out=np.empty_like(s)))
-                               for name, s in sent.items()}
+        rest = {}
+        for name, s in sent.items():  # (out= keeps a 0-d tensor an array: np.subtract alone gives a numpy scalar)
+            t = total.pop(name)
+            rest[name] = self._stored(np.subtract(t, s, out=t if fresh else np.empty_like(s)))
+        self._residual[key] = rest
         return body, sent
 
     def _compress_in_place(self, key: str, delta: Mapping[str, np.ndarray], stale: bool) -> bytes:
@@ -165,7 +173,7 @@ class ErrorFeedback:
         if self.residual_dtype == np.float32:
             return rest
         top = np.float32(np.finfo(np.float16).max)
-        if not self._clipped and rest.size and np.abs(rest).max() > top:
+        if not self._clipped and rest.size and max(rest.max(), -rest.min()) > top:  # no |rest| copy
             self._clipped = True
             log.warning("error feedback: a residual beyond float16's range (%g) clipped", float(top))
         return np.clip(rest, -top, top, out=rest).astype(np.float16)
@@ -215,9 +223,11 @@ class ErrorFeedback:
         Returns
         -------
         bool
-            True when a file of the current compression was read. A missing file, a corrupt one
-            (not safetensors, names not ``key/name``, not float32, NaN or Inf) or one of another
-            compression is ignored (logged), the residuals held are kept, and the answer is False.
+            True when a file of the current compression was read. Its tensors are converted to
+            ``residual_dtype`` (a float32 file read as float16 is clipped to float16's range, as
+            :meth:`compress` clips). A missing file, a corrupt one (not safetensors, names not
+            ``key/name``, not float32 or float16, NaN or Inf) or one of another compression is
+            ignored (logged), the residuals held are kept, and the answer is False.
         """
         from safetensors import safe_open
 
@@ -238,7 +248,7 @@ class ErrorFeedback:
                     arr = f.get_tensor(full)
                     if not key or not name or arr.dtype not in (np.float32, np.float16) or not np.isfinite(arr).all():
                         raise ValueError(f"tensor {full!r} is not a finite float32 or float16 'key/name' residual")
-                    residual.setdefault(key, {})[name] = np.array(arr, dtype=self.residual_dtype)
+                    residual.setdefault(key, {})[name] = self._stored(np.array(arr, dtype=np.float32))
         except Exception as e:  # safetensors raises its own error types; any failure means: start afresh
             log.warning("error feedback: %s is unreadable (%s); ignored", path, e)
             return False

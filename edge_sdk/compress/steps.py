@@ -7,7 +7,7 @@ that change, and the steps travel as one chain body, little-endian::
     offset  size  field
     0       2     magic b"FC"
     2       1     version (1)
-    3       1     method (1 = int8, 2 = topk, 3 = stc), the one of every step body
+    3       1     method (1 = int8, 2 = topk, 3 = stc, 4 = sign, 5 = int4), the one of every step body
     4       4     u32 count of steps, 1 to max_steps
     then per step:
             4     u32 base: the model version the step applies to

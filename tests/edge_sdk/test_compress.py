@@ -1,4 +1,4 @@
-"""Compressed deltas (int8, top-k, STC), error feedback, and chains of compressed model changes."""
+"""Compressed deltas (int8, int4, sign, top-k, STC), error feedback, and chains of compressed model changes."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from edge_sdk.protocol import ProtocolError
 from helpers import leb
 
 F32 = np.float32
-METHODS = ["int8", "topk:0.01", "topk:0.3", "topk:1.0", "stc:0.01", "stc:0.3", "stc:1.0"]
+METHODS = ["int8", "int4", "sign", "topk:0.01", "topk:0.3", "topk:1.0", "stc:0.01", "stc:0.3", "stc:1.0"]
 
 
 def spec_of(delta):
@@ -199,7 +199,7 @@ def test_float64_input_is_cast_and_bad_input_is_refused():
     with pytest.raises(ValueError, match=r"^no tensors in the delta to encode$"):
         encode_delta({}, Compression.parse("int8"))
     for bad in (np.nan, np.inf, -np.inf):
-        for text in ("int8", "topk", "stc"):
+        for text in ("int8", "int4", "sign", "topk", "stc"):
             with pytest.raises(ValueError, match=r"^tensor 'w' of the delta holds NaN or Inf$"):
                 encode_delta({"w": np.array([1.0, bad], F32)}, Compression.parse(text))
     with pytest.raises(ValueError, match=r"^tensor 'w' has dtype int64; a delta is floating point$"):
@@ -221,6 +221,8 @@ def test_keep_count():
 @pytest.mark.parametrize(("text", "method", "fraction", "canonical", "meta"), [
     ("none", Method.NONE, 0.01, "none", {"method": "none"}),
     ("int8", Method.INT8, 0.01, "int8", {"method": "int8"}),
+    ("int4", Method.INT4, 0.01, "int4", {"method": "int4"}),
+    (" sign", Method.SIGN, 0.01, "sign", {"method": "sign"}),
     ("topk", Method.TOPK, 0.01, "topk:0.01", {"method": "topk", "fraction": 0.01}),
     ("topk:0.25", Method.TOPK, 0.25, "topk:0.25", {"method": "topk", "fraction": 0.25}),
     (" stc:0.005 ", Method.STC, 0.005, "stc:0.005", {"method": "stc", "fraction": 0.005}),
@@ -243,6 +245,9 @@ def test_compression_equality_ignores_the_fraction_where_the_method_does():
     ("gzip", r"^compression must be 'none', 'int8', 'int4', 'sign', 'topk\[:fraction\]' or 'stc\[:fraction\]', got 'gzip'$"),
     ("TOPK", r"^compression must be .* got 'TOPK'$"),
     ("int8:0.5", r"^compression must be .* got 'int8:0.5'$"),
+    ("sign:0.5", r"^compression must be 'none', 'int8', 'int4', 'sign', .* got 'sign:0.5'$"),
+    ("int4:1", r"^compression must be .* got 'int4:1'$"),
+    ("INT4", r"^compression must be .* got 'INT4'$"),
     ("topk:0", r"^compression fraction must be > 0.0, got 0.0$"),
     ("topk:1.5", r"^compression fraction must be <= 1.0, got 1.5$"),
     ("stc:nan", r"^compression fraction must be a finite number, got nan$"),
@@ -270,6 +275,9 @@ def test_compression_refuses_bad_values_and_meta():
         Compression.from_meta({"method": "topk"})
     with pytest.raises(ValueError, match=r"a fraction goes with topk and stc, and only with them$"):
         Compression.from_meta({"method": "int8", "fraction": 0.1})
+    with pytest.raises(ValueError, match=r"a fraction goes with topk and stc, and only with them$"):
+        Compression.from_meta({"method": "sign", "fraction": 0.1})
+    assert Compression("int4", 0.5) == Compression.from_meta({"method": "int4"}) == Compression.parse("int4")
     with pytest.raises(ValueError, match=r"^compression fraction must be a finite number, got '0.1'$"):
         Compression.from_meta({"method": "stc", "fraction": "0.1"})
 
