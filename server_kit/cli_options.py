@@ -15,8 +15,8 @@ from edge_sdk.transport import BrokerConfig
 __all__ = ["DEFAULT_COMPRESS_DOWN", "DEFAULT_COMPRESS_UP", "DESCRIPTION", "build_parser", "known_architectures", "known_encoders", "known_strategies"]
 
 #: ``--compress-up`` and ``--compress-down`` when not given: the pair ``benchmarks/compression.py`` picked (README).
-DEFAULT_COMPRESS_UP = "int8"
-DEFAULT_COMPRESS_DOWN = "int8"
+DEFAULT_COMPRESS_UP = "int4"
+DEFAULT_COMPRESS_DOWN = "int4"
 #: The ``--compress`` forms, for the help texts.
 COMPRESS_FORMS = "none (whole float32 models), int8, int4, sign (1 bit), topk[:FRACTION] or stc[:FRACTION]"
 #: The first line of ``fedsketch-server --help``.

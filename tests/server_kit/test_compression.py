@@ -206,9 +206,14 @@ def simulate(name, clients, encoder, compression, rounds=6, **kw):
     return s, Simulator(s, clients, architecture=ARCH, encoder=encoder, seed=0).run(rounds)
 
 
+@pytest.fixture(scope="module")
+def whole(digits, encoder):
+    """Ours with whole float32 models both ways: what every pair is compared with."""
+    return simulate("fedsketch", digits, encoder, "none", min_cluster_size=3)[1]
+
+
 @pytest.mark.parametrize("up, down", [("int8", "int8"), ("int4", "int4"), ("sign", "sign"), ("topk:0.05", "int4")])
-def test_ours_compressed_in_the_simulator_clusters_alike_and_moves_fewer_bytes(digits, encoder, up, down):
-    _, whole = simulate("fedsketch", digits, encoder, "none", min_cluster_size=3)
+def test_ours_compressed_in_the_simulator_clusters_alike_and_moves_fewer_bytes(digits, encoder, whole, up, down):
     s, comp = simulate("fedsketch", digits, encoder, None, min_cluster_size=3, compress_up=up, compress_down=down)
     assert comp.ari == whole.ari == 1.0
     ratio_up = comp.ledger.total("up", ["UPDATE"]) / whole.ledger.total("up", ["UPDATE"])
@@ -244,7 +249,7 @@ def test_the_server_options_set_each_direction_and_refuse_what_a_method_cannot_t
 
     assert settled("fedsketch", "--compress", "int4", "--compress-down", "sign") == {
         "compress_up": "int4", "compress_down": "sign"}
-    assert settled("ifca", table={"compress_up": "stc:0.01"}) == {"compress_up": "stc:0.01", "compress_down": "int8"}
+    assert settled("ifca", table={"compress_up": "stc:0.01"}) == {"compress_up": "stc:0.01", "compress_down": "int4"}
     assert settled("cfl") == {"compress_up": "none", "compress_down": "none"}  # the defaults give way, said in the log
     with pytest.raises(ValueError, match=r"^strategy 'cfl' cannot use --compress sign: it splits clusters"):
         settled("cfl", "--compress-down", "sign")
