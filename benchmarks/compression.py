@@ -86,6 +86,10 @@ def run_one(label: str, seed: int, args) -> dict:
         encoder = OnnxEncoder(args.encoder)
     res = Simulator(strategy, clients, architecture=arch, encoder=encoder, flip_prob=args.flip_prob,
                     seed=seed).run(args.rounds, stop=lambda s, r: r.accuracy >= args.target)
+    lost = [(r.report.round, r.report.tasked, r.report.updates) for r in res.rounds
+            if r.report.updates != r.report.tasked]
+    if lost:  # bytes to the target count only over rounds whose every update was summed
+        raise RuntimeError(f"{label} seed {seed}: rounds with updates lost (round, tasked, summed): {lost}")
     accs = res.accuracies
     reached = bool(accs) and accs[-1] >= args.target
     row = {"label": label, "seed": seed, "accuracy": accs, "bytes": [r.bytes_total for r in res.rounds],
