@@ -101,6 +101,7 @@ SERVER = TRAIN + [
     "scipy>=1.10",
     "tqdm>=4.60",
     "msgpack>=1.0",
+    "prometheus-client>=0.20",
 ]
 BROKER = ["amqtt>=0.11"]
 # Flower's Simulation Engine (Ray) and runtime, pinned: edge_sdk.flower and server_kit.flower, nothing else.

@@ -142,6 +142,73 @@ class _Watch:
         return sum(self.peak.values())
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Scraper:
+    """Reads the server's ``/metrics`` every second and its live page every 2 s, timing each answer (ms)."""
+
+    def __init__(self, port: int) -> None:
+        import threading
+
+        self.port = port
+        self.metrics_ms: list[float] = []
+        self.page_ms: list[float] = []
+        self.failed = 0
+        self.largest_series = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _get(self, path: str) -> float | None:
+        import urllib.request
+
+        t = time.perf_counter()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                body = r.read()
+        except OSError:
+            return None
+        ms = (time.perf_counter() - t) * 1e3
+        if path == "/metrics":
+            self.largest_series = max(self.largest_series, sum(1 for line in body.splitlines()
+                                                               if line and not line.startswith(b"#")))
+        return ms
+
+    def _run(self) -> None:
+        tick = 0
+        while not self._stop.wait(1.0):
+            for path, into in (("/metrics", self.metrics_ms), *((("/", self.page_ms),) if tick % 2 == 0 else ())):
+                ms = self._get(path)
+                if ms is None:
+                    self.failed += 1
+                else:
+                    into.append(ms)
+            tick += 1
+
+    def stop(self) -> dict[str, Any]:
+        """The scrapes' figures: count, median and largest answer time, series in the largest answer."""
+        import statistics
+
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+        def stats(xs: list[float]) -> tuple[float | None, float | None]:
+            return (round(statistics.median(xs), 2), round(max(xs), 2)) if xs else (None, None)
+
+        (m50, mmax), (p50, pmax) = stats(self.metrics_ms), stats(self.page_ms)
+        return {"scrapes": len(self.metrics_ms), "metrics_ms_p50": m50, "metrics_ms_max": mmax,
+                "page_reads": len(self.page_ms), "page_ms_p50": p50, "page_ms_max": pmax,
+                "scrapes_failed": self.failed, "series": self.largest_series}
+
+
 def _count_messages(table: dict[str, Any]) -> int:
     return sum(int(v.get("messages", 0)) for v in (table or {}).values())
 
@@ -251,10 +318,16 @@ def run_size(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
                "--register-timeout", f"{args.timeout:g}", "--sketch-timeout", f"{args.timeout:g}",
                "--round-timeout", f"{args.timeout:g}", "--report-dir", str(d / "report"),
                "--truth", str(d / "truth.json"), *args.server_arg]
+        scraper = None
+        if args.watch:  # the metrics and the live page on, read as Prometheus and a person would
+            scraper = Scraper(free_port())
+            cmd += ["--metrics-port", str(scraper.port)]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         t0 = time.monotonic()
         with open(d / "server.log", "w") as logf:
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, env=env)
+        if scraper is not None:
+            scraper.start()
         server_watch = _Watch([proc.pid])
         rusage = None
         deadline = t0 + args.timeout * (args.rounds + 4)
@@ -286,6 +359,8 @@ def run_size(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
             time.sleep(0.2)
         row["server_wall_s"] = round(time.monotonic() - t0, 2)
         row["server_rc"] = rc
+        if scraper is not None:
+            row.update(scraper.stop())
         fleet.wait_done(30)
         emu_watch.sample()
         broker_watch.sample()
@@ -429,7 +504,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             out[f"server_us_per_msg_{n}"] = r.get("server_us_per_msg")
     for r in rows:
         n = r["devices"]
-        for key in ("register_s", "sketch_s", "cluster_s", "ari", "lost", "server_us_per_msg"):
+        for key in ("register_s", "sketch_s", "cluster_s", "ari", "lost", "server_us_per_msg", "metrics_ms_p50",
+                    "metrics_ms_max", "page_ms_p50", "scrapes"):
             out.setdefault(f"{key}_{n}", r.get(key))
     for r in rows:
         why = incomplete(r)
@@ -469,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the broker's max_connections instead of the shipped 12,000 (for fleets past it)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--progress-s", type=float, default=5.0, help="seconds between progress lines (stderr)")
+    p.add_argument("--watch", action="store_true",
+                   help="start the server with --metrics-port and read /metrics every second and the live page "
+                        "every 2 s, timing each answer")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="one more fedsketch-server argument (repeatable), e.g. --server-arg=--min-cluster-size=20")
     args = p.parse_args(argv)

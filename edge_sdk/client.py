@@ -35,7 +35,7 @@ from .client_commands import HANDLERS, DeviceContext, Handler, handle
 from .client_drift import DeviceDrift
 from .client_encoders import ReceivedEncoders
 from .client_link import DeviceLink
-from .client_state import DeviceState
+from .client_state import DeviceState, kept_label
 from .held_models import ModelStore
 from .keeping import ModelKeeper
 from .protocol import Kind, Message, Topics
@@ -180,6 +180,7 @@ class EdgeClient:
         self._handlers: dict[Op, Handler] = dict(HANDLERS if handlers is None else handlers)
         self._stop = threading.Event()
         self._commands_run = 0
+        self._health_said = False
 
     # -- what the runs gave the device (DeviceState) -------------------------------------
     store = _Part("state")
@@ -218,7 +219,8 @@ class EdgeClient:
 
     # -- the hello ----------------------------------------------------------------------------
     def hello(self) -> None:
-        """Register now: one HELLO (the server takes it as "online": no STATUS goes with it).
+        """Register now: one HELLO (the server takes it as "online": no STATUS goes with it), with the device's
+        health (:meth:`~edge_sdk.client_state.DeviceState.health`; what the board does not expose is logged once).
 
         A hello scheduled by a (re)connection and not yet sent is cancelled:
         this one says the same.
@@ -227,6 +229,15 @@ class EdgeClient:
         meta = {**self.worker.hello(), **self.bench}
         if self.keeper is not None:  # the server sends the run's last model only to devices that keep it
             meta["capabilities"] = [*meta["capabilities"], KEEPS_MODELS]
+            if self.state.kept_model is None:  # kept by an earlier run (or process): read once
+                self.state.kept_model = kept_label(self.keeper)
+        health = self.state.health()
+        if not self._health_said:
+            self._health_said = True
+            if health.not_exposed():
+                log.info("device health: %s", health.not_exposed())
+        if health.to_meta():
+            meta["health"] = health.to_meta()
         self.link.send(self.topics.hello(self.cid), Kind.HELLO, meta=meta)
 
     @property

@@ -25,6 +25,7 @@ import numpy as np
 
 from .client import EdgeClient
 from .keeping import DEFAULT_MARGIN, KeepPolicy, ModelKeeper
+from .logs import add_log_format_argument, configure_logging, log_context
 from .protocol import Kind, Message, Topics
 from .transport import BrokerConfig
 from .worker import LocalWorker
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --fedcref: write the final local cluster of each sample here (.npz, 'labels')")
     p.add_argument("-v", "--verbose", action="count", default=0, help="-v: debug logs")
     p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    add_log_format_argument(p)
     return p
 
 
@@ -128,7 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     level = logging.WARNING if args.quiet else logging.INFO - 10 * min(args.verbose, 1)
-    logging.basicConfig(level=level, format=f"%(asctime)s {args.client_id} %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_format, level=level, component="device",
+                      text_format=f"%(asctime)s {args.client_id} %(levelname)s %(name)s: %(message)s")
+    log_context.set(device=args.client_id)
     # paho's own lines ("Client is not connected" while it reconnects) repeat what the transport says
     logging.getLogger("edge_sdk.transport.paho").setLevel(logging.DEBUG if args.verbose else logging.CRITICAL)
     if args.fedcref:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
@@ -25,10 +26,11 @@ import numpy as np
 
 from .client_drift import DeviceDrift
 from .client_link import LOCAL, SERVER_STATUS, VIA, DeviceLink
-from .client_state import DeviceState, SentUpdate
+from .client_state import DeviceState, SentUpdate, kept_label
 from .compress import Compression
 from .compress.update_codec import update_codec
 from .install import install_hint
+from .logs import log_context
 from .protocol import SERVER_ID, Kind, Message, ProtocolError, sketch_body, tensors_body
 from .protocol.commands import Op, parse
 from .rejections import RejectionLog
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
     from .worker import LocalWorker
 
 __all__ = ["HANDLERS", "NO_MODEL", "REFUSED", "SERVER_FAILED", "Command", "DeviceContext", "Handler",
-           "apply_data_change", "handle", "handles", "on_server_status"]
+           "apply_data_change", "handle", "handles", "on_server_status", "send_status"]
 
 # the device's log keeps its one name: these lines were the client's and still are
 log = logging.getLogger("edge_sdk.client")
@@ -217,6 +219,7 @@ def on_server_status(state: DeviceState, msg: Message, ctx: DeviceContext) -> No
     if run is None or run == state.run_id:
         return
     state.run_id = run
+    log_context.set(run=run, round=None)  # in each log line from now on (--log-format json)
     state.runs_seen += 1
     ctx.link.follow(["+"], confirm=False)
     state.forget_run()
@@ -239,6 +242,7 @@ def welcome(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
     state.welcomed = True
     if m.get("run"):  # its announcement, if it comes later (another topic), is of a run joined already
         state.run_id = m["run"]
+        log_context.set(run=m["run"])
     use_architecture(ctx.worker, m)
     if m.get("num_classes"):
         ctx.worker.num_classes = m["num_classes"]
@@ -327,24 +331,37 @@ def apply_data_change(ctx: DeviceContext) -> None:
 
 
 # -- training, evaluation, keeping ---------------------------------------------------------
+def send_status(ctx: DeviceContext, r: int, fields: Mapping[str, Any], state: DeviceState | None = None) -> None:
+    """Send a status of round ``r`` (online, with ``fields``) and, given the device's state, its health."""
+    link = ctx.link
+    meta = {"state": "online", **fields}
+    health = {} if state is None else state.health().to_meta()
+    if health:
+        meta["health"] = health
+    link.send(link.topics.status(link.cid), Kind.STATUS, r, meta)
+
+
 def send_update(state: DeviceState, ctx: DeviceContext, r: int, meta: Mapping[str, Any], body: bytes, *,
-                partition: int | None = None, announce_above: int | None = None) -> None:
+                partition: int | None = None, announce_above: int | None = None,
+                started: float | None = None) -> None:
     """Send round ``r``'s update (on the update topics' ``partition``, if the server named one), keep it (until
     the next) for a ``resend``, and say it went out; one above ``announce_above`` bytes is only announced (the
-    server asks for it when its receiver has room)."""
+    server asks for it when its receiver has room). ``started``: when the round's command came
+    (``time.monotonic()``), for the health's ``round_s``."""
     link = ctx.link
+    if started is not None:
+        state.round_s = time.monotonic() - started
     sent = state.last_update = SentUpdate(r, link.topics.update(link.cid, partition), dict(meta), body)
     if announce_above is not None and len(body) > announce_above:
-        link.send(link.topics.status(link.cid), Kind.STATUS, r, {"state": "online", "ready": r, "size": len(body)})
+        send_status(ctx, r, {"ready": r, "size": len(body)}, state)
         log.info("round %d: update of %d bytes ready, sent when the server asks for it", r, len(body))
         return
-    _publish(ctx, sent)
+    _publish(state, ctx, sent)
 
 
-def _publish(ctx: DeviceContext, sent: SentUpdate) -> None:
-    link = ctx.link
-    link.send(sent.topic, Kind.UPDATE, sent.round, sent.meta, sent.body)
-    link.send(link.topics.status(link.cid), Kind.STATUS, sent.round, {"state": "online", "sent": sent.round})
+def _publish(state: DeviceState, ctx: DeviceContext, sent: SentUpdate) -> None:
+    ctx.link.send(sent.topic, Kind.UPDATE, sent.round, sent.meta, sent.body)
+    send_status(ctx, sent.round, {"sent": sent.round}, state)
 
 
 @handles(Op.RESEND)
@@ -355,16 +372,16 @@ def resend(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
         log.warning("the server asks for round %d's update again; this device holds %s: nothing sent", r,
                     "none" if sent is None else f"round {sent.round}'s")
         return
-    _publish(ctx, sent)
+    _publish(state, ctx, sent)
     log.info("round %d: update sent, as the server asked (%d bytes)", r, len(sent.body))
 
 
-def report_progress(ctx: DeviceContext, r: int, done: threading.Event) -> None:
-    """Say "training round r" now and every ``progress_interval_s`` until ``done``."""
-    link = ctx.link
+def report_progress(ctx: DeviceContext, r: int, done: threading.Event, state: DeviceState | None = None) -> None:
+    """Say "training round r" (with the device's health, given its state) now and every ``progress_interval_s``
+    until ``done``."""
     while True:
         try:
-            link.send(link.topics.status(link.cid), Kind.STATUS, r, {"state": "online", "working": r})
+            send_status(ctx, r, {"working": r}, state)
         except (ConnectionError, ValueError) as e:  # offline for a while: the next one will do
             log.debug("progress report for round %d not sent: %s", r, e)
         if done.wait(ctx.progress_interval_s):
@@ -374,12 +391,14 @@ def report_progress(ctx: DeviceContext, r: int, done: threading.Event) -> None:
 @handles(Op.TRAIN)
 def train(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
     """Train the round's models, saying it trains meanwhile, and send the update (whole or compressed)."""
+    started = time.monotonic()
     m, link = cmd.fields, ctx.link
     r = m["round"]
+    log_context.set(round=r)
     keys = m["models"]
     use_architecture(ctx.worker, m)
     done = threading.Event()
-    beat = threading.Thread(target=report_progress, args=(ctx, r, done), daemon=True,
+    beat = threading.Thread(target=report_progress, args=(ctx, r, done, state), daemon=True,
                             name=f"{link.cid}-progress")
     beat.start()
     try:
@@ -399,7 +418,7 @@ def train(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
     except ValueError as e:
         raise ValueError(f"round {r}: {e}") from None
     send_update(state, ctx, r, {**meta, **extra}, body, partition=m.get("partition"),
-                announce_above=m.get("announce_above"))
+                announce_above=m.get("announce_above"), started=started)
     log.info("round %d: trained %s on %d samples, loss %.4f; update sent (%d bytes, %s)", r, upd.model_key,
              upd.n_samples, upd.loss, len(body), codec.compression)
 
@@ -409,14 +428,16 @@ def train_ae(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
     """Train the sketch autoencoder of the round (federated pre-training) and send its weights."""
     from .trainer import train_autoencoder_local
 
+    started = time.monotonic()
     m = cmd.fields
     r = m["round"]
+    log_context.set(round=r)
     weights = state.store.wait("ae", r, ctx.model_timeout_s).weights
     seed = None if ctx.seed is None else int(ctx.seed) * 1000 + r
     res = train_autoencoder_local(m["architecture"], weights, ctx.worker.x, epochs=m["epochs"],
                                   lr=m["lr"], batch_size=m["batch_size"], seed=seed)
     meta = {"round": r, "model_key": "ae", "n_samples": int(res.n_samples), "loss": float(res.loss)}
-    send_update(state, ctx, r, meta, tensors_body(res.weights))
+    send_update(state, ctx, r, meta, tensors_body(res.weights), started=started)
     log.info("AE round %d: trained, MSE %.5f", r, res.loss)
 
 
@@ -457,6 +478,8 @@ def keep(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
         ctx.reject("model-sha", SERVER_ID, out.refused)
     if out.key is not None:
         state.kept = out
+    if out.decision is not None:  # the kept model, as the device's health says it from now on
+        state.kept_model = kept_label(ctx.keeper)
     if ctx.get_model and out.key is not None:  # --get-model: done, with a kept model or not
         state.exit_code = 0 if out.has_model else NO_MODEL
         ctx.stop()

@@ -18,10 +18,13 @@ from .client_encoders import ReceivedEncoders
 from .client_keep import KeepOutcome
 from .compress import Compression, ErrorFeedback
 from .compress.update_codec import device_feedback
+from .health import DeviceHealth, read_health
 from .held_models import ModelStore
+from .keeping import ModelKeeper
+from .model_folder import WEIGHTS
 from .protocol import Message
 
-__all__ = ["DeviceState", "SentUpdate"]
+__all__ = ["DeviceState", "SentUpdate", "kept_label"]
 
 # the device's log keeps its one name: these lines were the client's and still are
 log = logging.getLogger("edge_sdk.client")
@@ -76,6 +79,17 @@ class DeviceState:
     handled: dict[str, int] = field(default_factory=dict)
     #: The last update sent, kept until the next one: the server may ask for it again (``resend``).
     last_update: SentUpdate | None = None
+    #: Seconds the last round took, from its train command to its update sent (None before the first).
+    round_s: float | None = None
+    #: The model kept in the device's model folder (:func:`kept_label`), None while none is known.
+    kept_model: str | None = None
+
+    def health(self) -> DeviceHealth:
+        """The device's health now (:func:`edge_sdk.health.read_health`): what its board exposes, its last
+        round's duration, the version of its assigned model (models sent down compressed), its kept model."""
+        held = None if self.model_key is None else self.store.get(self.model_key)
+        return read_health(round_s=None if self.round_s is None else round(self.round_s, 3),
+                           model_version=None if held is None else held.version, kept=self.kept_model)
 
     def receive_model(self, msg: Message, meta: Mapping[str, Any]) -> None:
         """A MODEL message from the server (its checked ``meta``): an encoder, or a model for the store.
@@ -119,3 +133,14 @@ class DeviceState:
             self.feedback.save(self.state_dir)
         except OSError as e:
             log.error("error feedback not saved in %s: %s", self.state_dir, e)
+
+
+def kept_label(keeper: ModelKeeper | None) -> str | None:
+    """The model ``keeper`` keeps, as the device's health says it: its key and the first 12 hex digits of its
+    weights' sha256 (``c0@1a2b3c4d5e6f``); None when none is kept (or no model folder).
+
+    The kept folder is read and checked (:meth:`ModelKeeper.kept`): once after a ``keep``, not per message.
+    """
+    entry = None if keeper is None else keeper.kept()
+    sha = None if entry is None else entry.files.get(WEIGHTS)
+    return None if entry is None or not sha else f"{entry.key[:51]}@{str(sha)[:12]}"

@@ -44,13 +44,15 @@ class Field:
 
     Parameters
     ----------
-    kind : {"int", "float", "bool", "str", "id", "ids", "keys", "strs", "ints", "numbers", "object"}
+    kind : {"int", "float", "bool", "str", "id", "ids", "keys", "strs", "ints", "numbers", "object", "record"}
         ``id``: a topic-safe id (:func:`~edge_sdk.protocol.check_id`);
         ``ids`` / ``strs`` / ``ints``: lists of those / of strings / of
         integers within ``lo``, ``hi``; ``keys``: a list of model keys,
         each a topic-safe id or ``"+"`` (every model); ``numbers``: an object
         of finite numbers; ``object``: a JSON object (its nesting bounded by
-        the decoder).
+        the decoder); ``record``: an object of declared sub-fields
+        (``fields``), each checked as a field and named ``name.sub`` in a
+        refusal, its unknown keys dropped.
     lo, hi : float, optional
         Inclusive range of a number.
     max_len : int
@@ -61,6 +63,8 @@ class Field:
         Value filled in when the field is absent (``None``: left out).
     choices : tuple, optional
         The allowed values.
+    fields : mapping, optional
+        A ``record``'s sub-fields, by name.
     """
 
     kind: str
@@ -70,6 +74,7 @@ class Field:
     required: bool = False
     default: Any = None
     choices: tuple[Any, ...] | None = None
+    fields: Mapping[str, Field] | None = None
 
 
 def _fail(name: str, rule: str, value: Any) -> ProtocolError:
@@ -138,6 +143,10 @@ def _value(name: str, f: Field, v: Any) -> Any:
         if not isinstance(v, dict) or len(v) > f.max_len or any(len(key) > 64 for key in v):
             raise _fail(name, f"an object of at most {f.max_len} entries with keys of at most 64 characters", v)
         out = dict(v)  # values: any JSON, nesting bounded by the decoder
+    elif k == "record":
+        if not isinstance(v, dict):
+            raise _fail(name, "an object", v)
+        out = _check(f.fields or {}, v, f"{name}.")
     else:  # pragma: no cover - a schema bug, not a peer's
         raise AssertionError(f"unknown field kind {k!r}")
     if f.choices is not None and out not in f.choices:
@@ -145,13 +154,13 @@ def _value(name: str, f: Field, v: Any) -> Any:
     return out
 
 
-def _check(fields: Mapping[str, Field], meta: Mapping[str, Any]) -> dict[str, Any]:
+def _check(fields: Mapping[str, Field], meta: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     clean: dict[str, Any] = {}
     for name, f in fields.items():
         if name in meta:
-            clean[name] = _value(name, f, meta[name])
+            clean[name] = _value(prefix + name, f, meta[name])
         elif f.required:
-            raise ProtocolError(_REASON, f"meta field {name!r} is missing")
+            raise ProtocolError(_REASON, f"meta field {prefix + name!r} is missing")
         elif f.default is not None:
             clean[name] = f.default
     return clean
@@ -166,6 +175,18 @@ _MODEL_KEY = Field("id", required=True)
 _ARCH = Field("str", max_len=128)
 #: The model topics a device keeps subscribed to (``"+"``: every model), at most 64.
 _FOLLOW = Field("keys", max_len=64)
+#: A device's health (edge_sdk.health.DeviceHealth.to_meta), with its hello and its status messages: what its
+#: board exposes, its last round's duration, the version of its model, its kept model ("c0@1a2b3c4d5e6f")
+_HEALTH = Field("record", fields={
+    "cpu_temp_c": Field("float", -60.0, 200.0),
+    "throttled": Field("int", 0, 2**32 - 1),  # the Raspberry Pi firmware's get_throttled bitmask
+    "mem_available_mb": Field("float", 0.0, 1e9),
+    "mem_total_mb": Field("float", 0.0, 1e9),
+    "load1": Field("float", 0.0, 1e6),
+    "round_s": Field("float", 0.0, 1e8),
+    "model_version": Field("int", 0, MAX_ROUND),
+    "kept": Field("str", max_len=64),
+})
 
 #: Fields of each command, by its ``op`` (server -> device).
 COMMANDS: dict[str, dict[str, Field]] = {
@@ -246,6 +267,7 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         # the device's own `fedsketch bench` (fedsketch-client --bench FILE): its figures and its CPU
         "bench": Field("numbers", max_len=16),
         "cpu": Field("str", max_len=128),
+        "health": _HEALTH,
     },
     Kind.STATUS: {
         "state": Field("str", choices=("online", "offline"), default="online"),
@@ -262,6 +284,8 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "serving": Field("bool"),
         # the server's own status: its last will, named (edge_sdk.signing.signature_id): accepted at any age
         "will": Field("str", max_len=64),
+        # a device's health (with "working", "sent", "ready"); absent: the one it last said stands
+        "health": _HEALTH,
     },
     # sent by a device whose data changed, without being asked (edge_sdk.client: EdgeClient.data_changed)
     Kind.SKETCH: {"unasked": Field("bool")},

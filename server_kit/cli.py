@@ -34,6 +34,7 @@ __all__ = ["build_parser", "known_architectures", "known_encoders", "known_strat
            "parse_params"]
 
 from edge_sdk.cli import parse_params
+from edge_sdk.logs import configure_logging
 from edge_sdk.protocol import SERVER_ID
 from edge_sdk.transport import BrokerConfig
 
@@ -47,7 +48,7 @@ from .cli_options import (
 )
 
 if TYPE_CHECKING:
-    from .drivers.result import RunResult
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +107,9 @@ class _PahoNotConnected(logging.Filter):
         return self.verbose > 0
 
 
-def _configure_logging(verbose: int) -> None:
-    logging.basicConfig(level=logging.INFO - 10 * min(verbose, 1),
-                        format="%(asctime)s server %(levelname)s %(name)s: %(message)s")
+def _configure_logging(verbose: int, fmt: str = "text") -> None:
+    configure_logging(fmt, level=logging.INFO - 10 * min(verbose, 1), component="server",
+                      text_format="%(asctime)s server %(levelname)s %(name)s: %(message)s")
     paho = logging.getLogger(PAHO_LOGGER)
     for f in [f for f in paho.filters if isinstance(f, _PahoNotConnected)]:
         paho.removeFilter(f)
@@ -223,9 +224,12 @@ SERVER_KEYS = ("federation", "rounds", "min_clients", "flip_prob", "num_classes"
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``fedsketch-server``; returns the exit status (see the module docstring)."""
     args = build_parser().parse_args(argv)
-    _configure_logging(args.verbose)
+    _configure_logging(args.verbose, args.log_format)
     from .drivers.orchestrator import Orchestrator
     from .partials.scale_out import ScaleOut
+    from .report import build_results
+    from .report.summary import print_summary
+    from .watch.options import WatchError, start_watch
 
     if args.leave:
         return _send_leave(args)
@@ -254,18 +258,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.serve_models_from:
         return _serve_export(args, config, strategy, bcfg)
+    try:
+        watching = start_watch(args, lambda r: build_results(r, target_accuracy=args.target_accuracy, truth=truth))
+    except WatchError as e:
+        print(f"fedsketch-server: error: {e}", file=sys.stderr)
+        return 2
 
     def run(transport: Any) -> int:
         orch = Orchestrator(strategy, transport, config, **scale_out.orchestrator_args())
+        if watching is not None:
+            watching.attach(orch)
         result = orch.run(resume=args.resume)
-        _print_summary(args, result, orch, report_dir, truth)
+        results = print_summary(result, orch, report_dir, target_accuracy=args.target_accuracy, truth=truth,
+                                want_results=watching is not None)
+        if watching is not None:
+            watching.finish(results, report_dir)
         if args.serve_models:
             orch.serve(args.serve_for)
         return 0
 
     # RuntimeError: the run cannot go on (every device refused, say); said in one line, traced with -v
-    with scale_out:
-        rc = _with_broker(args, config, bcfg, run)
+    try:
+        with scale_out:
+            rc = _with_broker(args, config, bcfg, run)
+    finally:
+        if watching is not None:
+            watching.close()
     return 3 if rc is None else 0
 
 
@@ -457,42 +475,6 @@ def _shared_prefixes(name: str, architecture: str | None) -> Any:
     if architecture not in BASE_LAYERS:
         raise ValueError(f"--shared-base: architecture {architecture!r} declares no base layers")
     return BASE_LAYERS[architecture]
-
-
-def _print_summary(args: argparse.Namespace, run: RunResult, orch: Any, report_dir: str | None,
-                   truth: Any) -> None:
-    """Print the run's one-line JSON summary; with ``--report-dir``, write the report and the models' export
-    first and name its page."""
-    from .metrics import final_accuracy
-    from .report import accuracy_per_round, clustering_against_truth
-
-    result = run.to_dict()
-    # the same figures, under the same names, as results.json's (see its "definitions")
-    summary = {"strategy": run.strategy, "final_accuracy": _round(final_accuracy(accuracy_per_round(result))),
-               "final_evaluation": _round(run.final["accuracy"]),
-               "clusters": len(set(run.assignment.values())), "rounds": len(run.history)}
-    if run.benched:
-        summary["benched"] = sorted(run.benched)
-    if report_dir:
-        from .report import build_results, write_report
-
-        results = build_results(result, target_accuracy=args.target_accuracy, truth=truth)
-        exported = orch.export_models(Path(report_dir) / "models")
-        if exported is not None:
-            results["models"] = {"folder": "models", "manifest": "models/models.json",
-                                 "models": exported.manifest["models"]}
-            summary["models"] = str(exported.link)
-        files = write_report(report_dir, results, strategy=orch.strategy)
-        print(f"report: {files['report.html']}")
-        if truth is not None:
-            summary["ari"] = _round(results["clustering"]["ari"])
-    elif truth is not None:
-        summary["ari"] = _round(clustering_against_truth(run.assignment, truth)["ari"])
-    print(json.dumps(summary))
-
-
-def _round(v: float | None) -> float | None:
-    return None if v is None else round(float(v), 4)
 
 
 if __name__ == "__main__":  # pragma: no cover

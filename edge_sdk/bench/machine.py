@@ -1,38 +1,45 @@
 """The machine a benchmark ran on: CPU, cores, memory, peak RSS, versions, temperature and throttling.
 
-Every path is a module constant and a keyword argument, so that tests can
-point a reader at a fake ``/proc`` or ``/sys`` folder. Nothing here fails on
-a board that exposes less: a missing file gives None or an empty tuple, and
-:func:`thermal_note` says "not exposed" in one line.
+The board's readings (thermal zones, throttling, memory) are defined once, in
+:mod:`edge_sdk.health`, which the device also reads for its status messages;
+this module shapes them for the bench report. Every path is a keyword
+argument, so that tests can point a reader at a fake ``/proc`` or ``/sys``
+folder. Nothing here fails on a board that exposes less: a missing file gives
+None or an empty tuple, and :func:`thermal_note` says "not exposed" in one line.
 """
 
 from __future__ import annotations
 
 import os
 import platform
-import re
 import resource
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 from typing import Callable, Optional
 
 import onnxruntime
 
 from .. import cpu as _cpu
+from ..health import (
+    MEMINFO,
+    NOT_EXPOSED,
+    THERMAL_ROOT,
+    THROTTLED_FILE,
+    VCGENCMD,
+    decode_throttled,
+    meminfo_kib,
+    read_throttled_raw,
+    thermal_zones,
+    zone_celsius,
+    zone_type,
+)
 from ..info import info
 from .results import MachineInfo, ThermalZone, Throttled
 
 __all__ = [
     "CPUINFO",
-    "MEMINFO",
     "PROC_STATUS",
-    "THERMAL_ROOT",
-    "THROTTLE_BITS",
-    "VCGENCMD",
     "cpu_names",
-    "decode_throttled",
     "describe_thermal",
     "machine_info",
     "mem_total_mb",
@@ -44,22 +51,6 @@ __all__ = [
 
 PROC_STATUS = "/proc/self/status"
 CPUINFO = _cpu.CPUINFO
-MEMINFO = "/proc/meminfo"
-THERMAL_ROOT = "/sys/class/thermal"
-#: The Raspberry Pi firmware tool; looked up on PATH.
-VCGENCMD = "vcgencmd"
-
-#: Bits of ``vcgencmd get_throttled`` (Raspberry Pi firmware documentation).
-THROTTLE_BITS: dict[int, str] = {
-    0: "under-voltage now",
-    1: "frequency capped now",
-    2: "throttled now",
-    3: "soft temperature limit now",
-    16: "under-voltage since boot",
-    17: "frequency capped since boot",
-    18: "throttled since boot",
-    19: "soft temperature limit since boot",
-}
 
 
 def peak_rss_kib(status_path: str = PROC_STATUS) -> Optional[int]:
@@ -112,57 +103,26 @@ def cpu_names(cpuinfo: str) -> tuple[str, str]:
 
 def mem_total_mb(path: str = MEMINFO) -> Optional[int]:
     """``MemTotal`` of ``/proc/meminfo`` in MiB, or None."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) // 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    kib = meminfo_kib(path).get("MemTotal")
+    return None if kib is None else kib // 1024
 
 
 def read_thermal(root: str = THERMAL_ROOT) -> tuple[ThermalZone, ...]:
     """Every ``thermal_zone*/temp`` under ``root`` (millidegrees), with the zone's ``type``; () where none."""
     zones = []
-    try:
-        folders = sorted(Path(root).glob("thermal_zone*"), key=lambda p: (len(p.name), p.name))
-    except OSError:
-        return ()
-    for folder in folders:
-        try:
-            milli = int((folder / "temp").read_text().strip())
-        except (OSError, ValueError):
-            continue
-        try:
-            kind = (folder / "type").read_text().strip()
-        except OSError:
-            kind = ""
-        zones.append(ThermalZone(zone=folder.name, type=kind, celsius=round(milli / 1000.0, 1)))
+    for folder in thermal_zones(root):
+        celsius = zone_celsius(folder)
+        if celsius is not None:
+            zones.append(ThermalZone(zone=folder.name, type=zone_type(folder), celsius=celsius))
     return tuple(zones)
 
 
-def decode_throttled(raw: int) -> tuple[str, ...]:
-    """The flags set in ``vcgencmd get_throttled``'s value, in bit order (0x50005: under-voltage and throttled,
-    now and since boot)."""
-    return tuple(name for bit, name in sorted(THROTTLE_BITS.items()) if raw >> bit & 1)
-
-
-def read_throttled(command: str = VCGENCMD, *, run: Callable[..., subprocess.CompletedProcess] = subprocess.run
-                   ) -> Optional[Throttled]:
-    """``vcgencmd get_throttled`` decoded, or None where the command is missing or says nothing readable."""
-    exe = shutil.which(command)
-    if exe is None:
-        return None
-    try:
-        out = run([exe, "get_throttled"], capture_output=True, text=True, timeout=5, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    found = re.search(r"throttled=(0x[0-9a-fA-F]+|\d+)", out.stdout or "")
-    if found is None:
-        return None
-    raw = int(found.group(1), 0)
-    return Throttled(raw=raw, flags=decode_throttled(raw))
+def read_throttled(command: str = VCGENCMD, *, path: str = THROTTLED_FILE,
+                   run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> Optional[Throttled]:
+    """``get_throttled`` decoded (the firmware's sysfs file, else ``vcgencmd``), or None where neither says
+    anything readable."""
+    raw = read_throttled_raw(path, command, run=run, timeout_s=5.0)
+    return None if raw is None else Throttled(raw=raw, flags=decode_throttled(raw))
 
 
 def describe_thermal(zones: tuple[ThermalZone, ...]) -> str:
@@ -176,9 +136,9 @@ def thermal_note(zones: tuple[ThermalZone, ...], throttled: Optional[Throttled])
     """What the board does not expose, in one line ("" when it exposes both)."""
     missing = []
     if not zones:
-        missing.append("temperature not exposed (no thermal_zone*/temp)")
+        missing.append(NOT_EXPOSED["cpu_temp_c"])
     if throttled is None:
-        missing.append("throttling not exposed (no vcgencmd)")
+        missing.append(NOT_EXPOSED["throttled"])
     return "; ".join(missing)
 
 
@@ -188,7 +148,8 @@ def _mib(kib: Optional[int]) -> Optional[float]:
 
 def machine_info(*, temp_before: tuple[ThermalZone, ...] = (), throttled_before: Optional[Throttled] = None,
                  sketch_peak_kib: Optional[int] = None, cpuinfo_path: str = CPUINFO, meminfo_path: str = MEMINFO,
-                 thermal_root: str = THERMAL_ROOT, vcgencmd: str = VCGENCMD) -> MachineInfo:
+                 thermal_root: str = THERMAL_ROOT, vcgencmd: str = VCGENCMD,
+                 throttled_path: str = THROTTLED_FILE) -> MachineInfo:
     """This machine now (the "after" readings and the peak RSS so far), with the "before" readings given.
 
     torch's version is looked up (package metadata), never imported.
@@ -196,7 +157,7 @@ def machine_info(*, temp_before: tuple[ThermalZone, ...] = (), throttled_before:
     inst = info()
     cpu, part = cpu_names(_cpu.read_cpuinfo(cpuinfo_path))
     after = read_thermal(thermal_root)
-    throttled_after = read_throttled(vcgencmd)
+    throttled_after = read_throttled(vcgencmd, path=throttled_path)
     return MachineInfo(
         cpu=cpu or "unknown", cpu_part=part, cores=os.cpu_count(), mem_mb=mem_total_mb(meminfo_path),
         kernel=str(inst["kernel"]), kernels_available=tuple(inst["kernels_available"]),

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from edge_sdk.health import DeviceHealth
 from edge_sdk.install import install_hint
 from edge_sdk.protocol.commands import Op
 
@@ -45,6 +46,8 @@ class ClientState:
     sent: tuple[int, float] | None = None
     #: The round whose large update it last announced, and its size (asked for when its receiver has room).
     ready: tuple[int, int] | None = None
+    #: Its latest health (its hello's, then each status that carries one), None while it said none.
+    health: DeviceHealth | None = None
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,8 @@ class Fleet:
         self.on_online(cid, online)
 
     def on_status(self, cid: str, state: ClientState, meta: Mapping[str, Any], rnd: int) -> None:
-        """A device's status: online or offline (``rnd``: the round it went offline in), and whether it trains."""
+        """A device's status: online or offline (``rnd``: the round it went offline in), whether it trains, and its
+        health (a status without one keeps the last)."""
         online = meta["state"] != "offline"
         if state.online and not online:
             log.info("client %s is offline", cid)
@@ -136,6 +140,8 @@ class Fleet:
             state.sent = (meta["sent"], time.monotonic())
         if "ready" in meta:
             state.ready = (meta["ready"], meta.get("size", 0))
+        if "health" in meta:
+            state.health = DeviceHealth.from_meta(meta["health"])
 
     def restore(self, infos: Mapping[str, ClientInfo]) -> None:
         """The devices of a checkpoint, all offline until they say hello again."""
@@ -168,7 +174,9 @@ class Fleet:
         if speed is not None:
             self.speeds[cid] = speed
         info = ClientInfo(cid, n, hello["classes_present"], tuple(hello["capabilities"]))
-        self.clients[cid] = ClientState(info, trains=trains)
+        health = DeviceHealth.from_meta(hello["health"]) if "health" in hello else (
+            None if known is None else known.health)
+        self.clients[cid] = ClientState(info, trains=trains, health=health)
         self.set_online(cid, True)
         why = None if trains else f"no torch on the device ({install_hint('train')})"
         if why:

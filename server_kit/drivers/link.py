@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
+from edge_sdk.logs import log_context
 from edge_sdk.protocol import SERVER_ID, Kind, Message, ProtocolError, Topics
 from edge_sdk.protocol.commands import Op, build
 
@@ -122,6 +123,9 @@ class ServerLink:
         #: What arrived and is not handled yet: (topic, message), or (topic, a refusal by the transport).
         self.inbox: queue.Queue[tuple[str, Union[Message, Refused]]] = queue.Queue(maxsize=inbox_size)
         self._listening = False
+        #: Called on the driver's thread while it pumps, between messages and at least every 0.2 s (a watch's
+        #: refresh, which keeps its own pace); whatever it raises is logged, never the end of the server.
+        self.on_tick: Callable[[], None] | None = None
 
     # -- sending ------------------------------------------------------------
     def send(self, topic: str, kind: Kind, *, meta: Mapping[str, Any] | None = None, body: bytes = b"",
@@ -158,6 +162,7 @@ class ServerLink:
         """
         if online:
             self.run_id = run_id
+            log_context.set(run=run_id)  # in each log line from now on (--log-format json)
         meta: dict[str, Any] = {"state": "online" if online else "offline", "run": run_id}
         if serving:
             meta["serving"] = True
@@ -213,6 +218,8 @@ class ServerLink:
         """Handle incoming messages until ``until()`` or the deadline; returns whether ``until`` held."""
         deadline = time.monotonic() + timeout
         while True:
+            if self.on_tick is not None:
+                self._tick()
             if until():
                 return True
             left = deadline - time.monotonic()
@@ -223,6 +230,12 @@ class ServerLink:
             except queue.Empty:
                 continue
             self._dispatch(topic, msg)
+
+    def _tick(self) -> None:
+        try:
+            self.on_tick()  # type: ignore[misc]
+        except Exception:  # a watch's bug must not end the server
+            log.exception("the watch's refresh failed")
 
     def drain(self) -> int:
         """Handle the messages already in the inbox, without waiting for more; returns how many."""

@@ -62,6 +62,7 @@ import numpy as np
 from ..strategies.base import Strategy
 from .ae_phase import pretrain_ae
 from .config import ServerConfig
+from .device_table import DeviceTallies, device_rows, model_keys
 from .final_eval import final_evaluation
 from .phase import Phase
 from .registration import register, rejoin
@@ -110,6 +111,10 @@ class Orchestrator:
         self.rejected: dict[str, int] = parts.rejections.counts
         #: Whether only aggregators take the devices' updates (ingest workers): the server does not subscribe.
         self.updates_elsewhere = ingest is not None
+        #: What the rounds did with each device (rounds done, refusals, its last round's time).
+        self.tallies = DeviceTallies()
+        #: The final evaluation's record, once done.
+        self.final: dict[str, Any] = {}
 
     @property
     def run_id(self) -> str:
@@ -133,6 +138,7 @@ class Orchestrator:
                                    started=t0)
         rec = report.to_dict()
         self.record.history.append(rec)
+        self.tallies.add_round(rec)
         if self.config.checkpoint_dir:
             self._write_state(self.config.checkpoint_dir, rnd)
             self.export_models(Path(self.config.checkpoint_dir) / "models", rnd=rnd)
@@ -204,6 +210,7 @@ class Orchestrator:
     def _resume(self) -> int:
         """A killed run, continued: its checkpoint, then the devices asked to say hello; returns its last round."""
         last = restore_run(self.parts, self.strategy, self.config, self.record)
+        self.tallies = DeviceTallies.from_history(self.record.history)
         self.intake.run.enter(Phase.TRAIN, rnd=last)
         rejoin(self.parts, self.config, self.run_id)
         return last
@@ -254,6 +261,7 @@ class Orchestrator:
                                  delivery=self.delivery)
         timings = self.record.timings
         timings["training_s"] = time.monotonic() - t_train
+        self.final = final.to_dict()
         self.service.keep(final)
         if self.config.checkpoint_dir:  # the checkpoint's export, now with the final evaluation's accuracies
             self.export_models(Path(self.config.checkpoint_dir) / "models")
@@ -261,17 +269,28 @@ class Orchestrator:
             self.link.stop_devices(self.run_id, "finished")
         self.intake.run.enter(Phase.DONE)
         timings["total_s"] = time.monotonic() - t0
+        return self.result()
+
+    def result(self) -> RunResult:
+        """What the run has done so far (the whole run once it is done): a :class:`~.result.RunResult`.
+
+        On the driver's thread: the live page takes one between messages.
+        """
         fleet = self.fleet
+        assignment = self.strategy.clusters()
         return RunResult(
-            strategy=self.strategy.name, assignment=self.strategy.clusters(), history=self.history,
-            final=final.to_dict(),
-            timings=timings, rejected=dict(self.rejected), transport=self.transport.stats(),
+            strategy=self.strategy.name, assignment=assignment, history=list(self.history),
+            final=dict(self.final),
+            timings=dict(self.record.timings), rejected=dict(self.rejected), transport=self.transport.stats(),
             delivered=dict(self.delivery.delivered), pretrain=list(self.record.pretrain_history),
-            encoder=models.encoder, architecture=models.architecture, refused=dict(fleet.refused),
+            encoder=self.run_models.encoder, architecture=self.run_models.architecture, refused=dict(fleet.refused),
             not_training=dict(fleet.not_training),
             dropped={c: f"offline since round {fleet.went_offline.get(c, 0)}"
                      for c, st in sorted(self.clients.items()) if not st.online},
             benched=dict(fleet.benched),
             drift=drift_totals(self.history) if self.resketch.follows else None, run_id=self.run_id,
             devices={c: speed.to_dict() for c, speed in sorted(fleet.speeds.items())},
+            phase=self.intake.phase.value, round=self.intake.round,
+            fleet={r.device: r.to_dict() for r in device_rows(fleet, model_keys(self.strategy, fleet.clients),
+                                                              self.tallies)},
         )

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from edge_sdk.logs import log_context
+
 __all__ = ["MOVES", "Phase", "RunPhase"]
 
 
@@ -90,9 +92,11 @@ class RunPhase:
         self._phase = phase
         if rnd is not None:
             self._round = int(rnd)
+            log_context.set(round=self._round)
 
     def begin_round(self, rnd: int) -> None:
         """Round ``rnd`` of the current phase (training, or the autoencoder's pre-training) begins."""
         if self._phase not in (Phase.TRAIN, Phase.PRETRAIN):
             raise RuntimeError(f"no round begins in the {self._phase.value} phase")
         self._round = int(rnd)
+        log_context.set(round=self._round)

@@ -52,6 +52,12 @@ class RunResult:
     run_id: str | None = None
     #: Each device's own benchmark, as its hello said it (``cpu`` and figures such as ``sketch_ms``, ``epoch_ms``).
     devices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The phase the run is in (``done`` at its end) and its round.
+    phase: str = "done"
+    round: int = 0
+    #: Every admitted device: online, cluster, seconds since its last message, rounds done, refusals, its last
+    #: round's seconds, benched, its bench's sketch time, its last health (``server_kit.drivers.device_table``).
+    fleet: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name (``drift`` only when the run follows drift), for ``results.json``."""

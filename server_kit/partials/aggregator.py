@@ -153,6 +153,8 @@ class PartialAggregator:
         self.spilled = 0
         #: Updates refused here, per reason (each also told to the server by a receipt).
         self.refused: dict[str, int] = {}
+        #: Receipts of updates taken (not of refused ones), since the start.
+        self.receipts = 0
         #: Partial sums sent, and the updates they carried.
         self.sent_partials = 0
         self.summed = 0
@@ -239,6 +241,13 @@ class PartialAggregator:
             self.held[cid] = held
         return held
 
+    def holding(self) -> tuple[int, int, int]:
+        """(updates held for the open round, their bytes in memory, their bytes on disk)."""
+        with self._lock:
+            held = list(self.held.values())
+        return (len(held), sum(h.nbytes for h in held if h.weights is not None),
+                sum(h.nbytes for h in held if h.weights is None))
+
     def _forget_held(self) -> None:
         """Drop the held updates (the lock is held): their memory, their files."""
         for h in self.held.values():
@@ -281,6 +290,7 @@ class PartialAggregator:
         if isinstance(loss, float) and math.isfinite(loss):
             out["loss"] = loss
         self._publish("receipt", Kind.RECEIPT, meta["round"], out)
+        self.receipts += 1
 
     # -- the close ------------------------------------------------------------
     def _flush(self, meta: Mapping[str, Any]) -> None:

@@ -19,6 +19,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from edge_sdk.logs import add_log_format_argument, configure_logging
 from edge_sdk.transport import BrokerConfig
 
 from .aggregator import DEFAULT_HOLD_MEMORY_BYTES
@@ -42,15 +43,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default="fedsketch", help="topic root")
     p.add_argument("--hold-memory-mb", type=float, default=DEFAULT_HOLD_MEMORY_BYTES / 1e6,
                    help="memory for the updates held until their round closes (MB); the rest wait on disk")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve this aggregator's Prometheus metrics on http://HOST:PORT/metrics (default: off)")
+    p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                   help="the address the metrics listen on (0.0.0.0 only behind a firewall: no authentication)")
     BrokerConfig.add_arguments(p)
     p.add_argument("-v", "--verbose", action="count", default=0)
+    add_log_format_argument(p)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_format, level=logging.DEBUG if args.verbose else logging.INFO,
+                      component="aggregator", text_format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from edge_sdk.protocol import check_id
     from edge_sdk.signing import load_signer, load_verifier
     from edge_sdk.transport import MqttTransport
@@ -74,6 +80,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         log.warning("no --server-key: this aggregator cannot tell the server's messages from forged ones")
     agg = PartialAggregator(transport, aid, hold_memory_bytes=int(args.hold_memory_mb * 1e6))
+    metrics = None
+    if args.metrics_port is not None:
+        from ..watch.aggregator import serve_aggregator_metrics
+        from ..watch.http import WatchError
+
+        try:
+            metrics = serve_aggregator_metrics(agg, args.federation, host=args.metrics_host, port=args.metrics_port)
+        except WatchError as e:
+            print(f"fedsketch-aggregator: error: {e}", file=sys.stderr)
+            return 2
+        log.info("aggregator %s: metrics at %smetrics", aid, metrics.url)
     agg.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -92,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("aggregator %s: %d partial sum(s) of %d update(s) sent; refused %s", aid, agg.sent_partials,
                  agg.summed, agg.refused or "none")
         transport.close()
+        if metrics is not None:
+            metrics.close()
     return 0
 
 

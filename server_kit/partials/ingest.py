@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from edge_sdk.logs import configure_logging, current_format
 from edge_sdk.protocol import Kind, Message
 from edge_sdk.signing import Signer, Verifier, generate_key, load_verifier
 from edge_sdk.transport import BrokerConfig
@@ -55,6 +56,9 @@ class WorkerSpec:
     server_key: str | None
     log_level: int
     hold_memory_bytes: int
+    log_format: str = "text"
+    #: Where this worker serves its Prometheus metrics ((host, port)), or None.
+    metrics: tuple[str, int] | None = None
 
 
 def _aid(index: int) -> str:
@@ -69,7 +73,8 @@ def _worker_main(spec: WorkerSpec, key_pem: bytes, ready: Any) -> None:
 
     from .aggregator import PartialAggregator
 
-    logging.basicConfig(level=spec.log_level, format=f"%(asctime)s ingest-{spec.index} %(levelname)s %(message)s")
+    configure_logging(spec.log_format, level=spec.log_level, component=_aid(spec.index),
+                      text_format=f"%(asctime)s ingest-{spec.index} %(levelname)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C ends the server, which ends the workers
     parent = os.getppid()
     aid = _aid(spec.index)
@@ -79,6 +84,15 @@ def _worker_main(spec: WorkerSpec, key_pem: bytes, ready: Any) -> None:
         transport.verify_with(load_verifier(spec.server_key), scopes=("aggregation",))
     agg = PartialAggregator(transport, aid, updates_filter=transport.topics.partition_updates(spec.index),
                             hold_memory_bytes=spec.hold_memory_bytes)
+    metrics = None
+    if spec.metrics is not None:
+        from ..watch.aggregator import serve_aggregator_metrics
+        from ..watch.http import WatchError
+
+        try:
+            metrics = serve_aggregator_metrics(agg, spec.federation, host=spec.metrics[0], port=spec.metrics[1])
+        except WatchError as e:  # the server is running already: this worker goes on without its metrics
+            logging.getLogger(__name__).error("ingest worker %d exports no metrics: %s", spec.index, e)
     agg.start()
     transport.connect()
     # acknowledged after the broker took the subscriptions made on connecting (one connection, in order)
@@ -91,6 +105,8 @@ def _worker_main(spec: WorkerSpec, key_pem: bytes, ready: Any) -> None:
     finally:
         transport.close()
         agg.close()
+        if metrics is not None:
+            metrics.close()
 
 
 class IngestWorkers:
@@ -114,17 +130,21 @@ class IngestWorkers:
     hold_memory_bytes : int
         Each worker's memory for the updates it holds until their round closes (the rest wait on its disk:
         :class:`~.aggregator.PartialAggregator`).
+    metrics_port : int, optional
+        The server's ``--metrics-port`` P: worker ``i`` serves its metrics on P+1+i (at ``metrics_host``).
     """
 
     def __init__(self, count: int, broker: BrokerConfig, federation: str, *, root: str = "fedsketch",
-                 server_key: str | None = None, hold_memory_bytes: int = DEFAULT_HOLD_MEMORY_BYTES) -> None:
+                 server_key: str | None = None, hold_memory_bytes: int = DEFAULT_HOLD_MEMORY_BYTES,
+                 metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> None:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"ingest workers must be a positive integer, got {count!r}")
         self.count = count
         user = broker.username
         self._specs = [WorkerSpec(i, count, replace(broker, username=None if user is None else f"{user}-ingest-{i}"),
                                   federation, root, server_key, logging.getLogger().getEffectiveLevel(),
-                                  hold_memory_bytes)
+                                  hold_memory_bytes, current_format().value,
+                                  None if metrics_port is None else (metrics_host, metrics_port + 1 + i))
                        for i in range(count)]
         self._procs: dict[str, Any] = {}
         self._started: dict[str, float] = {}

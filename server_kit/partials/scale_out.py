@@ -82,7 +82,9 @@ class ScaleOut:
         workers = None
         if count:
             workers = IngestWorkers(count, bcfg, config.federation, root=config.root, server_key=server_pub,
-                                    hold_memory_bytes=config.hold_memory_bytes)
+                                    hold_memory_bytes=config.hold_memory_bytes,
+                                    metrics_port=getattr(args, "metrics_port", None),
+                                    metrics_host=getattr(args, "metrics_host", "127.0.0.1"))
         return cls(workers, sites)
 
     def __enter__(self) -> ScaleOut:

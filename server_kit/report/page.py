@@ -15,7 +15,10 @@ from typing import Any
 
 from .results import FINAL_ROUNDS, number_or_none
 
-__all__ = ["write_html"]
+__all__ = ["FLEET_ROWS", "render_html", "write_html"]
+
+#: Devices the page's devices table shows (the most refused, then the slowest); results.json has them all.
+FLEET_ROWS = 200
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
@@ -57,7 +60,7 @@ def _note(defs: Mapping[str, str], key: str, prefix: str = "") -> str:
 
 
 def write_html(path: str | Path, results: Mapping[str, Any], files: Sequence[str | Path] = ()) -> Path:
-    """Write ``report.html``: summary, plots, per-round, per-cluster, bytes and refusals tables.
+    """Write ``report.html``: summary, plots, per-round, per-cluster, bytes, devices and refusals tables.
 
     Parameters
     ----------
@@ -76,19 +79,23 @@ def write_html(path: str | Path, results: Mapping[str, Any], files: Sequence[str
     """
     p = Path(path)
     present = {Path(f).name for f in files if (p.parent / Path(f).name).is_file()}
-    defs = results.get("definitions") or {}
-    parts = [_head(results), _summary(results, present), _plots(present), _per_round(results, defs),
-             _per_cluster(results, defs), _models(results), _bytes(results, defs), _devices(results),
-             _refusals(results),
-             _truth(results),
-             "</body>\n</html>\n"]
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text("".join(parts), encoding="utf-8")
+    p.write_text(render_html(results, present), encoding="utf-8")
     return p
 
 
-def _head(results: Mapping[str, Any]) -> str:
-    return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+def render_html(results: Mapping[str, Any], present: set[str], *, head: str = "", before: str = "") -> str:
+    """The report page of ``results`` naming the files ``present`` beside it; ``head``: more of its head (the
+    live page's refresh), ``before``: HTML before its summary (the live page's state of the run)."""
+    defs = results.get("definitions") or {}
+    parts = [_head(results, head), before, _summary(results, present), _plots(present), _per_round(results, defs),
+             _per_cluster(results, defs), _models(results), _bytes(results, defs), _fleet(results),
+             _devices(results), _refusals(results), _truth(results), "</body>\n</html>\n"]
+    return "".join(parts)
+
+
+def _head(results: Mapping[str, Any], more: str = "") -> str:
+    return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n{more}"
             f"<title>FedSketch run: {escape(str(results.get('strategy', '')))}</title>\n<style>{_CSS}</style>\n"
             "</head>\n<body>\n"
             f"<h1>FedSketch run: {escape(str(results.get('strategy', '?')))}</h1>\n")
@@ -201,6 +208,35 @@ def _models(results: Mapping[str, Any]) -> str:
             "devices that evaluated it.</p>\n"
             + _table(["model", "cluster", "devices", "samples", "accuracy", "evaluated by", "weights sha256"], rows,
                      left=1))
+
+
+def _fleet(results: Mapping[str, Any]) -> str:
+    """Every device's state: online, cluster, last seen, rounds done, refusals, bench, health (bounded)."""
+    fleet = results.get("fleet") or {}
+    if not fleet:
+        return ""
+    order = sorted(fleet, key=lambda c: (-int(fleet[c].get("refusals") or 0), -float(fleet[c].get("round_s") or 0),
+                                         c))[:FLEET_ROWS]
+    rows = []
+    for c in order:
+        d, h = fleet[c], fleet[c].get("health") or {}
+        throttled = h.get("throttled")
+        rows.append([c, "yes" if d.get("online") else "no", d.get("cluster"), _secs(d.get("last_seen_s")),
+                     d.get("rounds"), d.get("refusals"), _secs(d.get("round_s")), _secs(d.get("sketch_ms")),
+                     _secs(h.get("cpu_temp_c")), None if throttled is None else hex(int(throttled)),
+                     _secs(h.get("mem_available_mb")), _secs(h.get("load1")), d.get("last_refusal") or d.get("benched")])
+    more = len(fleet) - len(order)
+    note = f" The {len(order)} most refused and slowest of {len(fleet):,}; every device is in results.json." if more \
+        else ""
+    return ("<h2>Devices</h2>\n<p class=\"note\">Each admitted device: online, its model, seconds since its last "
+            "message, rounds whose update was kept, refused updates, its last round's seconds, its own bench's "
+            "sketch time, and the health it last sent (&mdash;: not exposed by its board)." + note + "</p>\n"
+            + _table(["device", "online", "model", "last seen s", "rounds", "refusals", "round s", "sketch ms",
+                      "CPU \u00b0C", "throttled", "memory free MB", "load", "refused or benched for"], rows, left=3))
+
+
+def _secs(v: Any) -> str | None:
+    return None if v is None else f"{float(v):g}"
 
 
 def _devices(results: Mapping[str, Any]) -> str:

@@ -26,6 +26,7 @@ __all__ = [
     "build_results",
     "clustering_against_truth",
     "load_truth",
+    "json_default",
     "number_or_none",
     "write_json",
 ]
@@ -93,11 +94,12 @@ def write_json(path: str | Path, data: Mapping[str, Any]) -> Path:
     """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(data, indent=2, default=_default))
+    p.write_text(json.dumps(data, indent=2, default=json_default))
     return p
 
 
-def _default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
+    """What ``json.dumps`` writes for the values JSON lacks: numpy scalars and arrays, sets and tuples."""
     try:
         import numpy as np
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -132,6 +132,10 @@ class RoundReport:
     #: The strategy's summary of its combination (and the screening's figures).
     summary: Mapping[str, Any]
     seconds: float
+    #: Seconds spent judging and combining the updates (the flush of partial sums included).
+    aggregate_s: float = 0.0
+    #: The mean training loss of the updates of each model.
+    loss_per_model: Mapping[str, float] = field(default_factory=dict)
     #: The round's wait: selected, spares, reported, stragglers, offline, refused, goals, close...
     wait: WaitRecord | None = None
 
@@ -142,8 +146,19 @@ class RoundReport:
             "acc_before": self.acc_before, "acc_before_per_model": dict(self.acc_before_per_model),
             "loss": self.loss, "model_bytes_delivered": self.model_bytes_delivered,
             "deliveries": dict(self.deliveries), "clipped": self.clipped, "refused_norm": self.refused_norm,
-            "summary": dict(self.summary), "seconds": self.seconds, **(self.wait.to_dict() if self.wait else {}),
+            "summary": dict(self.summary), "seconds": self.seconds, "aggregate_s": self.aggregate_s,
+            "loss_per_model": dict(self.loss_per_model), **(self.wait.to_dict() if self.wait else {}),
         }
+
+
+def _mean_per_model(arrived: Sequence[Update | Receipt], what: str) -> dict[str, float]:
+    """The mean of each arrival's ``what`` (an attribute: ``loss``) per model key."""
+    per_model: dict[str, list[float]] = {}
+    for u in arrived:
+        value = getattr(u, what, None)
+        if value is not None and np.isfinite(value):
+            per_model.setdefault(u.model_key, []).append(float(value))
+    return {k: float(np.mean(v)) for k, v in sorted(per_model.items())}
 
 
 def _accuracies_before(arrived: Sequence[Update | Receipt]) -> tuple[float | None, dict[str, float]]:
@@ -230,7 +245,9 @@ class TrainingRound:
         if missing:
             log.warning("round %d closed (%s at %.1f s) without %d client(s): %s", rnd, close.reason.value,
                         close.close_s, len(missing), some_ids(missing))
+        t_combine = self.clock()
         aggregation = self._combine(rnd, updates, wait, bool(receipts))
+        aggregate_s = self.clock() - t_combine
         summary = {"updates": 0} if aggregation is None else aggregation.to_dict()
         if drift is not None:
             summary["drift"] = drift
@@ -245,7 +262,8 @@ class TrainingRound:
             model_bytes_delivered=delivered, deliveries=dict(deliveries or {}),
             clipped=aggregation.screen.clipped if aggregation else 0,
             refused_norm=aggregation.screen.refused_norm if aggregation else 0,
-            summary=summary, seconds=self.clock() - opened.started, wait=wait.record(close, online.__contains__))
+            summary=summary, seconds=self.clock() - opened.started, aggregate_s=aggregate_s,
+            loss_per_model=_mean_per_model(arrived, "loss"), wait=wait.record(close, online.__contains__))
 
     def _combine(self, rnd: int, updates: list[Update], wait: RoundWait, any_held: bool) -> Aggregation | None:
         """Judge, flush, combine: every update screened (those held elsewhere by their norms), the ingest workers

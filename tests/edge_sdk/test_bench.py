@@ -30,7 +30,6 @@ from edge_sdk.bench import (
 )
 from edge_sdk.bench.machine import (
     cpu_names,
-    decode_throttled,
     describe_thermal,
     mem_total_mb,
     peak_rss_kib,
@@ -39,6 +38,7 @@ from edge_sdk.bench.machine import (
     thermal_note,
 )
 from edge_sdk.cli import main
+from edge_sdk.health import decode_throttled
 from edge_sdk.install import install_hint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -250,9 +250,9 @@ def test_thermal_zones_from_a_fake_sysfs(tmp_path):
 def test_a_board_without_thermal_files_or_vcgencmd_says_not_exposed(tmp_path):
     assert read_thermal(str(tmp_path)) == () == read_thermal(str(tmp_path / "absent"))
     assert describe_thermal(()) == "not exposed"
-    assert read_throttled(str(tmp_path / "vcgencmd")) is None
+    assert read_throttled(str(tmp_path / "vcgencmd"), path=str(tmp_path / "get_throttled")) is None
     assert thermal_note((), None) == ("temperature not exposed (no thermal_zone*/temp); "
-                                      "throttling not exposed (no vcgencmd)")
+                                      "throttling not exposed (no get_throttled file, no vcgencmd)")
 
 
 def test_throttled_bits_decoded():
@@ -269,8 +269,10 @@ def test_vcgencmd_output_is_read(tmp_path):
     tool = tmp_path / "vcgencmd"
     tool.write_text("#!/bin/sh\necho throttled=0x50005\n")
     tool.chmod(0o755)
-    t = read_throttled(str(tool))
+    t = read_throttled(str(tool), path=str(tmp_path / "get_throttled"))
     assert t.raw == 0x50005 and t.flags == decode_throttled(0x50005)
+    (tmp_path / "get_throttled").write_text("50000\n")  # the firmware's sysfs file comes first
+    assert read_throttled(str(tool), path=str(tmp_path / "get_throttled")).raw == 0x50000
 
 
 PI4_CPUINFO = """processor\t: 0

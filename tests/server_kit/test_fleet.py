@@ -6,18 +6,24 @@ import re
 import threading
 import time
 
+import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.client import EdgeClient
+from edge_sdk.health import DeviceHealth
 from edge_sdk.install import install_hint
+from edge_sdk.protocol import Kind, Message
 from edge_sdk.tasks import TrainSettings
 from edge_sdk.transport import BrokerConfig, MemoryBroker, MemoryTransport, MqttTransport
 from edge_sdk.worker import LocalWorker
 from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.data.partition import load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig
+from server_kit.strategies.fedavg import FedAvg
 from server_kit.strategies.fedsketch import SketchClustered
+
+from helpers import ARCH
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +132,6 @@ def test_a_fleet_that_cannot_train_stops_at_registration(clients, monkeypatch, s
 
 def test_refused_and_not_training_devices(clients, server_transport):
     """A device whose labels do not fit is refused (it exits 4); one without torch is admitted, never tasked."""
-    import numpy as np
-
     from edge_sdk.worker import LocalWorker as Worker
 
     broker = MemoryBroker()
@@ -160,3 +164,27 @@ def test_refused_and_not_training_devices(clients, server_transport):
     assert [h["tasked"] for h in result.history] == [4, 4] and [h["updates"] for h in result.history] == [4, 4]
     assert c.cid in result.assignment and c.cid in result.final["per_client"]  # sketched and evaluated
     assert nt.handled.get("train", 0) == 0 and nt.exit_code == 0
+
+
+def test_the_server_keeps_each_devices_latest_health(server_transport):
+    """The hello's health, then each status's; a status without one keeps it; a bad one is refused and counted."""
+    transport = server_transport(MemoryBroker(), federation="fh")
+    transport.connect()
+    orch = Orchestrator(FedAvg(seed=0), transport, ServerConfig(federation="fh", architecture=ARCH),
+                        template={"w": np.zeros((2, 3), np.float32)})
+    hello = {"n_samples": 10, "health": {"cpu_temp_c": 48.3, "throttled": 0x50005, "mem_total_mb": 3792.0}}
+    orch.link.handle_safely("t", Message(Kind.HELLO, "fh", "c1", 0, hello))
+    state = orch.fleet.clients["c1"]
+    assert state.health == DeviceHealth(cpu_temp_c=48.3, throttled=0x50005, mem_total_mb=3792.0)
+    assert state.health.throttling_now
+    sent = {"state": "online", "sent": 2, "health": {"round_s": 12.5, "model_version": 2, "load1": 0.7}}
+    orch.link.handle_safely("t", Message(Kind.STATUS, "fh", "c1", 2, sent))
+    assert state.health == DeviceHealth(round_s=12.5, model_version=2, load1=0.7) and state.sent[0] == 2
+    orch.link.handle_safely("t", Message(Kind.STATUS, "fh", "c1", 3, {"state": "online", "working": 3}))
+    assert state.working[0] == 3 and state.health == DeviceHealth(round_s=12.5, model_version=2, load1=0.7)
+    before = orch.rejected.get("meta-field", 0)
+    bad = {"state": "online", "working": 4, "health": {"cpu_temp_c": float("nan")}}
+    orch.link.handle_safely("t", Message(Kind.STATUS, "fh", "c1", 4, bad))
+    assert orch.rejected["meta-field"] == before + 1 and state.working[0] == 3 and state.health.round_s == 12.5
+    orch.link.handle_safely("t", Message(Kind.HELLO, "fh", "c1", 0, {"n_samples": 10}))  # a hello without: kept
+    assert orch.fleet.clients["c1"].health == DeviceHealth(round_s=12.5, model_version=2, load1=0.7)

@@ -45,7 +45,10 @@ def digits():
     return rotation_partition(images, labels, 8, groups=2, seed=0)
 
 
-def federate(url, clients, *, workers=0, rounds=2, kill_worker_in_round=None, compress=None, round_timeout_s=60):
+def federate(url, clients, *, workers=0, rounds=2, kill_worker_in_round=None, compress=None, round_timeout_s=60,
+             metrics=None):
+    """The run; with ``metrics`` (a dict), the workers export their metrics from a free port on, scraped after the
+    run into ``metrics`` (worker id -> {series name: value summed over labels})."""
     edge, threads = [], []
     for i, c in enumerate(clients):
         cfg = BrokerConfig.from_url(url, reconnect_min_s=0.1, max_payload=MAX_PAYLOAD)
@@ -58,7 +61,8 @@ def federate(url, clients, *, workers=0, rounds=2, kill_worker_in_round=None, co
     bcfg = BrokerConfig.from_url(url, max_payload=MAX_PAYLOAD)
     server = MqttTransport(bcfg, "server", federation=FED)
     server.connect(timeout=10)
-    pool = IngestWorkers(workers, bcfg, FED) if workers else None
+    base = _free_ports(workers + 1) if metrics is not None else None
+    pool = IngestWorkers(workers, bcfg, FED, metrics_port=base) if workers else None
     kw = {}
     if pool is not None:
         kw = {"aggregators": pool.start(), "ingest": Ingest(pool.ids, alive=pool.alive, revive=pool.revive)}
@@ -78,6 +82,8 @@ def federate(url, clients, *, workers=0, rounds=2, kill_worker_in_round=None, co
         _kill_when_training(orch, pool, kill_worker_in_round)
     try:
         result = orch.run()
+        if metrics is not None:
+            metrics.update({wid: _scrape(base + 1 + i) for i, wid in enumerate(pool.ids)})
     finally:
         server.close()
         if pool is not None:
@@ -85,6 +91,44 @@ def federate(url, clients, *, workers=0, rounds=2, kill_worker_in_round=None, co
     for th in threads:
         th.join(timeout=30)
     return result, strategy
+
+
+def _free_ports(n):
+    """A port P with P+1..P+n-1 free too (bound and released)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        try:
+            socks = [socket.socket() for _ in range(n)]
+            for i, sock in enumerate(socks):
+                sock.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no run of free ports")
+
+
+def _scrape(port):
+    """An ingest worker's /metrics: {sample name: value summed over its labels}."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
 
 
 def _kill_when_training(orch, pool, rnd):
@@ -110,8 +154,9 @@ def flat(digits):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_ingest_workers_give_the_models_of_one_server(digits, flat, workers):
     flat_result, flat_strategy = flat
+    scraped = {}
     with MosquittoBroker() as broker:
-        result, strategy = federate(broker.url, digits, workers=workers)
+        result, strategy = federate(broker.url, digits, workers=workers, metrics=scraped)
     truth = [c.group for c in digits]
     assert adjusted_rand_score(truth, [result.assignment[c.cid] for c in digits]) == 1.0
     assert result.assignment == flat_result.assignment
@@ -121,6 +166,12 @@ def test_ingest_workers_give_the_models_of_one_server(digits, flat, workers):
     assert result.transport["received"]["RECEIPT"]["messages"] == len(digits) * 2
     partials = result.transport["received"]["PARTIAL"]["messages"]
     assert 2 * 2 <= partials <= 2 * 2 * workers
+    # each worker exported its own figures, and together they are what the server received
+    assert sorted(scraped) == [f"ingest-{i}" for i in range(workers)]
+    assert sum(m["fedsketch_aggregator_receipts_total"] for m in scraped.values()) == len(digits) * 2
+    assert sum(m["fedsketch_aggregator_partials_total"] for m in scraped.values()) == partials
+    assert all(m["fedsketch_aggregator_held_updates"] == 0 and m["process_resident_memory_bytes"] > 0
+               for m in scraped.values())
     assert_same_models(flat_strategy, strategy)
     assert result.final["accuracy"] == pytest.approx(flat_result.final["accuracy"], abs=0.02)
 
