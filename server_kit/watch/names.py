@@ -132,6 +132,7 @@ PROCESS_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("process_resident_memory_bytes", _G, "Resident memory of the process"),
     MetricSpec("process_virtual_memory_bytes", _G, "Virtual memory of the process"),
     MetricSpec("process_open_fds", _G, "Open file descriptors of the process"),
+    MetricSpec("process_max_fds", _G, "The most file descriptors the process may open"),
     MetricSpec("process_start_time_seconds", _G, "Start of the process, seconds since the epoch"),
 )
 

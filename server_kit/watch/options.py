@@ -67,14 +67,18 @@ class RunWatch:
         self.watch.attach(orch)
 
     def finish(self, results: Mapping[str, Any] | None, report_dir: str | Path | None) -> None:
-        """The run is over: its final results become the page; stay up ``after_s`` seconds."""
+        """The run is over: its final results become the page."""
         if results is not None:
             self.watch.finish(results, report_dir)
-        if self.after_s > 0:
-            log.info("the final page and metrics stay up %g s at %s", self.after_s, self.servers[0].url)
-            time.sleep(self.after_s)
 
-    def close(self) -> None:
+    def close(self, *, linger: bool = True) -> None:
+        """Stay up ``after_s`` seconds (the broker connection closed already: nothing else goes on), then stop."""
+        if linger and self.after_s > 0:
+            log.info("the final page and metrics stay up %g s at %s", self.after_s, self.servers[0].url)
+            try:
+                time.sleep(self.after_s)
+            except KeyboardInterrupt:
+                pass
         for s in self.servers:
             s.close()
 
@@ -99,7 +103,7 @@ def start_watch(args: argparse.Namespace, results_of: Callable[[Mapping[str, Any
             running.servers.append(WatchServer(watch, registry, results_of, host=args.metrics_host,
                                                port=port).start())
     except WatchError:
-        running.close()
+        running.close(linger=False)
         raise
     for s in running.servers:
         log.info("watching the run at %s (live page) and %smetrics", s.url, s.url)

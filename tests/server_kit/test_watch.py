@@ -218,3 +218,105 @@ def test_scrapes_report_the_page_path_untouched(tmp_path):
     for bad in ("/../secret", "/%2e%2e/secret", "/.hidden", "/", "/missing.png"):
         assert _inside(tmp_path / "report", bad) is None, bad
     assert Path(tmp_path / "report").is_dir()
+
+
+def _view(**kw):
+    from server_kit.drivers.device_table import DeviceRow, DeviceTally
+    from server_kit.drivers.phase import Phase
+    from server_kit.watch.view import HealthSummary, OpenRoundView, RoundTotals, RunView
+
+    totals = RoundTotals()
+    for rec in ({"close": "goal", "stragglers": ["c3"], "refused": {"c1": "nan-weights"}, "seconds": 1.5,
+                 "goal_s": 1.2, "aggregate_s": 0.02},
+                {"close": "goal", "stragglers": [], "refused": {"c1": "nan-weights", "c2": "stale-round"},
+                 "seconds": 7.0, "goal_s": None, "aggregate_s": 0.3, "acc_before_per_model": {"c0": 0.5, "c1": 0.75},
+                 "acc_before": 0.625, "loss_per_model": {"c0": 0.9}},
+                {"close": "deadline", "seconds": 700.0, "aggregate_s": 0.001}):
+        totals.add(rec)
+    row = DeviceRow(device="c1", online=True, cluster="c0", last_seen_s=3.0, tally=DeviceTally(2, 2, 1.25, "x"),
+                    benched=None, sketch_ms=12.0, health={"cpu_temp_c": 61.5, "throttled": 0x50005,
+                                                          "mem_available_mb": 512.0, "load1": 0.5})
+    base = dict(run_id="r1", strategy="fedsketch", federation="lab", phase=Phase.TRAIN, round=4, rounds_planned=5,
+                devices={"admitted": 10, "online": 9, "offline": 1, "benched": 1, "not_training": 0, "refused": 2},
+                open_round=OpenRoundView(round=4, tasked=8, reported=5, refused=1, awaited=2, elapsed_s=3.0,
+                                         goal_met=False),
+                last_round={}, totals=totals, rejected={"meta-field": 3, "envelope": 1},
+                transport={"sent": {"MODEL": {"messages": 4, "bytes": 4000}},
+                           "received": {"UPDATE": {"messages": 5, "bytes": 5000}}},
+                delivered={"MODEL": 9000}, clustering_s=1.5,
+                health=HealthSummary({"cpu_temperature": 1, "throttled": 1, "memory": 9, "load": 9}, 1, 61.5),
+                watched=(row,))
+    base.update(kw)
+    return RunView(**base)
+
+
+def _samples(view):
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from server_kit.watch.collector import server_registry
+
+    text = generate_latest(server_registry(lambda: view)).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_the_metrics_say_the_runs_figures_exactly():
+    s = _samples(_view())
+    assert s[("fedsketch_run_phase", (("phase", "train"),))] == 1 and s[("fedsketch_run_phase", (("phase", "done"),))] == 0
+    assert s[("fedsketch_round", ())] == 4 and s[("fedsketch_rounds_planned", ())] == 5
+    assert s[("fedsketch_rounds_closed_total", (("reason", "goal"),))] == 2
+    assert s[("fedsketch_rounds_closed_total", (("reason", "deadline"),))] == 1
+    assert s[("fedsketch_stragglers_total", ())] == 1
+    assert s[("fedsketch_updates_refused_total", (("reason", "nan-weights"),))] == 2
+    assert s[("fedsketch_messages_rejected_total", (("reason", "meta-field"),))] == 3
+    assert s[("fedsketch_round_devices", (("state", "awaited"),))] == 2
+    assert s[("fedsketch_devices", (("state", "refused"),))] == 2
+    assert s[("fedsketch_message_bytes_total", (("direction", "received"), ("kind", "UPDATE")))] == 5000
+    assert s[("fedsketch_downloaded_bytes_total", (("kind", "MODEL"),))] == 9000
+    # histograms: cumulative buckets, the sum and the count of the rounds' durations
+    le = lambda v: (("le", v),)  # noqa: E731
+    assert s[("fedsketch_round_duration_seconds_bucket", le("2.0"))] == 1
+    assert s[("fedsketch_round_duration_seconds_bucket", le("10.0"))] == 2
+    assert s[("fedsketch_round_duration_seconds_bucket", le("600.0"))] == 2
+    assert s[("fedsketch_round_duration_seconds_bucket", le("+Inf"))] == 3
+    assert s[("fedsketch_round_duration_seconds_sum", ())] == 708.5
+    assert s[("fedsketch_round_goal_seconds_count", ())] == 1
+    assert s[("fedsketch_aggregation_seconds_bucket", le("0.005"))] == 1
+    assert s[("fedsketch_accuracy", (("model", "c1"),))] == 0.75 and s[("fedsketch_accuracy_mean", ())] == 0.625
+    assert s[("fedsketch_loss", (("model", "c0"),))] == 0.9
+    # health: the fleet's aggregates and the watched device's own series
+    assert s[("fedsketch_devices_throttled", ())] == 1
+    assert s[("fedsketch_device_cpu_temperature_max_celsius", ())] == 61.5
+    assert s[("fedsketch_device_cpu_temperature_celsius", (("device", "c1"),))] == 61.5
+    assert s[("fedsketch_device_throttled_flags", (("device", "c1"),))] == 0x50005
+    assert s[("fedsketch_device_memory_available_bytes", (("device", "c1"),))] == 512 * 2**20
+    assert s[("fedsketch_device_refusals_total", (("device", "c1"),))] == 2
+    assert s[("process_resident_memory_bytes", ())] > 0
+    # every series is in the catalogue (what the dashboard is checked against)
+    from server_kit.watch.names import exported_names
+
+    assert {name for name, _ in s} <= exported_names()
+
+
+def test_a_closed_round_counts_its_devices_when_none_is_open():
+    s = _samples(_view(open_round=None, last_round={"tasked": 8, "reported": 7, "refused": 1}))
+    assert s[("fedsketch_round_devices", (("state", "reported"),))] == 7
+    assert s[("fedsketch_round_devices", (("state", "awaited"),))] == 0
+
+
+def test_ten_thousand_devices_make_only_the_bounded_series():
+    from server_kit.drivers.device_table import DeviceTallies, most_watched
+
+    tallies = DeviceTallies()
+    known = {f"d{i:05d}": None for i in range(10_000)}
+    tallies.add_round({"reported_s": {c: float(i % 977) for i, c in enumerate(known)},
+                       "refused": {f"d{i:05d}": "nan-weights" for i in range(0, 10_000, 500)}})
+    tallies.add_round({"reported_s": {}, "refused": {"d00500": "nan-weights"}})
+    watched = most_watched(tallies, known, 20)
+    assert len(watched) == 20 and len(set(watched)) == 20
+    assert watched[0] == "d00500"  # refused twice: the most refused first
+    assert set(watched[:10]) <= {f"d{i:05d}" for i in range(0, 10_000, 500)}
+    slow = [c for c in watched if tallies.get(c).refusals == 0]
+    assert slow and all(tallies.get(c).round_s == 976.0 for c in slow)  # then the slowest
+    assert most_watched(tallies, known, 0) == []

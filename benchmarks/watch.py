@@ -1,0 +1,98 @@
+"""What watching a fleet costs the server: its CPU per message with and without ``--metrics-port``, and how fast
+``/metrics`` and the live page answer with the whole fleet registered.
+
+Question: does the watch (a view of the run taken every second on the
+server's thread, ``/metrics`` read every second as Prometheus would, the
+live page every 2 s as a person would) cost the server under 2 % of its CPU
+per message, and does ``/metrics`` answer in under 50 ms with 10,000 devices
+registered?
+
+Per size N (``--sizes``, default 10000; ``--quick``: 100), ``--repeats``
+pairs of runs of ``benchmarks/fleet.py``'s fleet (the shipped Mosquitto, N
+emulated devices, the real server in its own process, 3 rounds), in turns:
+one without the watch (the baseline, in this same process), one with
+``--metrics-port`` and the reader. A run counts only when it lost no device
+and the server finished; the CPU per message is the server's user + system
+time over every message it sent and received.
+
+Run: ``.venv/bin/python benchmarks/watch.py`` (about 4 minutes per run of
+10,000 devices on 2 cores). The last line is JSON: ``cpu_per_msg_ratio_N``
+(with over without: 1.02 is 2 % more), ``metrics_ms_p50_N``,
+``metrics_ms_max_N``, ``page_ms_p50_N``, ``series_N`` (lines of one
+``/metrics`` answer), per size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fleet():
+    spec = importlib.util.spec_from_file_location("fleet_bench", Path(__file__).with_name("fleet.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="10000", help="fleet sizes, comma-separated")
+    p.add_argument("--quick", action="store_true", help="one pair of runs of 100 devices")
+    p.add_argument("--repeats", type=int, default=2, help="pairs of runs (without, with) per size")
+    p.add_argument("--out", default="reports/watch", help="results folder")
+    args = p.parse_args(argv)
+    fleet = _fleet()
+    sizes = [100] if args.quick else [int(s) for s in args.sizes.split(",") if s.strip()]
+    repeats = 1 if args.quick else args.repeats
+    out = ROOT / args.out
+    summary: dict[str, object] = {}
+    rows = []
+    for n in sizes:
+        per = {False: [], True: []}
+        for r in range(repeats):
+            for watched in (False, True):
+                ns = fleet.build_parser().parse_args(["--sizes", str(n), *(["--watch"] if watched else [])])
+                row = fleet.run_size(n, ns, out / f"{'with' if watched else 'without'}-{r}")
+                why = fleet.incomplete(row)
+                if why:
+                    print(f"watch.py: N={n} {'with' if watched else 'without'} the watch, run {r}: not a measurement "
+                          f"({why})", file=sys.stderr)
+                    continue
+                per[watched].append(row)
+                rows.append({"devices": n, "watched": watched, **{k: row.get(k) for k in (
+                    "server_cpu_s", "server_messages", "server_us_per_msg", "scrapes", "metrics_ms_p50",
+                    "metrics_ms_max", "page_ms_p50", "page_ms_max", "series", "scrapes_failed", "ari", "lost")}})
+                print(json.dumps(rows[-1]), file=sys.stderr)
+        if not per[False] or not per[True]:
+            summary[f"incomplete_{n}"] = "a run of each kind must finish with no device lost"
+            continue
+        base = statistics.median(r["server_us_per_msg"] for r in per[False])
+        watched_us = statistics.median(r["server_us_per_msg"] for r in per[True])
+        summary.update({
+            f"server_us_per_msg_without_{n}": round(base, 1), f"server_us_per_msg_with_{n}": round(watched_us, 1),
+            f"cpu_per_msg_ratio_{n}": round(watched_us / base, 4),
+            f"metrics_ms_p50_{n}": statistics.median(r["metrics_ms_p50"] for r in per[True]),
+            f"metrics_ms_max_{n}": max(r["metrics_ms_max"] for r in per[True]),
+            f"page_ms_p50_{n}": statistics.median(r["page_ms_p50"] for r in per[True]),
+            f"series_{n}": max(r["series"] for r in per[True]),
+            f"scrapes_failed_{n}": sum(r["scrapes_failed"] for r in per[True]),
+        })
+        print(f"N={n}: server CPU per message {base:.1f} us without the watch, {watched_us:.1f} us with it "
+              f"({watched_us / base:.3f}x); /metrics answered in {summary[f'metrics_ms_p50_{n}']} ms (median), "
+              f"{summary[f'metrics_ms_max_{n}']} ms at most, {summary[f'series_{n}']} series; the live page in "
+              f"{summary[f'page_ms_p50_{n}']} ms")
+    (out / "results.json").parent.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
+    print(json.dumps(summary))
+    return 0 if all(not k.startswith("incomplete") for k in summary) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
