@@ -151,16 +151,18 @@ def free_port() -> int:
 
 
 class Scraper:
-    """Reads the server's ``/metrics`` every second and its live page every 2 s, timing each answer (ms); a read
-    that fails once the endpoint has answered is counted."""
+    """Reads the server's ``/metrics`` every second (and, with ``page``, its live page every 2 s), timing each
+    answer (ms); a read that fails once the endpoint has answered is counted (but in the last 2 s: the server
+    exits at the end of its run)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, *, page: bool = False) -> None:
         import threading
 
         self.port = port
+        self.page = page
         self.metrics_ms: list[float] = []
         self.page_ms: list[float] = []
-        self.failed = 0
+        self._failed_at: list[float] = []
         self.largest_series = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -186,10 +188,11 @@ class Scraper:
     def _run(self) -> None:
         tick = 0
         while not self._stop.wait(1.0):
-            for path, into in (("/metrics", self.metrics_ms), *((("/", self.page_ms),) if tick % 2 == 0 else ())):
+            for path, into in (("/metrics", self.metrics_ms),
+                               *((("/", self.page_ms),) if self.page and tick % 2 == 0 else ())):
                 ms = self._get(path)
-                if ms is None:
-                    self.failed += 1 if self.metrics_ms else 0  # before the first answer the server is starting
+                if ms is None and self.metrics_ms:  # before the first answer the server is starting
+                    self._failed_at.append(time.monotonic())
                 else:
                     into.append(ms)
             tick += 1
@@ -200,6 +203,8 @@ class Scraper:
 
         self._stop.set()
         self._thread.join(timeout=10)
+        # the reads of the last 2 s may have met the server gone: it exits when its run is over
+        failed = sum(1 for t in self._failed_at if t < time.monotonic() - 2.0)
 
         def stats(xs: list[float]) -> tuple[float | None, float | None]:
             return (round(statistics.median(xs), 2), round(max(xs), 2)) if xs else (None, None)
@@ -207,7 +212,7 @@ class Scraper:
         (m50, mmax), (p50, pmax) = stats(self.metrics_ms), stats(self.page_ms)
         return {"scrapes": len(self.metrics_ms), "metrics_ms_p50": m50, "metrics_ms_max": mmax,
                 "page_reads": len(self.page_ms), "page_ms_p50": p50, "page_ms_max": pmax,
-                "scrapes_failed": self.failed, "series": self.largest_series}
+                "scrapes_failed": failed, "series": self.largest_series}
 
 
 def _count_messages(table: dict[str, Any]) -> int:
@@ -321,7 +326,7 @@ def run_size(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
                "--truth", str(d / "truth.json"), *args.server_arg]
         scraper = None
         if args.watch:  # the metrics and the live page on, read as Prometheus and a person would
-            scraper = Scraper(free_port())
+            scraper = Scraper(free_port(), page=args.watch == "page")
             cmd += ["--metrics-port", str(scraper.port)]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         t0 = time.monotonic()
@@ -547,9 +552,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the broker's max_connections instead of the shipped 12,000 (for fleets past it)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--progress-s", type=float, default=5.0, help="seconds between progress lines (stderr)")
-    p.add_argument("--watch", action="store_true",
-                   help="start the server with --metrics-port and read /metrics every second and the live page "
-                        "every 2 s, timing each answer")
+    p.add_argument("--watch", choices=("metrics", "page"), default=None,
+                   help="start the server with --metrics-port and read /metrics every second (page: and the live "
+                        "page every 2 s), timing each answer")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="one more fedsketch-server argument (repeatable), e.g. --server-arg=--min-cluster-size=20")
     return p

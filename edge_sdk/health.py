@@ -23,7 +23,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Optional
 
@@ -120,7 +120,7 @@ class DeviceHealth:
 
     def to_meta(self) -> dict[str, Any]:
         """The fields that are known (not None), as the schema's ``health`` field carries them."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        return {f.name: getattr(self, f.name) for f in _FIELDS if getattr(self, f.name) is not None}
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any]) -> DeviceHealth:
@@ -130,6 +130,10 @@ class DeviceHealth:
     def not_exposed(self) -> str:
         """What the board does not expose, in one line ("" when it exposes everything read)."""
         return "; ".join(text for name, text in NOT_EXPOSED.items() if getattr(self, name) is None)
+
+
+#: DeviceHealth's fields, in order (to_meta reads them without dataclasses.asdict's deep copies).
+_FIELDS = fields(DeviceHealth)
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ import numpy as np
 from ..strategies.base import Strategy
 from .ae_phase import pretrain_ae
 from .config import ServerConfig
-from .device_table import DeviceTallies, device_rows, model_keys
+from .device_table import DeviceTallies, device_rows, model_keys, most_watched
 from .final_eval import final_evaluation
 from .phase import Phase
 from .registration import register, rejoin
@@ -271,12 +271,14 @@ class Orchestrator:
         timings["total_s"] = time.monotonic() - t0
         return self.result()
 
-    def result(self) -> RunResult:
+    def result(self, *, fleet_rows: int | None = None) -> RunResult:
         """What the run has done so far (the whole run once it is done): a :class:`~.result.RunResult`.
 
-        On the driver's thread: the live page takes one between messages.
+        On the driver's thread: the live page takes one between messages, with only the ``fleet_rows`` most
+        refused and slowest devices in its ``fleet`` (None: every device).
         """
         fleet = self.fleet
+        rows = None if fleet_rows is None else most_watched(self.tallies, fleet.clients, fleet_rows)
         assignment = self.strategy.clusters()
         return RunResult(
             strategy=self.strategy.name, assignment=assignment, history=list(self.history),
@@ -291,6 +293,6 @@ class Orchestrator:
             drift=drift_totals(self.history) if self.resketch.follows else None, run_id=self.run_id,
             devices={c: speed.to_dict() for c, speed in sorted(fleet.speeds.items())},
             phase=self.intake.phase.value, round=self.intake.round,
-            fleet={r.device: r.to_dict() for r in device_rows(fleet, model_keys(self.strategy, fleet.clients),
-                                                              self.tallies)},
+            fleet={r.device: r.to_dict() for r in device_rows(
+                fleet, model_keys(self.strategy, fleet.clients if rows is None else rows), self.tallies, rows)},
         )

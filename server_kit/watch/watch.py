@@ -5,8 +5,9 @@
 messages (``ServerLink.on_tick``) and :meth:`Watch.on_round` after each round.
 A tick takes a new :class:`~.view.RunView` when the last is ``refresh_s`` old:
 what the metrics endpoint and the live page read, from their own threads,
-without touching the run's state. The run's whole result (``results.json``'s
-input, O(devices)) goes into a view only while someone reads the live page.
+without touching the run's state. The run's result (``results.json``'s
+input, with the page's 200 most refused and slowest devices) goes into a view
+only while someone reads the live page, at most every ``RESULT_S``.
 At the end, :meth:`Watch.finish` is given the run's final results (and its
 report folder): from then on the page is the final report itself.
 """
@@ -21,6 +22,7 @@ from typing import Any, Callable
 
 from ..drivers.device_table import device_rows, model_keys, most_watched
 from ..drivers.phase import Phase
+from ..report.page import FLEET_ROWS
 from .view import OpenRoundView, RoundTotals, RunView, health_summary
 
 __all__ = ["DEVICE_LIMIT", "REFRESH_S", "Watch"]
@@ -31,8 +33,10 @@ log = logging.getLogger(__name__)
 DEVICE_LIMIT = 20
 #: Seconds between two views.
 REFRESH_S = 1.0
-#: Seconds the run's whole result keeps being taken after the live page was last read.
+#: Seconds the run's result keeps being taken after the live page was last read.
 PAGE_READ_S = 30.0
+#: Seconds between two takes of the run's result (the live page reloads itself every 2 s).
+RESULT_S = 2.0
 
 
 class Watch:
@@ -60,6 +64,7 @@ class Watch:
         self._view: RunView | None = None
         self._taken = -float("inf")
         self._page_read = -float("inf")
+        self._result_taken = -float("inf")
         #: The run's final results (``build_results``'s output), once :meth:`finish` had them.
         self.final: Mapping[str, Any] | None = None
         #: The report folder the final page and its files are read from (None: the page is rendered).
@@ -94,8 +99,16 @@ class Watch:
         """Take a view now (on the driver's thread)."""
         if self._orch is None:
             return
-        self._taken = self.clock()
-        self._view = self._take(with_result=self._taken - self._page_read < PAGE_READ_S)
+        self._taken = now = self.clock()
+        result = None
+        if now - self._page_read < PAGE_READ_S:  # someone reads the page: the run's result, every RESULT_S
+            last = self._view
+            if last is not None and last.result is not None and now - self._result_taken < RESULT_S:
+                result = last.result
+            else:
+                result = self._orch.result(fleet_rows=FLEET_ROWS).to_dict()
+                self._result_taken = now
+        self._view = self._take(result)
 
     def finish(self, results: Mapping[str, Any], report_dir: str | Path | None = None) -> None:
         """The run is over: ``results`` (what ``results.json`` holds) and its report folder, if written."""
@@ -120,7 +133,7 @@ class Watch:
         self._page_read = self.clock()
 
     # -- taking a view --------------------------------------------------------------
-    def _take(self, *, with_result: bool) -> RunView:
+    def _take(self, result: Mapping[str, Any] | None) -> RunView:
         orch = self._orch
         fleet, intake, strategy = orch.fleet, orch.intake, orch.strategy
         history = orch.history
@@ -140,7 +153,7 @@ class Watch:
             transport=orch.transport.stats(), delivered=dict(orch.delivery.delivered),
             clustering_s=orch.record.timings.get("clustering_s"),
             health=health_summary([getattr(s, "health", None) for s in list(fleet.clients.values())]),
-            watched=tuple(watched), result=orch.result().to_dict() if with_result else None)
+            watched=tuple(watched), result=result)
 
 
 def _open_round(intake: Any) -> OpenRoundView | None:
