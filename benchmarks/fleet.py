@@ -164,6 +164,11 @@ class Scraper:
         self.page_ms: list[float] = []
         self._failed_at: list[float] = []
         self.largest_series = 0
+        self._t0 = time.monotonic()
+        #: The watch's own CPU seconds on the server, as its last /metrics answer said.
+        self.watch_cpu_s: float | None = None
+        #: Seconds from the server's start to the slowest /metrics answer.
+        self.slowest_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -183,6 +188,8 @@ class Scraper:
         if path == "/metrics":
             self.largest_series = max(self.largest_series, sum(1 for line in body.splitlines()
                                                                if line and not line.startswith(b"#")))
+            self.watch_cpu_s = sum(float(line.split()[-1]) for line in body.splitlines()
+                                   if line.startswith(b"fedsketch_watch_cpu_seconds_total"))
         return ms
 
     def _run(self) -> None:
@@ -191,10 +198,12 @@ class Scraper:
             for path, into in (("/metrics", self.metrics_ms),
                                *((("/", self.page_ms),) if self.page and tick % 2 == 0 else ())):
                 ms = self._get(path)
-                if ms is None and self.metrics_ms:  # before the first answer the server is starting
-                    self._failed_at.append(time.monotonic())
-                else:
+                if ms is not None:
                     into.append(ms)
+                    if path == "/metrics" and ms >= max(self.metrics_ms):
+                        self.slowest_at = time.monotonic() - self._t0
+                elif self.metrics_ms:  # before the first answer the server is starting: not a failure
+                    self._failed_at.append(time.monotonic())
             tick += 1
 
     def stop(self) -> dict[str, Any]:
@@ -210,9 +219,13 @@ class Scraper:
             return (round(statistics.median(xs), 2), round(max(xs), 2)) if xs else (None, None)
 
         (m50, mmax), (p50, pmax) = stats(self.metrics_ms), stats(self.page_ms)
-        return {"scrapes": len(self.metrics_ms), "metrics_ms_p50": m50, "metrics_ms_max": mmax,
+        ranked = sorted(self.metrics_ms)
+        p90 = round(ranked[int(0.9 * (len(ranked) - 1))], 2) if ranked else None
+        return {"scrapes": len(self.metrics_ms), "metrics_ms_p50": m50, "metrics_ms_p90": p90, "metrics_ms_max": mmax,
+                "metrics_slowest_at_s": None if self.slowest_at is None else round(self.slowest_at, 1),
                 "page_reads": len(self.page_ms), "page_ms_p50": p50, "page_ms_max": pmax,
-                "scrapes_failed": failed, "series": self.largest_series}
+                "scrapes_failed": failed, "series": self.largest_series,
+                "watch_cpu_s": None if self.watch_cpu_s is None else round(self.watch_cpu_s, 3)}
 
 
 def _count_messages(table: dict[str, Any]) -> int:

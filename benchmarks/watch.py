@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                 per[kind].append(row)
                 rows.append({"devices": n, "watch": kind, **{k: row.get(k) for k in (
                     "server_cpu_s", "server_messages", "server_us_per_msg", "scrapes", "metrics_ms_p50",
-                    "metrics_ms_max", "page_ms_p50", "page_ms_max", "series", "scrapes_failed", "ari", "lost")}})
+                    "metrics_ms_p90", "metrics_ms_max", "metrics_slowest_at_s", "register_s", "sketch_s", "cluster_s",
+                    "page_ms_p50", "page_ms_max", "series", "scrapes_failed", "ari", "lost")}})
                 print(json.dumps(rows[-1]), file=sys.stderr)
         if not all(per.values()):
             summary[f"incomplete_{n}"] = "a run of each kind must finish with no device lost"
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             summary.update({
                 f"server_us_per_msg_{kind}_{n}": round(us, 1), f"cpu_per_msg_ratio_{kind}_{n}": round(us / base, 4),
                 f"metrics_ms_p50_{kind}_{n}": statistics.median(r["metrics_ms_p50"] for r in per[kind]),
+                f"metrics_ms_p90_{kind}_{n}": statistics.median(r["metrics_ms_p90"] for r in per[kind]),
                 f"metrics_ms_max_{kind}_{n}": max(r["metrics_ms_max"] for r in per[kind]),
                 f"scrapes_failed_{kind}_{n}": sum(r["scrapes_failed"] for r in per[kind])})
             print(f"N={n}, {DESCRIBED[kind]}: server CPU per message {us:.1f} us against {base:.1f} us without "

@@ -234,6 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.leave:
         return _send_leave(args)
     try:
+        if args.serve_models_from and (args.metrics_port is not None or args.live_port is not None):
+            raise ValueError("--metrics-port and --live-port watch a training run; --serve-models-from trains nothing")
         config, strat, name, broker, report_dir = _server_settings(args)
         if args.serve_models_from:
             from .serving.settings import export_settings
@@ -366,6 +368,9 @@ def _checked_extras(args: argparse.Namespace, name: str) -> tuple[Any, dict[str,
 
     if not 0.0 < args.target_accuracy <= 1.0:
         raise ValueError(f"--target-accuracy must be in (0, 1], got {args.target_accuracy:g}")
+    if args.metrics_port is not None or args.live_port is not None:
+        if name == "fedcref":
+            raise ValueError("--metrics-port and --live-port watch the model-averaging strategies' runs, not fedcref")
     truth = load_truth(args.truth) if args.truth else None
     robust = {"aggregator": args.aggregator, "norm_bound": args.norm_bound,
               "trim_fraction": args.trim_fraction, "refuse_above": args.refuse_above}

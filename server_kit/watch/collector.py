@@ -11,7 +11,7 @@ test's servers never share series.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -59,14 +59,20 @@ def _finite(v: Any) -> bool:
 class ServerCollector(Collector):
     """The server's families from ``view()`` (None: nothing yet, only the run's absence)."""
 
-    def __init__(self, view: Callable[[], RunView | None]) -> None:
+    def __init__(self, view: Callable[[], RunView | None],
+                 costs: Callable[[], Mapping[str, float]] = lambda: {}) -> None:
         self.view = view
+        self.costs = costs
 
     def collect(self) -> Iterator[Metric]:
+        m = SERVER_METRICS
+        cost = family(m["watch_cpu_seconds"])
+        for part, seconds in sorted(self.costs().items()):
+            cost.add_metric([part], float(seconds))
+        yield cost
         v = self.view()
         if v is None:
             return
-        m = SERVER_METRICS
         info = family(m["run_info"])
         info.add_metric([v.run_id or "", v.strategy, v.federation], 1)
         yield info
@@ -153,9 +159,11 @@ class ServerCollector(Collector):
         yield from per.values()
 
 
-def server_registry(view: Callable[[], RunView | None]) -> CollectorRegistry:
-    """A registry of the server's metrics (from ``view()``) and its process's CPU and memory."""
+def server_registry(view: Callable[[], RunView | None],
+                    costs: Callable[[], Mapping[str, float]] = lambda: {}) -> CollectorRegistry:
+    """A registry of the server's metrics (from ``view()``; ``costs()``: the watch's own CPU seconds by part) and
+    its process's CPU and memory."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ServerCollector(view))
+    registry.register(ServerCollector(view, costs))
     ProcessCollector(registry=registry)
     return registry

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -68,6 +69,9 @@ class WatchServer:
         self.host = host
         self.port = int(self.httpd.server_address[1])
         self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"watch-{self.port}", daemon=True)
+        #: CPU seconds its answers took (each in its request's thread).
+        self.cpu_s = 0.0
+        self._cpu_lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -90,7 +94,16 @@ class WatchServer:
 
     # -- what each path answers -----------------------------------------------------
     def answer(self, path: str) -> tuple[int, str, bytes]:
-        """(status, content type, body) of a GET of ``path``."""
+        """(status, content type, body) of a GET of ``path`` (its CPU time added to :attr:`cpu_s`)."""
+        cpu = time.thread_time()
+        try:
+            return self._answer(path)
+        finally:
+            spent = time.thread_time() - cpu
+            with self._cpu_lock:
+                self.cpu_s += spent
+
+    def _answer(self, path: str) -> tuple[int, str, bytes]:
         if path == "/metrics":
             return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
         watch = self.watch

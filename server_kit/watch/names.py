@@ -93,6 +93,8 @@ SERVER_METRICS: dict[str, MetricSpec] = {s.name.removeprefix("fedsketch_"): s fo
     MetricSpec("fedsketch_devices_throttled", _G, "Devices whose last health said the board throttles now or "
                "is under-volted now"),
     MetricSpec("fedsketch_device_cpu_temperature_max_celsius", _G, "The hottest CPU the devices reported"),
+    MetricSpec("fedsketch_watch_cpu_seconds", _C, "CPU seconds the watch itself took on the server: its views "
+               "of the run (part views) and its answers to /metrics and the live page (part answers)", ("part",)),
     MetricSpec("fedsketch_watched_devices", _G, "Devices with series of their own (the slowest and the most "
                "refused, at most --metrics-devices)"),
     MetricSpec("fedsketch_device_round_seconds", _G, "A watched device's last round: seconds from its task to "

@@ -96,8 +96,9 @@ def start_watch(args: argparse.Namespace, results_of: Callable[[Mapping[str, Any
         watch = Watch(device_limit=args.metrics_devices)
     except ValueError as e:
         raise WatchError(str(e)) from None
-    registry = server_registry(lambda: watch.view)
     running = RunWatch(watch, after_s=args.watch_after)
+    registry = server_registry(lambda: watch.view, lambda: {"views": watch.cpu_s,
+                                                            "answers": sum(s.cpu_s for s in running.servers)})
     try:
         for port in dict.fromkeys(ports):
             running.servers.append(WatchServer(watch, registry, results_of, host=args.metrics_host,

@@ -69,6 +69,8 @@ class Watch:
         self.final: Mapping[str, Any] | None = None
         #: The report folder the final page and its files are read from (None: the page is rendered).
         self.report_dir: Path | None = None
+        #: CPU seconds the views took (on the driver's thread).
+        self.cpu_s = 0.0
 
     # -- the driver's side ------------------------------------------------------------
     def attach(self, orch: Any) -> None:
@@ -86,8 +88,9 @@ class Watch:
         self.refresh()
 
     def on_round(self, rec: Mapping[str, Any]) -> None:
-        """A round closed: its record added, and a view taken at once."""
+        """A round closed: its record added, and a view taken at once (with a fresh result, if the page is read)."""
         self.totals.add(rec)
+        self._result_taken = -float("inf")
         self.refresh()
 
     def tick(self) -> None:
@@ -99,6 +102,7 @@ class Watch:
         """Take a view now (on the driver's thread)."""
         if self._orch is None:
             return
+        cpu = time.thread_time()
         self._taken = now = self.clock()
         result = None
         if now - self._page_read < PAGE_READ_S:  # someone reads the page: the run's result, every RESULT_S
@@ -109,6 +113,7 @@ class Watch:
                 result = self._orch.result(fleet_rows=FLEET_ROWS).to_dict()
                 self._result_taken = now
         self._view = self._take(result)
+        self.cpu_s += time.thread_time() - cpu
 
     def finish(self, results: Mapping[str, Any], report_dir: str | Path | None = None) -> None:
         """The run is over: ``results`` (what ``results.json`` holds) and its report folder, if written."""
@@ -118,6 +123,7 @@ class Watch:
             self.totals.accuracy_mean = final.get("mean")
         self.final = results
         self.report_dir = None if report_dir is None else Path(report_dir)
+        self._result_taken = -float("inf")
         self.refresh()
 
     # -- the readers' side (any thread) -----------------------------------------------

@@ -109,7 +109,13 @@ def _intrude(url: str) -> None:
                                                ".ci/run installs it)")
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian's chromium package; .ci/run "
                                              "installs it)")
-def test_prometheus_scrapes_a_federation_and_chromium_shows_it_live(tmp_path, digits8):
+def test_prometheus_scrapes_a_federation_and_chromium_shows_it_live(tmp_path, digits8, monkeypatch):
+    from server_kit.drivers.orchestrator import Orchestrator
+
+    gate = threading.Event()  # round 3 waits until Chromium has seen the run in its second round
+    run_round = Orchestrator._run_round
+    monkeypatch.setattr(Orchestrator, "_run_round",
+                        lambda self, rnd: (rnd != 3 or gate.wait(60) or True) and run_round(self, rnd))
     metrics_port, prom_port = _free_port(), _free_port()
     report = tmp_path / "report"
     (tmp_path / "prometheus.yml").write_text(
@@ -132,11 +138,12 @@ def test_prometheus_scrapes_a_federation_and_chromium_shows_it_live(tmp_path, di
             _until(lambda: _get(page + "metrics"), 20, "the metrics endpoint")
             devices = _start_devices(broker.url, digits8)
             _intrude(broker.url)
-            # during the run: once round 1 is closed, the live page says where the run is
-            _until(lambda: json.loads(_get(page + "state.json")).get("rounds", 0) >= 1, 120, "round 1")
+            # during the run (held before round 3), the live page says where the run is
+            _until(lambda: json.loads(_get(page + "state.json")).get("rounds", 0) >= 2, 120, "round 2")
             live = _dom(page)
+            gate.set()
             assert 'http-equiv="refresh"' in live and "<h2>Now</h2>" in live
-            assert 'id="now-phase">train<' in live or 'id="now-phase">evaluate<' in live, live[:3000]
+            assert 'id="now-phase">train<' in live and 'id="now-round">2 of 3<' in live, live[:3000]
             assert "8 online of 8 admitted" in live
             assert live.count('<td class="l">c0') >= 8  # the devices table: one row per device
             assert '<svg id="accuracy"' in live
@@ -198,6 +205,17 @@ def test_an_address_it_may_not_bind_is_one_line_and_exit_2(capsys):
     assert main(["--broker", "mqtt://127.0.0.1:1", "--metrics-port", "9", "--metrics-host", "192.0.2.1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["fedsketch-server: error: cannot listen on 192.0.2.1:9: Cannot assign requested address"]
+
+
+@pytest.mark.parametrize(("argv", "why"), [
+    (["--strategy", "fedcref"], "--metrics-port and --live-port watch the model-averaging strategies' runs, not fedcref"),
+    (["--serve-models-from", "export"], "--metrics-port and --live-port watch a training run; --serve-models-from "
+                                        "trains nothing"),
+])
+def test_a_watch_of_what_it_cannot_watch_is_refused(argv, why, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--broker", "mqtt://127.0.0.1:1", "--metrics-port", "0", *argv]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"fedsketch-server: error: {why}"]
 
 
 def test_a_port_out_of_range_is_refused_by_the_options(capsys):
