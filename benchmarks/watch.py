@@ -19,7 +19,10 @@ time over every message it sent and received.
 Run: ``.venv/bin/python benchmarks/watch.py`` (about 70 s per run of
 10,000 devices on 2 cores). The last line is JSON, per size N:
 ``cpu_per_msg_ratio_metrics_N`` and ``cpu_per_msg_ratio_page_N`` (over the
-baseline: 1.02 is 2 % more), ``metrics_ms_p50_metrics_N``,
+baseline: 1.02 is 2 % more; runs differ by a few % on a shared machine),
+``watch_cpu_share_metrics_N`` and ``watch_cpu_share_page_N`` (the CPU the
+watch itself took, ``fedsketch_watch_cpu_seconds_total``, over the server's
+in the same run), ``metrics_ms_p50_metrics_N``,
 ``metrics_ms_max_metrics_N``, ``page_ms_p50_N``, ``series_N`` (lines of one
 ``/metrics`` answer).
 """
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"devices": n, "watch": kind, **{k: row.get(k) for k in (
                     "server_cpu_s", "server_messages", "server_us_per_msg", "scrapes", "metrics_ms_p50",
                     "metrics_ms_p90", "metrics_ms_max", "metrics_slowest_at_s", "register_s", "sketch_s", "cluster_s",
-                    "page_ms_p50", "page_ms_max", "series", "scrapes_failed", "ari", "lost")}})
+                    "page_ms_p50", "page_ms_max", "series", "scrapes_failed", "watch_cpu_s", "ari", "lost")}})
                 print(json.dumps(rows[-1]), file=sys.stderr)
         if not all(per.values()):
             summary[f"incomplete_{n}"] = "a run of each kind must finish with no device lost"
@@ -87,9 +90,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"metrics_ms_p50_{kind}_{n}": statistics.median(r["metrics_ms_p50"] for r in per[kind]),
                 f"metrics_ms_p90_{kind}_{n}": statistics.median(r["metrics_ms_p90"] for r in per[kind]),
                 f"metrics_ms_max_{kind}_{n}": max(r["metrics_ms_max"] for r in per[kind]),
-                f"scrapes_failed_{kind}_{n}": sum(r["scrapes_failed"] for r in per[kind])})
+                f"scrapes_failed_{kind}_{n}": sum(r["scrapes_failed"] for r in per[kind]),
+                # the watch's own CPU over the server's, the same run: its share of the CPU per message
+                f"watch_cpu_share_{kind}_{n}": round(statistics.median(
+                    r["watch_cpu_s"] / r["server_cpu_s"] for r in per[kind]), 5)})
             print(f"N={n}, {DESCRIBED[kind]}: server CPU per message {us:.1f} us against {base:.1f} us without "
-                  f"({us / base:.3f}x); /metrics answered in {summary[f'metrics_ms_p50_{kind}_{n}']} ms (median), "
+                  f"({us / base:.3f}x; the watch's own share of the server's CPU "
+                  f"{100 * summary[f'watch_cpu_share_{kind}_{n}']:.2f} %); /metrics answered in {summary[f'metrics_ms_p50_{kind}_{n}']} ms (median), "
                   f"{summary[f'metrics_ms_max_{kind}_{n}']} ms at most")
         summary[f"page_ms_p50_{n}"] = statistics.median(r["page_ms_p50"] for r in per["page"])
         summary[f"page_ms_max_{n}"] = max(r["page_ms_max"] for r in per["page"])
