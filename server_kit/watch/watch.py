@@ -37,6 +37,9 @@ REFRESH_S = 1.0
 PAGE_READ_S = 30.0
 #: Seconds between two takes of the run's result (the live page reloads itself every 2 s).
 RESULT_S = 2.0
+#: Seconds between two passes over the fleet (its health summed up, the devices watched one by one chosen); a
+#: closed round makes one at once. Between them a view costs O(watched devices), whatever the fleet's size.
+FLEET_S = 10.0
 
 
 class Watch:
@@ -65,6 +68,9 @@ class Watch:
         self._taken = -float("inf")
         self._page_read = -float("inf")
         self._result_taken = -float("inf")
+        self._fleet_taken = -float("inf")
+        self._health = health_summary([])
+        self._watched_ids: list[str] = []
         #: The run's final results (``build_results``'s output), once :meth:`finish` had them.
         self.final: Mapping[str, Any] | None = None
         #: The report folder the final page and its files are read from (None: the page is rendered).
@@ -90,7 +96,7 @@ class Watch:
     def on_round(self, rec: Mapping[str, Any]) -> None:
         """A round closed: its record added, and a view taken at once (with a fresh result, if the page is read)."""
         self.totals.add(rec)
-        self._result_taken = -float("inf")
+        self._result_taken = self._fleet_taken = -float("inf")
         self.refresh()
 
     def tick(self) -> None:
@@ -112,6 +118,9 @@ class Watch:
             else:
                 result = self._orch.result(fleet_rows=FLEET_ROWS).to_dict()
                 self._result_taken = now
+        if now - self._fleet_taken >= FLEET_S:
+            self._pass_over_fleet()
+            self._fleet_taken = now
         self._view = self._take(result)
         self.cpu_s += time.thread_time() - cpu
 
@@ -139,6 +148,13 @@ class Watch:
         self._page_read = self.clock()
 
     # -- taking a view --------------------------------------------------------------
+    def _pass_over_fleet(self) -> None:
+        """The fleet's health summed up and the devices watched one by one chosen: O(devices)."""
+        orch = self._orch
+        clients = orch.fleet.clients
+        self._health = health_summary([getattr(s, "health", None) for s in list(clients.values())])
+        self._watched_ids = most_watched(orch.tallies, clients, self.device_limit)
+
     def _take(self, result: Mapping[str, Any] | None) -> RunView:
         orch = self._orch
         fleet, intake, strategy = orch.fleet, orch.intake, orch.strategy
@@ -150,7 +166,7 @@ class Watch:
         devices = {"admitted": admitted, "online": online, "offline": admitted - online,
                    "benched": len(fleet.benched), "not_training": len(fleet.not_training),
                    "refused": len(fleet.refused)}
-        watched_ids = most_watched(orch.tallies, fleet.clients, self.device_limit)
+        watched_ids = self._watched_ids
         watched = device_rows(fleet, model_keys(strategy, watched_ids), orch.tallies, watched_ids, now=now)
         return RunView(
             run_id=orch.run_id, strategy=strategy.name, federation=orch.config.federation, phase=intake.phase,
@@ -158,7 +174,7 @@ class Watch:
             last_round=_last_round(history), totals=self.totals, rejected=dict(orch.rejected),
             transport=orch.transport.stats(), delivered=dict(orch.delivery.delivered),
             clustering_s=orch.record.timings.get("clustering_s"),
-            health=health_summary([getattr(s, "health", None) for s in list(fleet.clients.values())]),
+            health=self._health,
             watched=tuple(watched), result=result)
 
 
