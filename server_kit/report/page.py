@@ -15,7 +15,7 @@ from typing import Any
 
 from .results import FINAL_ROUNDS, number_or_none
 
-__all__ = ["FLEET_ROWS", "render_html", "write_html"]
+__all__ = ["FLEET_ROWS", "page_head", "render_html", "write_html"]
 
 #: Devices the page's devices table shows (the most refused, then the slowest); results.json has them all.
 FLEET_ROWS = 200
@@ -95,10 +95,14 @@ def render_html(results: Mapping[str, Any], present: set[str], *, head: str = ""
 
 
 def _head(results: Mapping[str, Any], more: str = "") -> str:
+    return page_head(str(results.get("strategy", "?")), more)
+
+
+def page_head(what: str, more: str = "") -> str:
+    """The page's start, up to its title ("FedSketch run: WHAT"); ``more``: more of its head."""
     return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n{more}"
-            f"<title>FedSketch run: {escape(str(results.get('strategy', '')))}</title>\n<style>{_CSS}</style>\n"
-            "</head>\n<body>\n"
-            f"<h1>FedSketch run: {escape(str(results.get('strategy', '?')))}</h1>\n")
+            f"<title>FedSketch run: {escape(what)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+            f"<h1>FedSketch run: {escape(what)}</h1>\n")
 
 
 def _summary(results: Mapping[str, Any], present: set[str]) -> str:

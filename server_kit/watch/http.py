@@ -31,6 +31,10 @@ __all__ = ["WatchError", "WatchServer"]
 
 log = logging.getLogger(__name__)
 
+#: Seconds a page read waits for a view that carries the run's result (the driver takes one within 0.2 s
+#: while it waits for messages; busy clustering, it may take longer: the page then shows the run's state only).
+RESULT_WAIT_S = 1.0
+
 _TYPES = {".png": "image/png", ".json": "application/json", ".html": "text/html; charset=utf-8",
           ".svg": "image/svg+xml"}
 
@@ -112,8 +116,7 @@ class WatchServer:
         if path in ("/", "/index.html", "/report.html"):
             if watch.final is not None:
                 return 200, _TYPES[".html"], final_page(watch.final, watch.report_dir)
-            watch.page_read()
-            view = watch.view
+            view = self._view_with_result()
             results = None if view is None or view.result is None else self.results_of(view.result)
             return 200, _TYPES[".html"], live_page(view, results).encode("utf-8")
         if path in ("/state.json", "/results.json"):
@@ -124,6 +127,19 @@ class WatchServer:
                 return 200, _TYPES.get(found.suffix, "application/octet-stream"), found.read_bytes()
         return 404, "text/plain; charset=utf-8", b"not found\n"
 
+    def _view_with_result(self) -> Any:
+        """The last view, after asking for the run's result in views: a page read after a while waits (at most
+        :data:`RESULT_WAIT_S`) for the driver's next view to carry it."""
+        watch = self.watch
+        assert watch is not None
+        watch.page_read()
+        deadline = time.monotonic() + RESULT_WAIT_S
+        view = watch.view
+        while (view is None or view.result is None) and watch.final is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            view = watch.view
+        return view
+
     def _state(self) -> bytes:
         watch = self.watch
         assert watch is not None
@@ -131,8 +147,7 @@ class WatchServer:
             if watch.report_dir is not None and (watch.report_dir / "results.json").is_file():
                 return (watch.report_dir / "results.json").read_bytes()
             return _json(watch.final)
-        watch.page_read()
-        view = watch.view
+        view = self._view_with_result()
         if view is None or view.result is None:
             return _json({"phase": None if view is None else view.phase.value,
                           "round": None if view is None else view.round})

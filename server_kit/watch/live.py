@@ -16,7 +16,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from ..report.page import render_html
+from ..report.page import page_head, render_html
 from .view import RunView
 
 __all__ = ["REFRESH_PAGE_S", "accuracy_svg", "final_page", "live_page", "now_section"]
@@ -31,10 +31,9 @@ def live_page(view: RunView | None, results: Mapping[str, Any] | None) -> str:
     """The page while the run goes on (``results``: ``build_results`` of the run so far, None before one)."""
     head = f'<meta http-equiv="refresh" content="{REFRESH_PAGE_S}">\n'
     now = now_section(view) + accuracy_svg(results or {})
-    if results is None:
-        return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n{head}"
-                "<title>FedSketch run: starting</title>\n</head>\n<body>\n<h1>FedSketch run: starting</h1>\n"
-                f"{now}</body>\n</html>\n")
+    if results is None:  # nothing to tabulate yet (or the server is busy: the next load has it)
+        what = "starting" if view is None else f"{view.strategy}, {view.phase.value}"
+        return page_head(what, head) + now + "</body>\n</html>\n"
     return render_html(results, set(), head=head, before=now)
 
 
@@ -102,7 +101,7 @@ def accuracy_svg(results: Mapping[str, Any], width: int = 640, height: int = 240
                       f"{escape(str(name))}</text>")
     grid = "".join(f'<line x1="{pad}" x2="{width - pad}" y1="{height - pad - (height - 2 * pad) * a}" '
                    f'y2="{height - pad - (height - 2 * pad) * a}" stroke="#ddd"/>'
-                   f'<text x="4" y="{height - pad - (height - 2 * pad) * a + 4}" font-size="10">{a:.1f}</text>'
+                   f'<text x="4" y="{height - pad - (height - 2 * pad) * a + 4}" font-size="10">{a:g}</text>'
                    for a in (0.0, 0.25, 0.5, 0.75, 1.0))
     return (f'<h2>Accuracy per round</h2>\n<svg id="accuracy" xmlns="http://www.w3.org/2000/svg" '
             f'width="{width + 60}" height="{height}" role="img" aria-label="accuracy per round">{grid}'
