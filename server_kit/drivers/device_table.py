@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .fleet import Fleet
@@ -63,6 +63,7 @@ class DeviceTallies:
                 tally.round_s = float(seconds)
 
     def get(self, cid: str) -> DeviceTally:
+        """``cid``'s tally (the live one: :func:`device_rows` copies it)."""
         return self.by_device.get(cid) or DeviceTally()
 
 
@@ -120,7 +121,7 @@ def device_rows(fleet: Fleet, clusters: Mapping[str, str], tallies: DeviceTallie
         health = getattr(state, "health", None)
         rows.append(DeviceRow(
             device=cid, online=state.online, cluster=clusters.get(cid), last_seen_s=max(0.0, now - state.last_seen),
-            tally=tallies.get(cid), benched=fleet.benched.get(cid),
+            tally=replace(tallies.get(cid)), benched=fleet.benched.get(cid),
             sketch_ms=None if speed is None else speed.figures.get("sketch_ms"),
             health={} if health is None else health.to_meta()))
     return rows

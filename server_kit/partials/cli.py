@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics = None
     if args.metrics_port is not None:
         from ..watch.aggregator import serve_aggregator_metrics
-        from ..watch.http import WatchError
+        from ..watch.options import WatchError
 
         try:
             metrics = serve_aggregator_metrics(agg, args.federation, host=args.metrics_host, port=args.metrics_port)

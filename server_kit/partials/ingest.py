@@ -87,7 +87,7 @@ def _worker_main(spec: WorkerSpec, key_pem: bytes, ready: Any) -> None:
     metrics = None
     if spec.metrics is not None:
         from ..watch.aggregator import serve_aggregator_metrics
-        from ..watch.http import WatchError
+        from ..watch.options import WatchError
 
         try:
             metrics = serve_aggregator_metrics(agg, spec.federation, host=spec.metrics[0], port=spec.metrics[1])

@@ -26,7 +26,7 @@ __all__ = [
     "build_results",
     "clustering_against_truth",
     "load_truth",
-    "json_default",
+    "json_text",
     "number_or_none",
     "write_json",
 ]
@@ -94,12 +94,16 @@ def write_json(path: str | Path, data: Mapping[str, Any]) -> Path:
     """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(data, indent=2, default=json_default))
+    p.write_text(json_text(data))
     return p
 
 
-def json_default(o: Any) -> Any:
-    """What ``json.dumps`` writes for the values JSON lacks: numpy scalars and arrays, sets and tuples."""
+def json_text(data: Mapping[str, Any]) -> str:
+    """``data`` as ``results.json`` writes it: indented JSON, numpy values, sets and tuples as JSON values."""
+    return json.dumps(data, indent=2, default=_default)
+
+
+def _default(o: Any) -> Any:
     try:
         import numpy as np
 

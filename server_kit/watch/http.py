@@ -11,7 +11,6 @@ An address that cannot be listened on (in use, not permitted, unknown) is a
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -23,11 +22,12 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from ..report.results import json_default
+from ..report.results import json_text
 from .live import final_page, live_page
+from .options import WatchError
 from .watch import Watch
 
-__all__ = ["WatchError", "WatchServer"]
+__all__ = ["WatchServer"]
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,6 @@ RESULT_WAIT_S = 1.0
 
 _TYPES = {".png": "image/png", ".json": "application/json", ".html": "text/html; charset=utf-8",
           ".svg": "image/svg+xml"}
-
-
-class WatchError(Exception):
-    """The watch's address cannot be listened on (one line, for the command line's error)."""
 
 
 class WatchServer:
@@ -155,7 +151,7 @@ class WatchServer:
 
 
 def _json(data: Mapping[str, Any]) -> bytes:
-    return json.dumps(data, indent=2, default=json_default).encode("utf-8")
+    return json_text(data).encode("utf-8")
 
 
 def _inside(folder: Path, path: str) -> Path | None:

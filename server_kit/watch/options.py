@@ -17,14 +17,22 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from .http import WatchError, WatchServer
-from .watch import DEVICE_LIMIT, Watch
+if TYPE_CHECKING:  # the endpoint and the watch are imported by start_watch: a server that watches nothing
+    from .http import WatchServer  # never loads prometheus-client
+    from .watch import Watch
 
-__all__ = ["RunWatch", "WatchError", "add_watch_options", "start_watch"]
+__all__ = ["DEVICE_LIMIT", "RunWatch", "WatchError", "add_watch_options", "start_watch"]
 
 log = logging.getLogger(__name__)
+
+#: Devices with per-device series by default (``--metrics-devices``).
+DEVICE_LIMIT = 20
+
+
+class WatchError(Exception):
+    """The watch's address cannot be listened on, or its options do not fit (one line, for the command's error)."""
 
 
 def _port(text: str) -> int:
@@ -86,6 +94,8 @@ class RunWatch:
 def start_watch(args: argparse.Namespace, results_of: Callable[[Mapping[str, Any]], Any]) -> RunWatch | None:
     """The watch the options ask for, listening (None when neither port is given); raises :class:`WatchError`."""
     from .collector import server_registry
+    from .http import WatchServer
+    from .watch import Watch
 
     ports = [p for p in (args.metrics_port, args.live_port) if p is not None]
     if not ports:

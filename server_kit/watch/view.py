@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edge_sdk.health import DeviceHealth
@@ -87,6 +87,12 @@ class RoundTotals:
     accuracy: dict[str, float] = field(default_factory=dict)
     accuracy_mean: float | None = None
     loss: dict[str, float] = field(default_factory=dict)
+
+    def copy(self) -> RoundTotals:
+        """A copy of its own (a view's: the readers' threads never see it change)."""
+        return replace(self, closed_by=dict(self.closed_by), refused=dict(self.refused), seconds=list(self.seconds),
+                       goal_seconds=list(self.goal_seconds), aggregate_seconds=list(self.aggregate_seconds),
+                       accuracy=dict(self.accuracy), loss=dict(self.loss))
 
     def add(self, rec: Mapping[str, Any]) -> None:
         self.rounds += 1

@@ -23,14 +23,13 @@ from typing import Any, Callable
 from ..drivers.device_table import device_rows, model_keys, most_watched
 from ..drivers.phase import Phase
 from ..report.page import FLEET_ROWS
+from .options import DEVICE_LIMIT
 from .view import OpenRoundView, RoundTotals, RunView, health_summary
 
-__all__ = ["DEVICE_LIMIT", "REFRESH_S", "Watch"]
+__all__ = ["REFRESH_S", "Watch"]
 
 log = logging.getLogger(__name__)
 
-#: Devices with per-device series by default (``--metrics-devices``).
-DEVICE_LIMIT = 20
 #: Seconds between two views.
 REFRESH_S = 1.0
 #: Seconds the run's result keeps being taken after the live page was last read.
@@ -171,7 +170,7 @@ class Watch:
         return RunView(
             run_id=orch.run_id, strategy=strategy.name, federation=orch.config.federation, phase=intake.phase,
             round=min(intake.round, orch.config.rounds), rounds_planned=orch.config.rounds, devices=devices, open_round=_open_round(intake),
-            last_round=_last_round(history), totals=self.totals, rejected=dict(orch.rejected),
+            last_round=_last_round(history), totals=self.totals.copy(), rejected=dict(orch.rejected),
             transport=orch.transport.stats(), delivered=dict(orch.delivery.delivered),
             clustering_s=orch.record.timings.get("clustering_s"),
             health=self._health,
@@ -182,10 +181,9 @@ def _open_round(intake: Any) -> OpenRoundView | None:
     wait = intake.wait
     if wait is None or intake.phase is not Phase.TRAIN:
         return None
-    refused = sum(1 for c in wait.refusals if c not in wait.answered)
-    return OpenRoundView(round=wait.round, tasked=len(wait.expected), reported=len(wait.answered) - len(
-        [c for c in wait.refusals if c in wait.answered and c in wait.screened]), refused=refused,
-        awaited=len(wait.left), elapsed_s=wait.elapsed(), goal_met=wait.goal_met())
+    refused = sum(1 for c in wait.refusals if c not in wait.answered)  # a refused device may still answer
+    return OpenRoundView(round=wait.round, tasked=len(wait.expected), reported=len(wait.answered), refused=refused,
+                         awaited=len(wait.left), elapsed_s=wait.elapsed(), goal_met=wait.goal_met())
 
 
 def _last_round(history: list[Mapping[str, Any]]) -> dict[str, int]:
