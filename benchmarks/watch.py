@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                 ns = fleet.build_parser().parse_args(["--sizes", str(n), *(["--watch", kind] if kind != "none" else [])])
                 row = fleet.run_size(n, ns, out / f"{kind}-{r}")
                 why = fleet.incomplete(row)
+                if why is None and kind != "none" and (not row.get("scrapes") or row.get("watch_cpu_s") is None):
+                    why = "the endpoint never answered: nothing was watched"
                 if why:
                     print(f"watch.py: N={n}, watch {kind}, run {r}: not a measurement ({why})", file=sys.stderr)
                     continue
