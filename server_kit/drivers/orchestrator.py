@@ -122,6 +122,12 @@ class Orchestrator:
         return self.record.run_id
 
     @property
+    def training_round(self) -> int:
+        """The training round the run is in (0 before training; the last one during and after the final
+        evaluation, whose round on the wire is one more)."""
+        return min(self.intake.round, self.config.rounds)
+
+    @property
     def history(self) -> list[dict[str, Any]]:
         """Each finished round's record (what ``results.json`` keeps)."""
         return self.record.history
@@ -292,7 +298,7 @@ class Orchestrator:
             benched=dict(fleet.benched),
             drift=drift_totals(self.history) if self.resketch.follows else None, run_id=self.run_id,
             devices={c: speed.to_dict() for c, speed in sorted(fleet.speeds.items())},
-            phase=self.intake.phase.value, round=self.intake.round,
+            phase=self.intake.phase.value, round=self.training_round,
             fleet={r.device: r.to_dict() for r in device_rows(
                 fleet, model_keys(self.strategy, fleet.clients if rows is None else rows), self.tallies, rows)},
         )

@@ -169,7 +169,7 @@ class Watch:
         watched = device_rows(fleet, model_keys(strategy, watched_ids), orch.tallies, watched_ids, now=now)
         return RunView(
             run_id=orch.run_id, strategy=strategy.name, federation=orch.config.federation, phase=intake.phase,
-            round=min(intake.round, orch.config.rounds), rounds_planned=orch.config.rounds, devices=devices, open_round=_open_round(intake),
+            round=orch.training_round, rounds_planned=orch.config.rounds, devices=devices, open_round=_open_round(intake),
             last_round=_last_round(history), totals=self.totals.copy(), rejected=dict(orch.rejected),
             transport=orch.transport.stats(), delivered=dict(orch.delivery.delivered),
             clustering_s=orch.record.timings.get("clustering_s"),
