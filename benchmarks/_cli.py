@@ -29,3 +29,11 @@ def seed_list(text: str) -> list[int]:
     if not seeds:
         raise argparse.ArgumentTypeError(f"--seeds names no seed: {text!r} (a count >= 1, or a list like '5,')")
     return seeds
+
+
+def add_device_options(ap: argparse.ArgumentParser) -> None:
+    """``--device`` (where simulated devices train) and ``--sequential`` (each client alone, not batched)."""
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="where the simulated devices train (auto: CUDA when torch sees it)")
+    ap.add_argument("--sequential", dest="batched", action="store_false",
+                    help="train a round's clients one by one (default: together, in batches)")

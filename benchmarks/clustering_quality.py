@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _cli import csv_list
+from _cli import add_device_options, csv_list
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data"
@@ -299,7 +299,8 @@ def run_one(label: str, spec: dict[str, Any], clients, aux, args, architecture: 
         strategy._combine = recording
     rounds, stop = rounds_for(strategy, args)
     sim = Simulator(strategy, clients, architecture=architecture, encoder=encoder if strategy.capabilities.needs_sketches else None,
-                    flip_prob=args.flip_prob, seed=args.seed, progress=False)
+                    flip_prob=args.flip_prob, seed=args.seed, progress=False,
+                    device=args.device, batched=args.batched)
     res = sim.run(rounds, stop=stop)
     ran = res.rounds[-1].round if res.rounds else 0
     rnd = clustering_round(strategy, ran)
@@ -571,6 +572,7 @@ def _progress(total: int, enabled: bool):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_device_options(ap)
     ap.add_argument("--datasets", type=csv_list(str, {"mnist", "fmnist", "digits"}), default=["mnist", "fmnist"])
     ap.add_argument("--clients", type=csv_list(int), default=[15, 30])
     ap.add_argument("--splits", type=csv_list(str, set(SPLITS)), default=list(SPLITS))

@@ -78,6 +78,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _cli import add_device_options
 
 from edge_sdk.keeping import ModelKeeper
 
@@ -180,7 +181,8 @@ def train(args, clients) -> dict[str, Any]:
         t0 = time.perf_counter()
         strategy = make_strategy(args, name)
         sim = Simulator(strategy, clients, architecture=args.arch, encoder=OnnxEncoder(args.encoder),
-                        flip_prob=args.flip_prob, seed=args.seed, progress=args.progress)
+                        flip_prob=args.flip_prob, seed=args.seed, progress=args.progress,
+                        device=args.device, batched=args.batched)
         res = sim.run(args.rounds)
         final = {c.cid: float(sim.workers[c.cid].evaluate(strategy.models[strategy.model_key_for(c.cid)])["accuracy"])
                  for c in clients}  # every training device, its final model, its own test shard
@@ -540,6 +542,7 @@ QUICK = dict(dataset="digits", clients=12, new_per_group=3, rounds=3, epochs=5, 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_device_options(ap)
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with the MNIST IDX files")
     ap.add_argument("--clients", type=int, help=f"training devices (default {FULL['clients']})")
     ap.add_argument("--new-per-group", type=int,

@@ -49,6 +49,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _cli import add_device_options  # noqa: E402
 from paper_mnist import DEFAULT_DATA, architecture_of, build_clients  # noqa: E402
 
 COMBOS = ("none/none", "int8/int8", "int4/int4", "sign/sign", "stc:0.01/sign", "sign/int4")
@@ -85,7 +86,7 @@ def run_one(label: str, seed: int, args) -> dict:
         strategy = SketchClustered(min_cluster_size=max(3, args.clients // 10), **shared, **common)
         encoder = OnnxEncoder(args.encoder)
     res = Simulator(strategy, clients, architecture=arch, encoder=encoder, flip_prob=args.flip_prob,
-                    seed=seed).run(args.rounds, stop=lambda s, r: r.accuracy >= args.target)
+                    seed=seed, device=args.device, batched=args.batched).run(args.rounds, stop=lambda s, r: r.accuracy >= args.target)
     lost = [(r.report.round, r.report.tasked, r.report.updates) for r in res.rounds
             if r.report.updates != r.report.tasked]
     if lost:  # bytes to the target count only over rounds whose every update was summed
@@ -314,6 +315,7 @@ def _run_all(labels: list[str], args) -> dict[str, list[dict]]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_device_options(ap)
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with the MNIST IDX files")
     ap.add_argument("--dataset", choices=["mnist", "digits"], default="mnist")
     ap.add_argument("--test-set", choices=["mnist-test", "held-out"], default="mnist-test",

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _cli import add_device_options
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "mnist"
@@ -93,7 +94,7 @@ def run_method(name, args, clients, sched, arch, encoder) -> dict:
     t0 = time.perf_counter()
     s = make(name, args, arch)
     sim = Simulator(s, clients, architecture=arch, encoder=OnnxEncoder(encoder), flip_prob=args.flip_prob,
-                    seed=args.seed, drift=sched)
+                    seed=args.seed, drift=sched, device=args.device, batched=args.batched)
     drifted = set(sched.drifted())
     per_round = []
 
@@ -210,6 +211,7 @@ log = logging.getLogger("benchmarks.drift")
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_device_options(ap)
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with the MNIST IDX files")
     ap.add_argument("--dataset", choices=["mnist", "digits"], default="mnist")
     ap.add_argument("--clients", type=int, default=100)

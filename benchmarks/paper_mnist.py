@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _cli import seed_list
+from _cli import add_device_options, seed_list
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "mnist"
@@ -110,7 +110,8 @@ def make_method(name, args, clients, arch, tmp):
     t0 = time.perf_counter()
     pre = federated_ae_pretrain([c.x_train for c in clients], architecture=args.ae_architecture,
                                 rounds=args.ae_rounds, clients_per_round=min(args.ae_clients, len(clients)),
-                                epochs=args.ae_epochs, seed=args.seed, progress=args.progress and args.jobs == 1)
+                                epochs=args.ae_epochs, seed=args.seed, progress=args.progress and args.jobs == 1,
+                                device=args.device)
     exported = export_encoder(pre.weights, args.ae_architecture, tmp, name="fed_ae_encoder")
     onnx_bytes = exported.nbytes  # the encoder each client receives
     extra["pretrain_seconds"] = time.perf_counter() - t0
@@ -126,7 +127,8 @@ def run_method(name, args, clients, arch, tmp) -> dict:
     t0 = time.perf_counter()
     strategy, encoder, extra = make_method(name, args, clients, arch, tmp)
     sim = Simulator(strategy, clients, architecture=arch, encoder=encoder, flip_prob=args.flip_prob,
-                    seed=args.seed, progress=args.progress and args.jobs == 1)
+                    seed=args.seed, progress=args.progress and args.jobs == 1,
+                    device=args.device, batched=args.batched)
     res = sim.run(args.rounds)
     accs = res.accuracies
     total = res.total_bytes() + extra["pretrain_bytes"]
@@ -289,6 +291,7 @@ def run(args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_device_options(ap)
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with the MNIST IDX files")
     ap.add_argument("--dataset", choices=["mnist", "digits"], default="mnist")
     ap.add_argument("--clients", type=int, default=100)

@@ -85,6 +85,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _cli import add_device_options
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -190,7 +191,7 @@ def simulate(env, args, defence: str, attack: str | None, record: dict | None = 
 
     strategy = make_strategy(env, args, **DEFENCES[defence])
     sim = Simulator(strategy, env["clients"], architecture=env["arch"], encoder=OnnxEncoder(env["encoder"]),
-                    seed=args.seed)
+                    seed=args.seed, device=args.device, batched=args.batched)
     for worker in sim.workers.values():
         worker.__class__ = SurvivingWorker
     if attack is not None:
@@ -414,6 +415,7 @@ def _fmt(acc: float, clean: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_device_options(p)
     p.add_argument("--quick", action="store_true", help="digits, 20 clients, 8 rounds (about 3 minutes)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with the MNIST IDX files")
     p.add_argument("--clients", type=int, default=None)

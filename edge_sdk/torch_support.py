@@ -20,10 +20,12 @@ from .model_checks import ModelInfo, state_spec
 from .validation import check_positive_int
 
 __all__ = [
+    "DEVICES",
     "build_classifier",
     "import_torch",
     "initial_weights",
     "numpy_state",
+    "resolve_device",
     "torch_available",
     "using_threads",
 ]
@@ -62,6 +64,28 @@ def import_torch() -> Any:
             "evaluate() and sketching work without it"
         ) from e
     return torch
+
+
+#: Values of every ``--device`` option: ``auto`` is ``cuda`` when torch sees a CUDA device, else ``cpu``.
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+
+
+def resolve_device(device: str) -> str:
+    """``"cpu"`` or ``"cuda"`` for a ``--device`` value, checked.
+
+    Raises
+    ------
+    ValueError
+        On a value outside :data:`DEVICES`, or ``"cuda"`` where torch sees no CUDA device.
+    """
+    from .validation import check_choice
+
+    check_choice(device, "device", DEVICES)
+    torch = import_torch()
+    has_cuda = bool(torch.cuda.is_available())
+    if device == "cuda" and not has_cuda:
+        raise ValueError("device 'cuda' asked but torch sees no CUDA device")
+    return "cuda" if device == "cuda" or (device == "auto" and has_cuda) else "cpu"
 
 
 @contextlib.contextmanager

@@ -308,9 +308,9 @@ def _check_images(info: ModelInfo, image_shape: Optional[tuple[int, ...]], x: An
     return xa
 
 
-def _reconstruction_loss(torch: Any, model: Any, xa: np.ndarray) -> Callable[[Any], Any]:
+def _reconstruction_loss(torch: Any, model: Any, xa: np.ndarray, device: Any) -> Callable[[Any], Any]:
     """``batch_loss(idx)`` for the epoch loop: the mean squared reconstruction error per element at ``idx``."""
-    xt = torch.from_numpy(xa)
+    xt = torch.from_numpy(xa).to(device)
     flat = xt.reshape(xa.shape[0], -1)
     loss_fn = torch.nn.MSELoss()
 
@@ -331,6 +331,7 @@ def train_autoencoder_local(
     batch_size: int,
     seed: Optional[int] = None,
     threads: Optional[int] = None,
+    device: str = "cpu",
 ) -> TrainResult:
     """Train received autoencoder weights to reconstruct local images (MSE, Adam).
 
@@ -365,6 +366,8 @@ def train_autoencoder_local(
         seed from the OS.
     threads : int, optional
         Intra-op threads during the call (restored afterwards).
+    device : str
+        Torch device, for example ``"cpu"`` or ``"cuda"``.
 
     Returns
     -------
@@ -390,8 +393,8 @@ def train_autoencoder_local(
     w = check_weights(info, weights)
     xa = _check_images(info, image_shape, x)
     n = xa.shape[0]
+    dev = torch.device(device)
     t0 = time.perf_counter()
     out_state, last = _train(torch, model, w, n, epochs=n_epochs, batch_size=bs, optimizer="adam", lr=lr, seed=seed,
-                             threads=threads, device=torch.device("cpu"),
-                             batch_loss=_reconstruction_loss(torch, model, xa))
+                             threads=threads, device=dev, batch_loss=_reconstruction_loss(torch, model, xa, dev))
     return _finished(architecture, out_state, n, n_epochs, last, lr, time.perf_counter() - t0, "images, MSE")

@@ -15,16 +15,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .sketch import Sketch, Sketcher
 from .tasks import Task, Update, Weights
 
-__all__ = ["LocalWorker"]
+if TYPE_CHECKING:
+    from .trainer import TrainResult
+
+__all__ = ["FitPlan", "LocalWorker"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """A training task's choices before it trains: the model's key, the shuffling seed, metrics so far."""
+
+    key: str
+    seed: int | None
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class LocalWorker:
@@ -134,10 +147,8 @@ class LocalWorker:
         log.debug("client %s selects %s from losses %s", self.cid, best, losses)
         return best
 
-    def fit(self, task: Task) -> Update:
-        """Run a training task: optionally evaluate, select a model, train, return the update."""
-        from .trainer import train_local
-
+    def plan_fit(self, task: Task) -> FitPlan:
+        """What a training task trains before it trains: the model chosen (IFCA), its evaluation, the seed."""
         if not task.models:
             raise ValueError(f"task for {self.cid!r} in round {task.round} offers no model")
         self._calls += 1
@@ -146,11 +157,23 @@ class LocalWorker:
         if task.evaluate_first:
             ev = self.evaluate(task.models[key])
             metrics.update({"acc_before": ev["accuracy"], "loss_before": ev["loss"]})
-        s = task.settings
         seed = None if self.seed is None else self.seed * 100_003 + task.round
+        return FitPlan(key, seed, metrics)
+
+    def fitted(self, task: Task, plan: FitPlan, res: TrainResult) -> Update:
+        """The update of a task trained as ``plan`` says, from its training's result."""
+        metrics = {**plan.metrics, "train_seconds": float(res.seconds)}
+        return Update(self.cid, task.round, plan.key, dict(res.weights), int(res.n_samples), float(res.loss), metrics)
+
+    def fit(self, task: Task, *, device: str = "cpu") -> Update:
+        """Run a training task: optionally evaluate, select a model, train (on ``device``), return the update."""
+        from .trainer import train_local
+
+        plan = self.plan_fit(task)
+        s = task.settings
         res = train_local(
-            self.architecture, task.models[key], self.x, self.y,
-            epochs=s.epochs, lr=s.lr, batch_size=s.batch_size, optimizer=s.optimizer, seed=seed,
+            self.architecture, task.models[plan.key], self.x, self.y,
+            epochs=s.epochs, lr=s.lr, batch_size=s.batch_size, optimizer=s.optimizer, seed=plan.seed,
+            device=device,
         )
-        metrics["train_seconds"] = float(res.seconds)
-        return Update(self.cid, task.round, key, dict(res.weights), int(res.n_samples), float(res.loss), metrics)
+        return self.fitted(task, plan, res)

@@ -16,6 +16,7 @@ unchanged, so that an undefended run still ends and can be scored.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -36,9 +37,9 @@ def other_key(key: str) -> str:
 class SurvivingWorker(LocalWorker):
     """An honest device that sends the model back unchanged when training from a wrecked model diverges."""
 
-    def fit(self, task: Task) -> Update:
+    def fit(self, task: Task, **kw: Any) -> Update:
         try:
-            return super().fit(task)
+            return super().fit(task, **kw)
         except RuntimeError:  # "training diverged": only in the undefended runs
             key = next(iter(task.models))
             return Update(self.cid, task.round, key, dict(task.models[key]), len(self.y), float("nan"))
@@ -49,9 +50,9 @@ class HostileWorker(SurvivingWorker):
 
     attack = "scale"
 
-    def fit(self, task: Task) -> Update:
+    def fit(self, task: Task, **kw: Any) -> Update:
         if self.attack in ("scale", "cross"):
-            u = super().fit(task)
+            u = super().fit(task, **kw)
             ref = task.models[u.model_key]
             weights = {k: (ref[k] + 1000 * (v - ref[k])).astype(v.dtype) if v.dtype.kind == "f" else v
                        for k, v in u.weights.items()}

@@ -167,7 +167,7 @@ def _run_baseline(args: argparse.Namespace, clients: list, settings: TrainSettin
 
     print("\nbaseline: plain FedAvg on the same clients (in-process simulator, same client code)")
     sim = Simulator(FedAvg(settings=settings, fraction=1.0, seed=args.seed), clients, architecture=ARCH,
-                    seed=args.seed, progress=True)
+                    seed=args.seed, progress=True, device=args.device)
     fed = sim.run(args.rounds)
     return fed.accuracies
 
@@ -307,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flip-prob", type=float, default=0.1)
     ap.add_argument("--min-cluster-size", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="where the in-process baseline trains (auto: CUDA when torch sees it)")
     ap.add_argument("--compress", default=None, help=f"how updates and models travel: {COMPRESS_FORMS}")
     ap.add_argument("--compress-up", default=None, help=f"how updates come up (default: {DEFAULT_COMPRESS_UP})")
     ap.add_argument("--compress-down", default=None, help=f"how models go down (default: {DEFAULT_COMPRESS_DOWN})")

@@ -84,9 +84,9 @@ class SlowWorker(LocalWorker):
         super().__init__(*args, **kw)
         self.release = release
 
-    def fit(self, task: Task) -> Update:
+    def fit(self, task: Task, **kw: Any) -> Update:
         self.release.wait(self.sleep_s)
-        return super().fit(task)
+        return super().fit(task, **kw)
 
 
 def start_devices(clients: Sequence[Any], transport: Callable[[str], Any], *, architecture: str,

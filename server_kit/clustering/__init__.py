@@ -12,6 +12,7 @@ module: the exact method's dendrogram and the choice of its cut, in order
 threshold search (:mod:`.threshold`), the permutation test
 (:mod:`.permutation`), the separation check (:mod:`.separation`), refinement
 and consolidation (:mod:`.refine`), the late-joiner rule (:mod:`.centroids`),
+the distances and that rule in torch on a GPU, same results (:mod:`.on_device`),
 large fleets (:mod:`.sampled`), the settings' checks (:mod:`.params`) and the
 report figure (:mod:`.plot`). :mod:`.updates` and :mod:`.hierarchy` serve the
 methods that cluster from model updates.

@@ -5,7 +5,9 @@ A client joins the cluster whose mean bit vector is nearest to its sketch.
 its ``predict`` and ``from_centroids``; the fleet-scale path
 (:mod:`server_kit.clustering.sampled`) assigns every client outside its
 sample the same way. Rows are unpacked :data:`PREDICT_CHUNK` at a time, so
-memory stays O(chunk) for a million clients.
+memory stays O(chunk) for a million clients. With ``device`` (default
+``"auto"``), a large fleet is assigned on a CUDA GPU by torch, with the same
+labels (:mod:`server_kit.clustering.on_device`).
 """
 
 from __future__ import annotations
@@ -26,12 +28,21 @@ PREDICT_CHUNK = 1 << 15
 _Model = TypeVar("_Model", bound="NearestCentroids")
 
 
-def nearest_centroids(packed: np.ndarray, n_bits: int, centroids: np.ndarray) -> np.ndarray:
+def nearest_centroids(packed: np.ndarray, n_bits: int, centroids: np.ndarray, *,
+                      device: str = "auto") -> np.ndarray:
     """Label of each packed row: its nearest centroid, ties to the lower label.
 
     Distance is the squared Euclidean distance between the row's 0/1 vector
-    and each centroid (a cluster's mean bit vector).
+    and each centroid (a cluster's mean bit vector). ``device``: one of
+    :data:`~server_kit.clustering.on_device.DEVICES`; ``"auto"`` takes the GPU
+    for :data:`~server_kit.clustering.on_device.AUTO_MIN_ROWS` rows or more
+    when torch sees one, ``"cpu"`` is this numpy code, ``"cuda"`` insists on the GPU.
     """
+    from . import on_device  # here: importing the package never loads torch
+
+    target = on_device.choose_device(device, packed.shape[0])
+    if target is not None:
+        return on_device.nearest_centroids_torch(packed, n_bits, centroids, target)
     c = centroids
     cc = np.einsum("ij,ij->i", c, c)[None, :]
     tol = 1e-9 * max(1, n_bits)

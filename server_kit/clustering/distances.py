@@ -24,11 +24,16 @@ shared class blocks that differ in ``q d`` bits, the rest noise), it keeps
 1.7 times the unclipped one (``m`` 2 to 5, ``q`` 0.15 to 0.25); a clip at
 the mean (``d / 2``) flattens too little, one a whole deviation below clips
 blocks of the same class (``benchmarks/RESULTS.md``).
+
+:func:`sketch_pdist` and :func:`bits_pdist` take a ``device`` (default
+``"auto"``): many clients and a CUDA GPU send the work to torch, with the same
+distances (:mod:`server_kit.clustering.on_device`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -106,21 +111,50 @@ def _matmul_blocks(x: np.ndarray, block_bits: int):
 
 
 def sketch_pdist(packed: np.ndarray, n_bits: int, block_bits: int | None = None,
-                 noise_clip: int | None = None) -> np.ndarray:
+                 noise_clip: int | None = None, *, device: str = "auto") -> np.ndarray:
     """The condensed distances of packed sketches: Hamming (compiled popcount), or block-clipped.
 
     Block-clipped when ``block_bits`` is given, at ``noise_clip`` or else at
-    :func:`default_noise_clip` of the block.
+    :func:`default_noise_clip` of the block. ``device``: one of
+    :data:`~server_kit.clustering.on_device.DEVICES`; ``"auto"`` takes the GPU
+    for :data:`~server_kit.clustering.on_device.AUTO_MIN_PDIST_ROWS` rows or
+    more when torch sees one (same distances).
     """
+    from . import on_device  # here: importing the package never loads torch
+
+    target = on_device.choose_device(device, np.shape(packed)[0], on_device.AUTO_MIN_PDIST_ROWS)
+    if target is not None:
+        return _torch_pdist(packed, n_bits, block_bits, noise_clip, target)
     if block_bits is None:
         return _bits.hamming_pdist(packed, n_bits)
-    return bits_pdist(_bits.unpack_bits(packed, n_bits), n_bits, block_bits, noise_clip)
+    return bits_pdist(_bits.unpack_bits(packed, n_bits), n_bits, block_bits, noise_clip, device="cpu")
 
 
 def bits_pdist(bits: np.ndarray, n_bits: int, block_bits: int | None = None,
-               noise_clip: int | None = None) -> np.ndarray:
-    """:func:`sketch_pdist` of 0/1 rows: the clipped path takes them as they are, Hamming packs them first."""
+               noise_clip: int | None = None, *, device: str = "auto") -> np.ndarray:
+    """:func:`sketch_pdist` of 0/1 rows: the clipped path takes them as they are, Hamming packs them first.
+
+    On a torch device (``device`` as in :func:`sketch_pdist`) the rows travel packed.
+    """
+    from . import on_device  # here: importing the package never loads torch
+
+    target = on_device.choose_device(device, np.shape(bits)[0], on_device.AUTO_MIN_PDIST_ROWS)
+    if target is not None:  # the clipped path reads the row width, as block_clipped_pdist does
+        x = np.asarray(bits)
+        width = n_bits if block_bits is None else x.shape[1]
+        return _torch_pdist(np.packbits(x, axis=1), width, block_bits, noise_clip, target)
     if block_bits is None:
         return _bits.hamming_pdist(np.packbits(bits, axis=1), n_bits)
     clip = default_noise_clip(int(block_bits)) if noise_clip is None else int(noise_clip)
     return block_clipped_pdist(bits, int(block_bits), clip)
+
+
+def _torch_pdist(packed: np.ndarray, n_bits: int, block_bits: int | None, noise_clip: int | None,
+                 target: Any) -> np.ndarray:
+    """:func:`sketch_pdist` on the torch device ``target``."""
+    from . import on_device
+
+    if block_bits is None:
+        return on_device.hamming_pdist_torch(packed, n_bits, target)
+    clip = default_noise_clip(int(block_bits)) if noise_clip is None else int(noise_clip)
+    return on_device.block_clipped_pdist_torch(packed, n_bits, int(block_bits), clip, target)

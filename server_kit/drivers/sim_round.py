@@ -3,9 +3,10 @@
 The simulator's :class:`~server_kit.rounds.training.RoundPort` and
 :class:`~server_kit.rounds.recorded.RecordedIntake`: "sending" a round counts the
 ``train`` command and the models each device would download; "waiting" trains
-every task in plan order with its device's :class:`~edge_sdk.worker.LocalWorker`
-and records the update as the device would send it (the run's update codec,
-its bytes counted). Every device answers: the round closes with all answered.
+the round's tasks with their devices' :class:`~edge_sdk.worker.LocalWorker`
+(:class:`~server_kit.drivers.sim_training.RoundTraining`: one by one or batched)
+and records each update, in plan order, as the device would send it (the run's
+update codec, its bytes counted). Every device answers: the round closes with all answered.
 """
 
 from __future__ import annotations
@@ -24,15 +25,16 @@ class SimulatedPort:
     """Trains each task in process (see the module docstring).
 
     ``count_tasks(tasks)``: the command and model bytes of the round's tasks;
-    ``train(task) -> Update``: a task trained, its update as the server gets it.
+    ``train_round(tasks) -> updates``: the tasks trained, each update as the server gets it, in order.
     """
 
     def __init__(self, intake: RecordedIntake, devices: Collection[str], *,
-                 count_tasks: Callable[[Sequence[Task]], None], train: Callable[[Task], Update]) -> None:
+                 count_tasks: Callable[[Sequence[Task]], None],
+                 train_round: Callable[[Sequence[Task]], Sequence[Update]]) -> None:
         self.intake = intake
         self.devices = frozenset(devices)
         self.count_tasks = count_tasks
-        self.train = train
+        self.train_round = train_round
         #: The round's tasks, in plan order.
         self.tasks: list[Task] = []
 
@@ -45,8 +47,8 @@ class SimulatedPort:
         return 0, {}  # the bytes are in the simulator's ledger
 
     def wait(self, rnd: int, wait: RoundWait) -> RoundClose:
-        for t in self.tasks:
-            self.intake.updates[t.cid] = self.train(t)
+        for t, u in zip(self.tasks, self.train_round(self.tasks), strict=True):
+            self.intake.updates[t.cid] = u
             wait.answer("update", t.cid)
         return RoundClose(CloseReason.ALL_ANSWERED, wait.elapsed(), wait.goal_s, frozenset())
 

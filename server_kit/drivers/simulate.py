@@ -40,6 +40,7 @@ from ..rounds.training import RoundReport, TrainingRound
 from ..strategies.base import ClientInfo, Strategy
 from ..strategies.drift import DriftReport
 from .sim_round import SimulatedPort
+from .sim_training import RoundTraining
 
 __all__ = ["RoundRecord", "SimulationResult", "Simulator"]
 
@@ -171,6 +172,13 @@ class Simulator:
         A device whose data changed re-sketches (its own key) and sends the sketch
         unasked when it moved beyond flip noise (:class:`edge_sdk.drift.DriftWatch`),
         if the strategy follows drift.
+    device : {"cpu", "cuda", "auto"}
+        Where the devices train (default ``cpu``: bit for bit the same on
+        every machine; ``auto``: CUDA when torch sees it).
+    batched : bool, optional
+        Train each round's tasks that share an architecture and settings
+        together (:class:`~server_kit.drivers.sim_training.RoundTraining`);
+        None: its default (batched, in chunks sized by device).
     """
 
     def __init__(
@@ -185,8 +193,13 @@ class Simulator:
         seed: int = 0,
         progress: bool = False,
         drift: Any = None,
+        device: str = "cpu",
+        batched: bool | None = None,
     ) -> None:
         self.strategy = strategy
+        #: Where the devices' training runs (``auto``, ``cpu``, ``cuda``), and whether a round's tasks train
+        #: together (:class:`~server_kit.drivers.sim_training.RoundTraining`; None: its default).
+        self.device, self.batched = device, batched
         #: How the run's updates come up, chosen once (the strategy's compression is set at its creation).
         self.codec = update_codec(strategy.compress_up)
         self.drift = drift
@@ -309,15 +322,17 @@ class Simulator:
         result.bytes_before_training = ledger.total()
         cids = sorted(self.workers)
         intake = RecordedIntake()
+        training = RoundTraining(self.workers, device=self.device, batched=self.batched)
         port = SimulatedPort(intake, cids, count_tasks=lambda tasks: self._count_tasks(ledger, tasks),
-                             train=lambda t: self._uplink(t, self.workers[t.cid].fit(t), ledger))
-        training = TrainingRound(s, intake, port, Pace())
+                             train_round=lambda tasks: [self._uplink(t, u, ledger)
+                                                        for t, u in zip(tasks, training.train(tasks))])
+        rounds_ = TrainingRound(s, intake, port, Pace())
         bar = _progress(range(1, rounds + 1), f"{s.name} rounds", self.progress)
         t1 = time.perf_counter()
         for rnd in bar:
             tr = time.perf_counter()
             drift = self._drift_step(rnd, s, ledger, result)
-            report = training.run(rnd, cids, drift=None if drift is None else drift.summary())
+            report = rounds_.run(rnd, cids, drift=None if drift is None else drift.summary())
             acc, per = mean_accuracy(self.workers, s, [t.cid for t in port.tasks])
             record = RoundRecord(report, acc, per, time.perf_counter() - tr, ledger.total())
             result.rounds.append(record)
@@ -352,7 +367,8 @@ class Simulator:
         per_round = max(1, math.ceil(cfg["fraction"] * len(cids)))
         res = federated_ae_pretrain([self.workers[c].x for c in cids], architecture=cfg["architecture"],
                                     rounds=cfg["rounds"], clients_per_round=per_round, epochs=cfg["epochs"],
-                                    lr=cfg["lr"], batch_size=cfg["batch_size"], seed=self.seed)
+                                    lr=cfg["lr"], batch_size=cfg["batch_size"], seed=self.seed,
+                                    device=self.device)
         ledger.add("AE_MODEL", "down", res.bytes_down, cfg["rounds"] * per_round)
         ledger.add("AE_UPDATE", "up", res.bytes_up, cfg["rounds"] * per_round)
         ledger.add("CMD", "down", message_bytes(Kind.CMD, meta=build(

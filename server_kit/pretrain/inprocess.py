@@ -20,6 +20,7 @@ from typing import Any, Optional
 import numpy as np
 
 from edge_sdk.protocol import SERVER_ID, decode_message, parse_tensors
+from edge_sdk.torch_support import resolve_device
 from edge_sdk.trainer import initial_weights, train_autoencoder_local
 from edge_sdk.validation import check_positive_int
 
@@ -83,11 +84,12 @@ class _Settings:
     batch_size: int
     seed: int
     threads: Optional[int]
+    device: str = "cpu"
 
 
 def _checked(
     client_images: Sequence[np.ndarray], *, architecture: str, rounds: int, clients_per_round: int,
-    epochs: int, lr: float, batch_size: int, seed: int, threads: Optional[int],
+    epochs: int, lr: float, batch_size: int, seed: int, threads: Optional[int], device: str = "cpu",
 ) -> tuple[list[np.ndarray], _Settings]:
     """The clients' images and the run's settings, checked; the first fault found is raised."""
     images = list(client_images)
@@ -115,13 +117,15 @@ def _checked(
         or not (math.isfinite(lr) and lr > 0)
     ):
         raise ValueError(f"lr must be a positive finite number, got {lr!r}")
-    return images, _Settings(architecture, n_rounds, per_round, n_epochs, float(lr), bs, int(seed), threads)
+    return images, _Settings(architecture, n_rounds, per_round, n_epochs, float(lr), bs, int(seed), threads,
+                             resolve_device(device))
 
 
 def federated_ae_pretrain(
     client_images: Sequence[np.ndarray], *, architecture: str = "fc_ae_784_50_20", rounds: int = 10,
     clients_per_round: int = 50, epochs: int = 3, lr: float = 1e-3, batch_size: int = 32, seed: int = 0,
     progress: bool = False, threads: Optional[int] = 1, initial: Optional[Mapping[str, np.ndarray]] = None,
+    device: str = "cpu",
 ) -> PretrainResult:
     """Pre-train an autoencoder by FedAvg over the clients' images.
 
@@ -163,6 +167,9 @@ def federated_ae_pretrain(
     initial : mapping, optional
         Starting weights instead of the seeded initialisation (for example
         the centrally pre-trained autoencoder, to fine-tune it).
+    device : {"cpu", "cuda", "auto"}
+        Where the clients train and the server averages (``auto``: CUDA when
+        torch sees it).
 
     Returns
     -------
@@ -178,14 +185,14 @@ def federated_ae_pretrain(
     """
     images, settings = _checked(
         client_images, architecture=architecture, rounds=rounds, clients_per_round=clients_per_round,
-        epochs=epochs, lr=lr, batch_size=batch_size, seed=seed, threads=threads)
+        epochs=epochs, lr=lr, batch_size=batch_size, seed=seed, threads=threads, device=device)
     t_start = time.perf_counter()
     start = (
         initial_weights(architecture, settings.seed)
         if initial is None
         else {k: np.array(v, copy=True) for k, v in initial.items()}
     )
-    driver = _InProcessRounds(images, settings, AEPretraining(start, device="cpu"))
+    driver = _InProcessRounds(images, settings, AEPretraining(start, device=settings.device))
     history = driver.run(progress)
     return PretrainResult(
         weights=driver.state.weights,
@@ -259,6 +266,7 @@ class _InProcessRounds:
             batch_size=s.batch_size,
             seed=_local_seed(s.seed, rnd, i),
             threads=s.threads,
+            device=s.device,
         )
         up = update_message(res.weights, cid, rnd, res.n_samples)
         # server side: decode, check against the model's spec, keep for the round's average
