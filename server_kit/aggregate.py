@@ -9,13 +9,17 @@ their average weighted by those counts.
   :class:`~server_kit.mean.RunningMean`, the same arithmetic one update at a
   time, and the checks every update passes).
 * :class:`StreamingFedAvg` adds updates one at a time, as they arrive, into
-  a single weighted-sum accumulator of torch tensors (on the GPU when there
-  is one; on the CPU numpy kernels update the same tensors in place), so the
-  server holds one model's worth of sums however many clients report and a
-  round's result is ready right after the last update. A bad update
-  (missing or unexpected tensor, wrong shape or dtype kind, NaN or Inf) is
-  refused with a ``ValueError`` naming the tensor, before anything is
-  added: the caller logs it and drops the update.
+  a single weighted-sum accumulator of torch tensors (on the GPU for a
+  large model when there is one; on the CPU numpy kernels update the same
+  tensors in place), so the server holds one model's worth of sums however
+  many clients report and a round's result is ready right after the last
+  update. A malformed update (missing or unexpected tensor, wrong shape or
+  dtype kind, bad sample count) is refused with a ``ValueError`` naming the
+  tensor, before anything is added: the caller logs it and drops the
+  update. An update with NaN or Inf is refused the same way, except on the
+  GPU path (``kernels="staged"``, :mod:`server_kit.staging`), which finds
+  it without waiting for the device: it adds nothing, and
+  :meth:`StreamingFedAvg.settle` returns it as a :class:`Refused`.
 * ``include=`` / ``exclude=`` name-prefix filters aggregate part of a model,
   for example the shared convolution base of LeNet-5 over all clients while
   the rest is averaged per cluster (:data:`server_kit.nets.BASE_LAYERS`);
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
@@ -40,12 +45,15 @@ import numpy as np
 from edge_sdk.validation import check_choice
 
 from .mean import RunningMean, Weights, check_n_samples, check_update, fedavg, spec_of
+from .staging import StagedSum
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "GPU_MIN_BYTES",
     "KERNELS",
+    "Refused",
     "RunningMean",
     "StreamingFedAvg",
     "fedavg",
@@ -152,11 +160,81 @@ def merge(base: Weights, override: Weights) -> dict[str, np.ndarray]:
 
 
 #: Values of ``StreamingFedAvg(kernels=...)``.
-KERNELS: tuple[str, ...] = ("auto", "numpy", "torch")
+KERNELS: tuple[str, ...] = ("auto", "numpy", "torch", "staged")
+
+#: The smallest model (floating bytes aggregated) that ``kernels="auto"`` puts on a GPU when no
+#: ``device`` is given; a smaller one is summed with numpy on the CPU, where it costs less than the
+#: transfer's fixed costs. A starting value: the crossover is measured by benchmarks/gpu.py.
+GPU_MIN_BYTES: int = 4 * 2**20
+
+
+@dataclass(frozen=True)
+class Refused:
+    """An update found not finite by :meth:`StreamingFedAvg.settle`: nothing of it was added.
+
+    Attributes
+    ----------
+    tag : object
+        What ``add(..., tag=)`` was given (a client id).
+    tensor : str
+        The first tensor, in template order, holding a NaN or Inf.
+    message : str
+        ``update: tensor 'NAME' contains NaN or Inf``, what the other paths raise.
+    """
+
+    tag: object
+    tensor: str
+    message: str
+
+
+def _placement(device: Any, kernels: str, float_bytes: int) -> tuple[torch.device, str]:
+    """The device and kernels that ``StreamingFedAvg(device=, kernels=)`` resolve to."""
+    import torch
+
+    check_choice(kernels, "kernels", KERNELS)
+    if device is None and kernels == "auto":
+        big = torch.cuda.is_available() and float_bytes >= GPU_MIN_BYTES
+        return torch.device("cuda" if big else "cpu"), "staged" if big else "numpy"
+    if device is None:
+        device = "cpu" if kernels == "numpy" else server_device()
+    device = torch.device(device)
+    if kernels == "auto":
+        kernels = {"cpu": "numpy", "cuda": "staged"}.get(device.type, "torch")
+    if kernels == "numpy" and device.type != "cpu":
+        raise ValueError(f"kernels='numpy' needs device 'cpu', got {device}")
+    return device, kernels
 
 
 class StreamingFedAvg:
     """FedAvg that adds updates one at a time into one accumulator.
+
+    Three paths do the arithmetic (``kernels``):
+
+    * ``"numpy"`` (the CPU): numpy operations on views of the accumulator
+      tensors, in place. Torch's intra-op threads do not speed up this
+      memory-bound work, and their many short parallel regions (three per
+      tensor per update) stall whenever the cores are shared: on 2 busy
+      cores, one ResNet-18 update took 0.3 to 0.6 s with torch kernels and
+      about 15 ms with numpy.
+    * ``"staged"`` (the GPU, :class:`~server_kit.staging.StagedSum`): the
+      floating tensors are views into one flat accumulator; an update is
+      copied into a pinned host slot, sent in one transfer on a copy
+      stream, tested for NaN and Inf and added on the device, with no host
+      synchronisation. A non-finite update adds zeros and :meth:`settle`
+      (which ``count``, ``total_samples`` and :meth:`result` call) reports
+      it. Also runs on the CPU, the same code without pinning or streams.
+    * ``"torch"``: the former GPU path, kept for comparison: per-tensor
+      copies and sums, one host synchronisation per update.
+
+    ``"auto"`` (default): without ``device``, ``"staged"`` on CUDA for a
+    model of :data:`GPU_MIN_BYTES` floating bytes or more when a GPU is
+    there, else ``"numpy"`` on the CPU; with ``device``, ``"numpy"`` on the
+    CPU, ``"staged"`` on CUDA, ``"torch"`` elsewhere.
+
+    On a GPU the sums are float32: N updates summed in float32 stay within
+    ``(N + 2) * 2**-24 * sum(n_i * |w_i|) / sum(n_i)`` of :func:`fedavg`'s
+    float64 result, element-wise (N roundings of the sum and the products,
+    the division and the cast; tests/server_kit/test_staging.py tests it).
 
     Parameters
     ----------
@@ -169,21 +247,12 @@ class StreamingFedAvg:
         of ``exclude``. Updates may still carry the filtered-out tensors of
         the template; they are ignored.
     device : str or torch.device, optional
-        Where the sums live; default :func:`server_device`.
+        Where the sums live; default: as ``"auto"`` decides, the CPU for
+        ``"numpy"``, :func:`server_device` for ``"torch"`` and ``"staged"``.
     dtype : torch.dtype, optional
-        Accumulator dtype; default float64 on the CPU and float32 on a GPU
-        (the sums of float32 updates then agree with :func:`fedavg` to about
-        1e-7 relative).
-    kernels : {"auto", "numpy", "torch"}
-        What does the arithmetic on the accumulator tensors. ``"torch"``:
-        torch operations on ``device``. ``"numpy"`` (CPU only): numpy
-        operations on views of the same tensors, in place. ``"auto"``
-        (default) picks numpy on the CPU and torch elsewhere: the work is
-        memory-bound, so torch's intra-op threads do not speed it up, and
-        their many short parallel regions (three per tensor per update)
-        stall whenever the cores are shared. On 2 busy cores, one ResNet-18
-        update took 0.3 to 0.6 s with torch kernels and about 15 ms with
-        numpy.
+        Accumulator dtype; default float64 on the CPU and float32 elsewhere.
+    kernels : {"auto", "numpy", "torch", "staged"}
+        The path, as above.
 
     Attributes
     ----------
@@ -194,19 +263,11 @@ class StreamingFedAvg:
     names : tuple of str
         The aggregated tensor names.
     kernels : str
-        ``"numpy"`` or ``"torch"``, as resolved from the argument.
+        ``"numpy"``, ``"torch"`` or ``"staged"``, as resolved.
     """
 
-    def __init__(
-        self,
-        template: Weights,
-        *,
-        include: Prefixes = None,
-        exclude: Prefixes = None,
-        device: Any = None,
-        dtype: Any = None,
-        kernels: str = "auto",
-    ) -> None:
+    def __init__(self, template: Weights, *, include: Prefixes = None, exclude: Prefixes = None,
+                 device: Any = None, dtype: Any = None, kernels: str = "auto") -> None:
         import torch
 
         inc, exc = _prefixes(include, "include"), _prefixes(exclude, "exclude")
@@ -218,27 +279,24 @@ class StreamingFedAvg:
             )
         self._ignored = frozenset(full) - frozenset(self._spec)
         self.include, self.exclude = inc, exc
-        self.device = torch.device(device) if device is not None else server_device()
+        floats = {k: shape for k, (shape, _, kind) in self._spec.items() if kind == "f"}
+        nbytes = sum(int(np.prod(s)) * self._spec[k][1].itemsize for k, s in floats.items())
+        self.device, self.kernels = _placement(device, kernels, nbytes)
         if dtype is None:
             dtype = torch.float64 if self.device.type == "cpu" else torch.float32
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating torch dtype, got {dtype!r}")
         self.dtype = dtype
-        check_choice(kernels, "kernels", KERNELS)
-        if kernels == "auto":
-            kernels = "numpy" if self.device.type == "cpu" else "torch"
-        if kernels == "numpy" and self.device.type != "cpu":
-            raise ValueError(f"kernels='numpy' needs device 'cpu', got {self.device}")
-        self.kernels = kernels
-        self._sums = {
-            k: torch.zeros(shape, dtype=dtype, device=self.device)
-            for k, (shape, _, kind) in self._spec.items()
-            if kind == "f"
-        }
-        # Updates in another float dtype are cast (and scaled) into this buffer, the size of
-        # the largest tensor, before the add: a mixed-dtype add_ is several times slower.
-        largest = max((t.numel() for t in self._sums.values()), default=0)
-        self._scratch = torch.empty(largest, dtype=dtype, device=self.device)
+        self._staged = StagedSum(floats, self.device, dtype) if self.kernels == "staged" else None
+        if self._staged is not None:
+            self._sums = self._staged.views()
+        else:
+            self._sums = {k: torch.zeros(s, dtype=dtype, device=self.device)
+                          for k, s in floats.items()}
+            # Updates in another float dtype are cast (and scaled) into this buffer, the size of
+            # the largest tensor, before the add: a mixed-dtype add_ is several times slower.
+            largest = max((t.numel() for t in self._sums.values()), default=0)
+            self._scratch = torch.empty(largest, dtype=dtype, device=self.device)
         if self.kernels == "numpy":
             try:
                 self._views = {k: t.numpy() for k, t in self._sums.items()}
@@ -246,15 +304,29 @@ class StreamingFedAvg:
             except TypeError as e:  # bfloat16 has no numpy twin
                 raise ValueError(f"kernels='numpy' cannot hold dtype {dtype}: {e}") from None
         self._maxima: dict[str, Any] = {}
-        self.count = 0
-        self.total_samples = 0
+        # staged: (tag, n, integer tensors) of the updates whose verdicts are not read yet
+        self._pending: list[tuple[object, int, dict[str, np.ndarray]]] = []
+        self._refused: list[Refused] = []
+        self._count = self._total = 0
 
     @property
     def names(self) -> tuple[str, ...]:
         """The aggregated tensor names, in template order."""
         return tuple(self._spec)
 
-    def add(self, weights: Weights, n_samples: int) -> None:
+    @property
+    def count(self) -> int:
+        """Updates accepted since construction or :meth:`reset` (settles the staged path first)."""
+        self._settle_pending()
+        return self._count
+
+    @property
+    def total_samples(self) -> int:
+        """Sum of the accepted updates' sample counts (settles the staged path first)."""
+        self._settle_pending()
+        return self._total
+
+    def add(self, weights: Weights, n_samples: int, *, tag: object = None) -> None:
         """Check one update against the template and add ``n_samples * weights`` to the sums.
 
         Parameters
@@ -265,22 +337,62 @@ class StreamingFedAvg:
             ignored).
         n_samples : int
             Its sample count (non-negative).
+        tag : object, optional
+            What :meth:`settle` names the update by if it is refused (a client id).
 
         Raises
         ------
         ValueError
             Naming the tensor, on a missing or unexpected tensor, a wrong
-            shape or dtype kind, or NaN or Inf; or on a bad ``n_samples``.
-            Nothing is added then.
+            shape or dtype kind, or NaN or Inf (except on the staged path:
+            see :meth:`settle`); or on a bad ``n_samples``. Nothing is
+            added then.
         """
         n = check_n_samples(n_samples, "update")
         arrays = check_update(weights, self._spec, "update", self._ignored)
+        if self._staged is not None:
+            self._staged.push(arrays, n)
+            ints = {k: np.array(a, copy=True) for k, a in arrays.items() if k not in self._sums}
+            self._pending.append((tag, n, ints))
+            return
         if self.kernels == "numpy":
             self._add_numpy(arrays, n)
         else:
             self._add_torch(arrays, n)
-        self.count += 1
-        self.total_samples += n
+        self._count += 1
+        self._total += n
+
+    def settle(self) -> list[Refused]:
+        """The updates found not finite since the last call: nothing of them was added.
+
+        Staged path: waits once for the device, then applies the integer
+        maxima of the finite updates; a refused update counts in neither
+        ``count`` nor ``total_samples``. The other paths: ``[]`` (their
+        ``add`` raises instead).
+        """
+        self._settle_pending()
+        out, self._refused = self._refused, []
+        return out
+
+    def _settle_pending(self) -> None:
+        if self._staged is None or not self._pending:
+            return
+        for (tag, n, ints), bad in zip(self._pending, self._staged.settle()):
+            if bad is not None:
+                message = f"update: tensor {bad!r} contains NaN or Inf"
+                self._refused.append(Refused(tag, bad, message))
+                continue
+            for name, a in ints.items():
+                self._keep_max(name, a)
+            self._count += 1
+            self._total += n
+        self._pending = []
+
+    def _keep_max(self, name: str, a: np.ndarray) -> None:
+        if name in self._maxima:
+            np.maximum(self._maxima[name], a, out=self._maxima[name])
+        else:
+            self._maxima[name] = np.array(a, copy=True)
 
     def _add_numpy(self, arrays: Mapping[str, np.ndarray], n: int) -> None:
         for name, a in arrays.items():
@@ -293,10 +405,8 @@ class StreamingFedAvg:
                 # dtype= makes the product itself run in the accumulator's precision
                 np.multiply(a, float(n), out=scaled, dtype=acc.dtype)
                 np.add(acc, scaled, out=acc)
-            elif name in self._maxima:
-                np.maximum(self._maxima[name], a, out=self._maxima[name])
             else:
-                self._maxima[name] = np.array(a, copy=True)
+                self._keep_max(name, a)
 
     def _to_device(self, a: np.ndarray) -> torch.Tensor:
         import torch
@@ -336,7 +446,7 @@ class StreamingFedAvg:
                 self._maxima[name] = t.clone()
 
     def result(self) -> dict[str, np.ndarray]:
-        """The weighted average of the updates added so far.
+        """The weighted average of the updates added so far (settles the staged path first).
 
         Returns
         -------
@@ -347,18 +457,21 @@ class StreamingFedAvg:
         Raises
         ------
         ValueError
-            If no update was added or their total weight is zero.
+            If no update was accepted or their total weight is zero.
         """
         if self.count == 0:
             raise ValueError("no update was added; nothing to average")
-        if self.total_samples == 0:
+        if self._total == 0:
             raise ValueError("total weight is zero: every update has n_samples == 0")
+        means = self._staged.mean(self._total) if self._staged is not None else {}
         out = {}
         for name, (_, dtype, kind) in self._spec.items():
             if kind == "f" and self.kernels == "numpy":
-                out[name] = (self._views[name] / self.total_samples).astype(dtype, copy=False)
+                out[name] = (self._views[name] / self._total).astype(dtype, copy=False)
+            elif kind == "f" and name in means:
+                out[name] = means[name].astype(dtype, copy=False)
             elif kind == "f":
-                avg = self._sums[name] / self.total_samples
+                avg = self._sums[name] / self._total
                 out[name] = avg.cpu().numpy().astype(dtype, copy=False)
             else:
                 m = self._maxima[name]
@@ -367,16 +480,17 @@ class StreamingFedAvg:
         return out
 
     def reset(self) -> None:
-        """Forget every update (the accumulator is kept and zeroed)."""
-        for t in self._sums.values():
-            t.zero_()
+        """Forget every update, pending verdict and refusal (the accumulator is kept and zeroed)."""
+        if self._staged is not None:
+            self._staged.zero()  # and its pending verdicts
+        else:
+            for t in self._sums.values():
+                t.zero_()
         self._maxima.clear()
-        self.count = 0
-        self.total_samples = 0
+        self._pending, self._refused = [], []
+        self._count = self._total = 0
 
     def __repr__(self) -> str:
-        return (
-            f"StreamingFedAvg({len(self._spec)} tensors, device={self.device}, "
-            f"dtype={self.dtype}, kernels={self.kernels!r}, count={self.count}, "
-            f"total_samples={self.total_samples})"
-        )
+        pending = f", pending={len(self._pending)}" if self._staged is not None else ""
+        return (f"StreamingFedAvg({len(self._spec)} tensors, device={self.device}, dtype={self.dtype}, "
+                f"kernels={self.kernels!r}, count={self._count}, total_samples={self._total}{pending})")

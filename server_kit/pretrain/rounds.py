@@ -15,6 +15,7 @@ torch is imported only when a round is averaged.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -26,6 +27,8 @@ from edge_sdk.trainer import state_spec
 from ..rounds.goals import goal_count
 
 __all__ = ["AEPretraining", "AERound", "sample_fraction"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -135,16 +138,24 @@ class AEPretraining:
     def close_round(self) -> AERound:
         """Average the answers (by sample count) into :attr:`weights` and say how the round went.
 
-        Without any answer the weights stay as they were and the loss is None.
+        Without any answer the weights stay as they were and the loss is None. An answer the GPU's
+        aggregator finds not finite (:meth:`~server_kit.aggregate.StreamingFedAvg.settle`; answers are
+        checked when decoded, so it should not happen) is logged and left out of the average, the
+        clients and the loss.
         """
         from server_kit.aggregate import StreamingFedAvg
 
         got = [(cid, *self.updates[cid]) for cid in sorted(self.updates)]
         if got:
             agg = StreamingFedAvg(self.weights, device=self.device)
-            for _, w, n, _ in got:
-                agg.add(w, n)
-            self.weights = agg.result()
+            for cid, w, n, _ in got:
+                agg.add(w, n, tag=cid)
+            refused = agg.settle()
+            for r in refused:
+                log.warning("pre-training round %d: answer of %s refused: %s", self.round, r.tag, r.message)
+            got = [g for g in got if g[0] not in {r.tag for r in refused}]
+            if got:
+                self.weights = agg.result()
         n_tot = sum(n for _, _, n, _ in got)
         loss = sum(loss * n for _, _, n, loss in got) / n_tot if n_tot else None
         done = AERound(self.round, [c for c, *_ in got], sorted(self.tasked - set(self.updates)), loss, n_tot)

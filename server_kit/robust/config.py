@@ -105,7 +105,7 @@ class RobustConfig:
 
 def make_aggregator(template: Weights, config: RobustConfig, *, include: Sequence[str] | None = None
                     ) -> StreamingFedAvg | CoordinateAggregator:
-    """The aggregator of ``config.aggregator`` for ``template`` (``add`` / ``result`` / ``count``)."""
+    """The aggregator of ``config.aggregator`` for ``template`` (``add`` / ``settle`` / ``result`` / ``count``)."""
     if config.aggregator == "fedavg":
         return StreamingFedAvg(template, include=include)
     return CoordinateAggregator(template, config.aggregator, config.trim_fraction, include=include)

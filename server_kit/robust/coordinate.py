@@ -3,7 +3,7 @@
 Unweighted, so a claimed sample count does not matter: :func:`coordinate_median`
 and :func:`trimmed_mean` (``ceil(beta * n)`` values cut at each end of every
 coordinate, at least one when ``n >= 3``). :class:`CoordinateAggregator`
-gives them the ``add`` / ``result`` interface of streaming FedAvg; integer
+gives them the ``add`` / ``settle`` / ``result`` interface of streaming FedAvg; integer
 tensors keep their element-wise maximum.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..aggregate import check_n_samples, check_update, spec_of
+from ..aggregate import Refused, check_n_samples, check_update, spec_of
 
 __all__ = ["DEFAULT_TRIM_FRACTION", "CoordinateAggregator", "coordinate_median", "trim_count", "trimmed_mean"]
 
@@ -139,8 +139,8 @@ class CoordinateAggregator:
     def names(self) -> tuple[str, ...]:
         return tuple(self._spec)
 
-    def add(self, weights: Weights, n_samples: int) -> None:
-        """Check one update and keep it; a ``ValueError`` naming the tensor refuses it."""
+    def add(self, weights: Weights, n_samples: int, *, tag: object = None) -> None:
+        """Check one update and keep it; a ``ValueError`` naming the tensor refuses it (``tag``: unused)."""
         n = check_n_samples(n_samples, "update")
         arrays = check_update(weights, self._spec, "update", self._ignored)
         for name, a in arrays.items():
@@ -149,6 +149,10 @@ class CoordinateAggregator:
         self._kept.append(arrays)
         self.count += 1
         self.total_samples += n
+
+    def settle(self) -> list[Refused]:
+        """Nothing is deferred here (``add`` refuses a non-finite update at once): always ``[]``."""
+        return []
 
     def result(self) -> dict[str, np.ndarray]:
         """The rule over the kept updates, in the template's dtypes."""

@@ -81,17 +81,27 @@ def copy_weights(w: Weights) -> dict[str, np.ndarray]:
 
 def add_updates(agg: StreamingFedAvg | CoordinateAggregator, updates: Sequence[Update | PartialSum], key: str,
                 only: Sequence[str] | None = None) -> int:
-    """Add the updates for model ``key`` (restricted to parameter names ``only``); returns how many."""
+    """Add the updates for model ``key`` (restricted to parameter names ``only``); returns how many were accepted.
+
+    A malformed update is refused by ``add``; one with NaN or Inf may be found only when the aggregator
+    settles (``StreamingFedAvg(kernels="staged")``): both are logged alike and not counted.
+    """
     n = 0
+    rounds: dict[str, int] = {}
     for u in updates:
         if u.model_key != key:
             continue
         w = u.weights if only is None else {k: u.weights[k] for k in only if k in u.weights}
         try:
-            agg.add(w, u.n_samples)
+            agg.add(w, u.n_samples, tag=u.cid)
             n += 1
+            rounds[u.cid] = u.round
         except ValueError as e:
             log.warning("round %d: update of %s for %s rejected: %s", u.round, u.cid, key, e)
+    for refused in agg.settle():
+        log.warning("round %d: update of %s for %s rejected: %s", rounds[refused.tag], refused.tag, key,
+                    refused.message)
+        n -= 1
     return n
 
 

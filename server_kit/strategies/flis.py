@@ -378,10 +378,14 @@ class FLISDC(AuxInference, Strategy):
             for j in rows:
                 u = reduced[j][0]
                 try:
-                    agg.add(u.weights, u.n_samples)
+                    agg.add(u.weights, u.n_samples, tag=u.cid)
                     added += 1
                 except ValueError as e:
                     log.warning("%s round %d: update of %s rejected for cluster %d: %s", self.name, rnd, u.cid, k, e)
+            for refused in agg.settle():
+                log.warning("%s round %d: update of %s rejected for cluster %d: %s", self.name, rnd, refused.tag, k,
+                            refused.message)
+                added -= 1
             models[ClusteredFedAvg.key(k)] = agg.result() if added else copy_weights(template)
             members.append([reduced[j][0].cid for j in rows])
         self.models, self.members_ = models, members

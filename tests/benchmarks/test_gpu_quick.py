@@ -1,0 +1,41 @@
+"""benchmarks/gpu.py --quick: every key of its JSON line, the CPU parts measured, the GPU parts named or null."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu.py"
+KEYS = {"agg_ms_resnet18_gpu", "agg_ms_resnet18_cpu", "agg_ms_lenet5_gpu", "agg_ms_lenet5_cpu",
+        "pinned_transfer_ms_resnet18", "round_s_gpu_batched", "round_s_cpu_sequential", "round_s_cpu_batched",
+        "batched_over_sequential_cpu", "assign_1m_s_gpu", "assign_1m_s_cpu", "gpu"}
+
+
+def test_quick_run_reports_every_key_and_says_what_it_could_not_measure():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--repeats", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    out = json.loads(lines[-1])
+    assert KEYS <= set(out)
+    assert out["round_clients"] == 4 and out["assign_rows"] == 20_000 and 44e6 < out["update_mb_resnet18"] * 1e6 < 46e6
+    for key in ("agg_ms_resnet18_cpu", "agg_ms_lenet5_cpu", "agg_ms_resnet18_cpu_staged", "round_s_cpu_sequential",
+                "round_s_cpu_batched", "assign_1m_s_cpu"):
+        assert out[key] > 0, key
+    # the two orders train the same models: the same accuracy, well above chance (10 classes)
+    assert out["round_acc_cpu_batched"] == pytest.approx(out["round_acc_cpu_sequential"], abs=0.02)
+    assert out["round_acc_cpu_batched"] > 0.2
+    if torch.cuda.is_available():
+        assert out["gpu"] == torch.cuda.get_device_name(0) and out["assign_same_labels"] is True
+        assert out["agg_ms_resnet18_gpu"] > 0 and out["round_s_gpu_batched"] > 0
+    else:
+        assert lines[0] == "no GPU: torch sees no CUDA device, so only the CPU parts run"
+        assert out["gpu"] is None
+        assert [out[k] for k in ("agg_ms_resnet18_gpu", "pinned_transfer_ms_resnet18", "round_s_gpu_batched",
+                                 "assign_1m_s_gpu")] == [None] * 4
