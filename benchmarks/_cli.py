@@ -32,8 +32,13 @@ def seed_list(text: str) -> list[int]:
 
 
 def add_device_options(ap: argparse.ArgumentParser) -> None:
-    """``--device`` (where simulated devices train) and ``--sequential`` (each client alone, not batched)."""
-    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                    help="where the simulated devices train (auto: CUDA when torch sees it)")
-    ap.add_argument("--sequential", dest="batched", action="store_false",
-                    help="train a round's clients one by one (default: together, in batches)")
+    """``--device`` (where simulated devices train) and ``--batched``/``--sequential`` (how a round's clients do)."""
+    from server_kit.cli_options import device_name
+
+    ap.add_argument("--device", type=device_name, default="auto",
+                    help="auto, cpu or cuda: where the simulated devices train (auto: CUDA when torch sees it)")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--batched", dest="batched", action="store_true", default=None,
+                     help="train a round's clients together (default on a GPU)")
+    how.add_argument("--sequential", dest="batched", action="store_false",
+                     help="train a round's clients one by one (default on the CPU)")

@@ -15,7 +15,7 @@ from edge_sdk.transport import BrokerConfig
 
 from .watch.options import add_watch_options
 
-__all__ = ["DEFAULT_COMPRESS_DOWN", "DEFAULT_COMPRESS_UP", "DESCRIPTION", "build_parser", "known_architectures", "known_encoders", "known_strategies"]
+__all__ = ["DEFAULT_COMPRESS_DOWN", "DEFAULT_COMPRESS_UP", "DESCRIPTION", "build_parser", "device_name", "known_architectures", "known_encoders", "known_strategies"]
 
 #: ``--compress-up`` and ``--compress-down`` when not given: the pair ``benchmarks/compression.py`` picked (README).
 DEFAULT_COMPRESS_UP = "int4"
@@ -27,6 +27,19 @@ DESCRIPTION = "``fedsketch-server``: run a federation's server over MQTT."
 
 
 # -- the names a user can pick ----------------------------------------------------
+
+
+def device_name(text: str) -> str:
+    """An argparse type for a ``--device`` option: ``auto``, ``cpu`` or ``cuda``, resolved to ``cpu`` or ``cuda``.
+
+    ``cuda`` where torch sees no CUDA device is a usage error, said before anything starts.
+    """
+    from edge_sdk.torch_support import resolve_device
+
+    try:
+        return resolve_device(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def known_strategies() -> list[str]:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .cli_options import COMPRESS_FORMS, DEFAULT_COMPRESS_DOWN, DEFAULT_COMPRESS_UP
+from .cli_options import COMPRESS_FORMS, DEFAULT_COMPRESS_DOWN, DEFAULT_COMPRESS_UP, device_name
 
 if TYPE_CHECKING:
     from edge_sdk.tasks import TrainSettings
@@ -307,8 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flip-prob", type=float, default=0.1)
     ap.add_argument("--min-cluster-size", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                    help="where the in-process baseline trains (auto: CUDA when torch sees it)")
+    ap.add_argument("--device", type=device_name, default="auto",
+                    help="auto, cpu or cuda: where the in-process baseline trains (auto: CUDA when torch sees it)")
     ap.add_argument("--compress", default=None, help=f"how updates and models travel: {COMPRESS_FORMS}")
     ap.add_argument("--compress-up", default=None, help=f"how updates come up (default: {DEFAULT_COMPRESS_UP})")
     ap.add_argument("--compress-down", default=None, help=f"how models go down (default: {DEFAULT_COMPRESS_DOWN})")

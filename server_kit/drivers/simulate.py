@@ -178,7 +178,7 @@ class Simulator:
     batched : bool, optional
         Train each round's tasks that share an architecture and settings
         together (:class:`~server_kit.drivers.sim_training.RoundTraining`);
-        None: its default (batched, in chunks sized by device).
+        None: its default (batched on a GPU, one by one on the CPU).
     """
 
     def __init__(

@@ -73,7 +73,7 @@ def test_a_round_batched_gives_each_device_its_update_in_task_order(digits12, ca
     w0 = initial_weights(ARCH, 3)
     tasks = [Task(cid, 1, {"c0": w0}, TrainSettings(epochs=1, lr=0.01, batch_size=16)) for cid in sorted(workers)[::-1]]
     with caplog.at_level(logging.DEBUG, logger="server_kit.drivers.sim_training"):
-        batched = RoundTraining(workers, device="cpu", chunk=3).train(tasks)
+        batched = RoundTraining(workers, device="cpu", batched=True, chunk=3).train(tasks)
     assert [r.getMessage() for r in caplog.records] == [
         f"{ARCH}: 3 clients trained in one batch on cpu", f"{ARCH}: 1 clients trained in one batch on cpu"]
     alone = RoundTraining(workers, device="cpu", batched=False).train(tasks)
@@ -90,4 +90,4 @@ def test_the_device_choice_is_checked():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="device 'cuda' asked but torch sees no CUDA device"):
             RoundTraining({}, device="cuda")
-        assert RoundTraining({}, device="auto").device == "cpu"
+        assert (RoundTraining({}, device="auto").device, RoundTraining({}).batched) == ("cpu", False)
