@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -72,9 +71,12 @@ def make_updates(architecture: str, count: int, seed: int) -> list[tuple[dict[st
     return out
 
 
-def aggregate_ms(updates: list[tuple[dict[str, np.ndarray], int]], device: str, kernels: str,
+def aggregate_ms(updates: list[tuple[dict[str, np.ndarray], int]], device: str | None, kernels: str,
                  repeats: int) -> float:
-    """Best per-update milliseconds of adding every update and settling; the result checked."""
+    """Best per-update milliseconds of adding every update and settling; the result checked.
+
+    ``device=None, kernels="auto"``: where the server puts this model by itself.
+    """
     from server_kit.aggregate import StreamingFedAvg, fedavg
 
     template = updates[0][0]
@@ -103,24 +105,18 @@ def aggregate_ms(updates: list[tuple[dict[str, np.ndarray], int]], device: str, 
     return 1000.0 * best / len(updates)
 
 
-def pinned_transfer_ms(nbytes: int, repeats: int = 20) -> float:
-    """Median milliseconds of one host-to-device copy of ``nbytes`` from pinned memory."""
-    import torch
+def _placement_text(template: dict[str, np.ndarray]) -> str:
+    """Where ``StreamingFedAvg(template)`` sums, said: ``"cuda, staged"`` or ``"cpu, numpy"``."""
+    from server_kit.aggregate import StreamingFedAvg
 
-    host = torch.empty(nbytes // 4, dtype=torch.float32, pin_memory=True)
-    dev = torch.empty_like(host, device="cuda")
-    times = []
-    for _ in range(repeats + 2):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        dev.copy_(host, non_blocking=True)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return 1000.0 * statistics.median(times[2:])
+    agg = StreamingFedAvg(template)
+    return f"{agg.device.type}, {agg.kernels}"
 
 
 def aggregation(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
     """The aggregation figures: per update, GPU and CPU, against the pinned transfer."""
+    from server_kit.staging import pinned_transfer_seconds
+
     out: dict[str, Any] = {}
     sizes = {"resnet18": ("resnet18_3x32x32_10", 3 if args.quick else 20),
              "lenet5": ("lenet5_1x28x28_10", 10 if args.quick else 200)}
@@ -129,13 +125,17 @@ def aggregation(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
         nbytes = sum(v.nbytes for v in updates[0][0].values() if v.dtype.kind == "f")
         out[f"agg_ms_{name}_cpu"] = aggregate_ms(updates, "cpu", "numpy", args.repeats)
         out[f"agg_ms_{name}_cpu_staged"] = aggregate_ms(updates, "cpu", "staged", args.repeats)
+        out[f"agg_ms_{name}_auto"] = aggregate_ms(updates, None, "auto", args.repeats)
+        out[f"auto_places_{name}"] = _placement_text(updates[0][0])
         out[f"agg_ms_{name}_gpu"] = aggregate_ms(updates, "cuda", "staged", args.repeats) if gpu else None
         out[f"agg_ms_{name}_gpu_per_tensor"] = aggregate_ms(updates, "cuda", "torch", args.repeats) if gpu else None
         if name == "resnet18":
             out["update_mb_resnet18"] = nbytes / 1e6
-            out["pinned_transfer_ms_resnet18"] = pinned_transfer_ms(nbytes) if gpu else None
+            out["pinned_transfer_ms_resnet18"] = 1000.0 * pinned_transfer_seconds(nbytes) if gpu else None
         print(f"{name} update ({nbytes / 1e6:.2f} MB, {count} updates): CPU numpy {out[f'agg_ms_{name}_cpu']:.3f} ms "
               f"(staged on the CPU {out[f'agg_ms_{name}_cpu_staged']:.3f} ms)", end="")
+        print(f"; by itself the server puts it {out[f'auto_places_{name}']}: {out[f'agg_ms_{name}_auto']:.3f} ms",
+              end="")
         if gpu:
             g = out[f"agg_ms_{name}_gpu"]
             print(f"; GPU staged {g:.3f} ms ({out[f'agg_ms_{name}_cpu'] / g:.1f}x faster than the CPU), "
