@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edge_sdk.torch_support import resolve_device
 from edge_sdk.validation import check_choice
 
 from .params import check_packed
@@ -82,11 +83,7 @@ def choose_device(device: str, n_rows: int, min_rows: int = AUTO_MIN_ROWS) -> to
         raise ValueError(f"device {device!r} asked but torch is not installed") from None
     if device == "torch-cpu":
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        if device == "auto":
-            return None
-        raise ValueError("device 'cuda' asked but torch sees no CUDA device")
-    return torch.device("cuda")
+    return torch.device("cuda") if resolve_device(device) == "cuda" else None  # the one rule of auto and cuda
 
 
 def _unpack(packed: torch.Tensor, n_bits: int) -> torch.Tensor:
