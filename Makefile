@@ -41,6 +41,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check edge_sdk server_kit benchmarks tests
+	$(PY) benchmarks/structure.py >/dev/null
 	$(PY) -m pytest -q $(XDIST) -m "not alone" $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m alone $(PYTEST_ARGS)
 	FEDSKETCH_PURE_NUMPY=1 $(PY) -m pytest -q $(XDIST) tests/edge_sdk $(PYTEST_ARGS)

@@ -138,7 +138,7 @@ setup(
     entry_points={
         "console_scripts": [
             "fedsketch=edge_sdk.cli:main",
-            "fedsketch-client=edge_sdk.client_cli:main",
+            "fedsketch-client=edge_sdk.client.cli:main",
             "fedsketch-data=server_kit.data.split:main",
             "fedsketch-server=server_kit.cli:main",
             "fedsketch-aggregator=server_kit.partials.cli:main",

@@ -338,7 +338,7 @@ def replay_one(label: str, spec: dict[str, Any], clients, aux, args, architectur
     last recorded round.
     """
     from edge_sdk.tasks import TrainSettings
-    from edge_sdk.trainer import initial_weights
+    from edge_sdk.training.trainer import initial_weights
     from server_kit.strategies.base import ClientInfo
 
     settings = TrainSettings(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, optimizer=args.optimizer)

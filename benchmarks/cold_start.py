@@ -80,7 +80,7 @@ from typing import Any
 import numpy as np
 from _cli import add_device_options
 
-from edge_sdk.keeping import ModelKeeper
+from edge_sdk.models.keeping import ModelKeeper
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "mnist"
@@ -159,8 +159,8 @@ def _ours_class():
 
 def make_strategy(args, name: str):
     """``fedsketch`` (ours, as :mod:`paper_mnist` runs it) or ``fedavg``, with the paper's plain FedAvg."""
-    from edge_sdk.nets import BASE_LAYERS
     from edge_sdk.tasks import TrainSettings
+    from edge_sdk.training.nets import BASE_LAYERS
     from server_kit.strategies.fedavg import FedAvg
 
     settings = TrainSettings(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size)
@@ -354,7 +354,7 @@ def _group_keys(trained: dict[str, Any], clients) -> dict[int, str]:
 def device_rows(args, out: Path, devices: list[NewDevice], trained: dict[str, Any], clients) -> list[dict]:
     """One row per new device: its group, the model it kept and its accuracy, the others' on its data, costs."""
     from edge_sdk import LocalModel
-    from edge_sdk.evaluation import evaluate
+    from edge_sdk.training.evaluation import evaluate
 
     group_key = _group_keys(trained, clients)
     keys = sorted(trained["fedsketch"]["strategy"].models)

@@ -61,8 +61,8 @@ def run_one(label: str, seed: int, args) -> dict:
     import argparse
 
     from edge_sdk import OnnxEncoder
-    from edge_sdk.nets import BASE_LAYERS
     from edge_sdk.tasks import TrainSettings
+    from edge_sdk.training.nets import BASE_LAYERS
     from server_kit.drivers.simulate import Simulator
     from server_kit.strategies.fedsketch import SketchClustered
     from server_kit.strategies.ifca import IFCA
@@ -152,7 +152,7 @@ def device_memory(arch: str, comp_text: str) -> dict:
     """
     from edge_sdk.compress import Compression
     from edge_sdk.compress.update_codec import InMemoryFeedback, device_feedback, update_codec
-    from edge_sdk.trainer import initial_weights
+    from edge_sdk.training.trainer import initial_weights
 
     start = initial_weights(arch, 0)
     rng = np.random.default_rng(0)
@@ -182,7 +182,7 @@ def codec_speed(arch: str, comp_text: str, repeats: int) -> dict:
     import torch
 
     from edge_sdk.compress import Compression, ErrorFeedback, decode_delta
-    from edge_sdk.trainer import initial_weights
+    from edge_sdk.training.trainer import initial_weights
 
     torch.set_num_threads(1)
     w = initial_weights(arch, 0)

@@ -4,7 +4,7 @@ The sketch path (ONNX Runtime encoder -> per-class means -> quantise -> pack)
 runs in a fresh Python process that imports only ``edge_sdk``, so its peak
 memory and the absence of torch are those a Raspberry Pi would see. The
 baseline, one LeNet-5 training epoch on the same 600 samples (torch, batch 32,
-Adam 1e-3: ``edge_sdk.trainer.train_local``), runs in this process. The
+Adam 1e-3: ``edge_sdk.training.trainer.train_local``), runs in this process. The
 paper measured sketching at 4x less time than an epoch on a Raspberry Pi 4.
 The timing loop, the peak RSS reader and the epoch are those of ``fedsketch
 bench`` (:mod:`edge_sdk.bench`), which times every stage on the device itself.

@@ -59,7 +59,7 @@ class BenchFailure(RuntimeError):
 
 def make_updates(architecture: str, count: int, seed: int) -> list[tuple[dict[str, np.ndarray], int]]:
     """``count`` distinct updates of an architecture: its seeded weights plus noise (sd 0.01), with counts."""
-    from edge_sdk.trainer import initial_weights
+    from edge_sdk.training.trainer import initial_weights
 
     base = initial_weights(architecture, seed)
     out = []
@@ -171,7 +171,7 @@ def one_round(clients: list[Any], arch: str, epochs: int, device: str, batched: 
               seed: int, lr: float) -> tuple[float, float]:
     """Seconds to train half the clients for one round from one model, and their models' mean accuracy."""
     from edge_sdk.tasks import Task, TrainSettings
-    from edge_sdk.trainer import initial_weights
+    from edge_sdk.training.trainer import initial_weights
     from edge_sdk.worker import LocalWorker
     from server_kit.drivers.sim_training import RoundTraining
 

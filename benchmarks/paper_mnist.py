@@ -82,8 +82,8 @@ def build_clients(args):
 def make_method(name, args, clients, arch, tmp):
     """(strategy, encoder, extra) for a method; extra holds the pre-training phase's costs."""
     from edge_sdk import OnnxEncoder
-    from edge_sdk.nets import BASE_LAYERS
     from edge_sdk.tasks import TrainSettings
+    from edge_sdk.training.nets import BASE_LAYERS
     from server_kit.strategies.fedavg import FedAvg
     from server_kit.strategies.fedsketch import SketchClustered
     from server_kit.strategies.ifca import IFCA

@@ -306,7 +306,7 @@ def plot_ari(res: dict[str, dict[str, Any]], p_values: list[float], path: Path, 
 
 def load_decoder(full: bool = False) -> Any:
     """The central autoencoder's torch decoder (or whole AE), from the shipped safetensors."""
-    from edge_sdk.artifacts import load_manifest, models_dir
+    from edge_sdk.models.artifacts import load_manifest, models_dir
     from server_kit.export import load_weights
 
     spec = load_manifest()["fmnist_fc_ae"]

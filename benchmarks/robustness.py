@@ -165,7 +165,7 @@ class VictimScore:
         return key, members
 
     def __call__(self, strategy, record=None) -> bool:
-        from edge_sdk.trainer import evaluate
+        from edge_sdk.training.trainer import evaluate
 
         key, members = self.victims(strategy)
         groups = [self.env["groups"][c] for c in members]

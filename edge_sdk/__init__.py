@@ -13,7 +13,6 @@ for local training. The public API::
 """
 
 from ._version import __version__
-from .artifacts import ArtifactHashError, artifact_path, load_manifest, models_dir
 from .bits import (
     BACKEND,
     available_backends,
@@ -26,8 +25,9 @@ from .bits import (
 from .client import EdgeClient
 from .encoder import OnnxEncoder
 from .info import info
-from .local_model import LocalModel
-from .model_folder import ModelFolderError
+from .models.artifacts import ArtifactHashError, artifact_path, load_manifest, models_dir
+from .models.local_model import LocalModel
+from .models.model_folder import ModelFolderError
 from .protocol import SERVER_ID, Kind, Message, ProtocolError, Topics
 from .sketch import Sketch, Sketcher, pairwise_hamming, stack_sketches
 from .tasks import Task, TrainSettings, Update

@@ -87,7 +87,7 @@ def pick_encoder(sample_shape: Sequence[int], models_dir: str | None = None) -> 
     ``fmnist_fc_encoder``, ``(3, 32, 32)`` -> ``conv_ae_encoder``. Raises
     ValueError, naming every shipped encoder and its input shapes, when none fits.
     """
-    from .artifacts import load_manifest, models_for_shape
+    from .models.artifacts import load_manifest, models_for_shape
 
     shape = tuple(int(d) for d in sample_shape)
     encoder = models_for_shape(shape, models_dir)[0]
@@ -240,8 +240,8 @@ def build_parser(plugins: dict[str, Any] | None = None) -> argparse.ArgumentPars
                        description=DESCRIPTION)
     add_arguments(b)
 
-    from .predict_cli import DESCRIPTION as PREDICT_DESCRIPTION
-    from .predict_cli import add_arguments as add_predict_arguments
+    from .models.predict_cli import DESCRIPTION as PREDICT_DESCRIPTION
+    from .models.predict_cli import add_arguments as add_predict_arguments
 
     pr = sub.add_parser("predict", help="run a kept or exported model on a local .npz file (ONNX Runtime)",
                         description=PREDICT_DESCRIPTION)
@@ -274,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run(args)
         if args.command == "predict":
-            from .predict_cli import run as run_predict
+            from .models.predict_cli import run as run_predict
 
             return run_predict(args)
     except (ValueError, FileNotFoundError, KeyError, OSError) as e:

@@ -17,7 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from .artifacts import ArtifactHashError, ArtifactSpec, artifact_path, load_manifest, sha256_file
+from .models.artifacts import (
+    ArtifactHashError,
+    ArtifactSpec,
+    artifact_path,
+    load_manifest,
+    sha256_file,
+)
 
 __all__ = ["OnnxEncoder", "check_model_input"]
 
@@ -69,7 +75,7 @@ class OnnxEncoder:
         lists it.
     models_dir : path, optional
         The folder holding the manifest, for artifact names; default: the
-        installed artifacts (see :func:`edge_sdk.artifacts.models_dir`).
+        installed artifacts (see :func:`edge_sdk.models.artifacts.models_dir`).
     batch_size : int
         Samples per ONNX Runtime call.
     threads : int, optional

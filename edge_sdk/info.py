@@ -31,7 +31,7 @@ def info() -> dict[str, Any]:
     compiled ``edge_sdk._bits``, ``"numpy"`` for the pure-numpy twin.
     Torch is looked up, never imported.
     """
-    from .artifacts import load_manifest, models_dir
+    from .models.artifacts import load_manifest, models_dir
 
     try:
         mdir = models_dir()

@@ -242,11 +242,11 @@ COMMANDS: dict[str, dict[str, Field]] = {
         "batch_size": _BATCH,
     },
     # without model_key (a broadcast): the model the device was assigned, if it is in the sample of
-    # "fraction" drawn with "seed" (edge_sdk.sampling.in_sample); a device without a model ignores it
+    # "fraction" drawn with "seed" (edge_sdk.training.sampling.in_sample); a device without a model ignores it
     "evaluate": {"round": _ROUND, "model_key": Field("id"), "architecture": _ARCH,
                  "fraction": Field("float", 0.0, 1.0), "seed": Field("int", -(2**53), 2**53)},
-    # keep a trained model (edge_sdk.keeping): the models of round "round" this command may name, each with
-    # what the server knows of it (edge_sdk.keep_offer.parse_offers checks each entry); without model_key
+    # keep a trained model (edge_sdk.models.keeping): the models of round "round" this command may name, each with
+    # what the server knows of it (edge_sdk.models.keep_offer.parse_offers checks each entry); without model_key
     # (a broadcast), the device's assigned model; with choose, the one of lowest loss on a local batch
     "keep": {"round": _ROUND, "run": Field("id"), "strategy": Field("str", max_len=64), "architecture": _ARCH,
              "model_key": Field("id"), "choose": Field("bool", default=False),
@@ -276,7 +276,7 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "ready": Field("int", 0, MAX_ROUND),  # the round whose large update it holds, to send when asked
         "size": Field("int", 0, 1 << 40),  # ... and its size in bytes
         "follow": _FOLLOW,  # the model topics it now follows (the answer to an assign's "follow")
-        # the models it needs whole: what it was sent could not be applied to its copy (edge_sdk.held_models)
+        # the models it needs whole: what it was sent could not be applied to its copy (edge_sdk.models.held_models)
         "need": Field("ids", max_len=64),
         # the server's own status (retained on server/status): the run it serves ("online") or served
         "run": Field("id"),
@@ -344,7 +344,7 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "codec": Field("str", choices=("int8", "int4", "sign", "topk", "stc", "exact")),
         # the device holds that version already: the body is empty
         "current": Field("bool"),
-        # the portable initial weights of this architecture and seed (edge_sdk.torch_support.initial_weights),
+        # the portable initial weights of this architecture and seed (edge_sdk.training.torch_support.initial_weights),
         # which the device builds and checks against sha256: the body is empty
         "init": Field("int", 0, 2**31 - 1),
         "architecture": _ARCH,

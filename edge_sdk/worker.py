@@ -24,7 +24,7 @@ from .sketch import Sketch, Sketcher
 from .tasks import Task, Update, Weights
 
 if TYPE_CHECKING:
-    from .trainer import TrainResult
+    from .training.trainer import TrainResult
 
 __all__ = ["FitPlan", "LocalWorker"]
 
@@ -53,7 +53,7 @@ class LocalWorker:
     x_test, y_test : ndarray, optional
         Local test samples for evaluation (default: the training data).
     architecture : str, optional
-        Key of the classifier in :data:`edge_sdk.nets.ARCHITECTURES`; None
+        Key of the classifier in :data:`edge_sdk.training.nets.ARCHITECTURES`; None
         until the server says which (its ``welcome`` and ``train`` commands).
     num_classes : int
         Number of classes of the federation.
@@ -105,7 +105,7 @@ class LocalWorker:
     def hello(self) -> dict[str, Any]:
         """Registration facts: sample count, classes, sample shape, capabilities (torch or not), version."""
         from . import __version__
-        from .trainer import torch_available
+        from .training.trainer import torch_available
 
         caps = ["sketch", "evaluate-onnx"] + (["train-torch", "evaluate-torch"] if torch_available() else [])
         hello = {
@@ -127,14 +127,14 @@ class LocalWorker:
 
     def evaluate(self, weights: Weights) -> dict[str, float]:
         """Accuracy and loss of ``weights`` on the local test data."""
-        from .trainer import evaluate
+        from .training.trainer import evaluate
 
         r = evaluate(self.architecture, weights, self.x_test, self.y_test)
         return {"accuracy": float(r.accuracy), "loss": float(r.loss), "n_test": int(r.n)}
 
     def select(self, models: Mapping[str, Weights], batch_size: int) -> str:
         """Key of the model with the lowest loss on one local batch (IFCA)."""
-        from .trainer import evaluate
+        from .training.trainer import evaluate
 
         if len(models) == 1:
             return next(iter(models))
@@ -167,7 +167,7 @@ class LocalWorker:
 
     def fit(self, task: Task, *, device: str = "cpu") -> Update:
         """Run a training task: optionally evaluate, select a model, train (on ``device``), return the update."""
-        from .trainer import train_local
+        from .training.trainer import train_local
 
         plan = self.plan_fit(task)
         s = task.settings

@@ -61,7 +61,7 @@ def choose_models(hellos: Mapping[str, Mapping[str, Any]], encoder: str | None, 
     """
     if encoder is not None and architecture is not None:
         return encoder, architecture, "as given"
-    from edge_sdk.artifacts import models_for_shape
+    from edge_sdk.models.artifacts import models_for_shape
 
     sizes = Counter(s for s in (sample_size(h) for h in hellos.values()) if s is not None)
     if not sizes:

@@ -471,7 +471,7 @@ def _apply_strategy_options(args: argparse.Namespace, name: str, strat: dict[str
 
 def _shared_prefixes(name: str, architecture: str | None) -> Any:
     """``--shared-base``: the base layers of ``architecture``, which every cluster shares."""
-    from edge_sdk.nets import BASE_LAYERS
+    from edge_sdk.training.nets import BASE_LAYERS
 
     if name == "fedavg":
         raise ValueError("--shared-base applies to clustered strategies; fedavg has one model")

@@ -34,7 +34,7 @@ def device_name(text: str) -> str:
 
     ``cuda`` where torch sees no CUDA device is a usage error, said before anything starts.
     """
-    from edge_sdk.torch_support import resolve_device
+    from edge_sdk.training.torch_support import resolve_device
 
     try:
         return resolve_device(text)
@@ -51,7 +51,7 @@ def known_strategies() -> list[str]:
 
 @functools.lru_cache(maxsize=1)
 def _classifiers() -> tuple[str, ...]:
-    from edge_sdk.nets import ARCHITECTURES, build_model
+    from edge_sdk.training.nets import ARCHITECTURES, build_model
 
     names = []
     for name in ARCHITECTURES:
@@ -62,18 +62,18 @@ def _classifiers() -> tuple[str, ...]:
 
 
 def known_architectures() -> list[str]:
-    """Every ``--architecture``: the classifiers of :data:`edge_sdk.nets.ARCHITECTURES` the clients train.
+    """Every ``--architecture``: the classifiers of :data:`edge_sdk.training.nets.ARCHITECTURES` the clients train.
 
     An architecture is a classifier when its model declares ``num_classes``
-    and ``input_shape`` (what :mod:`edge_sdk.trainer` trains); the
+    and ``input_shape`` (what :mod:`edge_sdk.training.trainer` trains); the
     autoencoders are left out.
     """
     return list(_classifiers())
 
 
 def known_encoders() -> list[str]:
-    """Every ``--encoder``: the shipped artifacts of role ``encoder`` (:func:`edge_sdk.artifacts.load_manifest`)."""
-    from edge_sdk.artifacts import load_manifest
+    """Every ``--encoder``: the shipped artifacts of role ``encoder`` (:func:`edge_sdk.models.artifacts.load_manifest`)."""
+    from edge_sdk.models.artifacts import load_manifest
 
     return sorted(name for name, spec in load_manifest().items() if spec.role == "encoder")
 

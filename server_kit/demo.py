@@ -50,7 +50,7 @@ def _spawn_clients(url: str, federation: str, paths: list[tuple[str, Path]], see
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     for i, (cid, path) in enumerate(paths):
         keep = [] if model_root is None else ["--model-dir", str(model_root / cid)]
-        cmd = [sys.executable, "-m", "edge_sdk.client_cli", "--broker", url, "--federation", federation,
+        cmd = [sys.executable, "-m", "edge_sdk.client.cli", "--broker", url, "--federation", federation,
                "--client-id", cid, "--data", str(path), "--architecture", ARCH, "--seed", str(seed * 1000 + i),
                "--max-idle", "300", *keep, *(extra or [])]
         out = open(log_dir / f"{cid}.log", "w")
@@ -201,7 +201,7 @@ def _print_results(args: argparse.Namespace, result: RunResult, truth: dict, ari
 def _print_saved(args: argparse.Namespace, result: RunResult) -> None:
     """What the compression saved: the bytes of updates and models against whole float32 models."""
     from edge_sdk.protocol import Kind
-    from edge_sdk.trainer import initial_weights
+    from edge_sdk.training.trainer import initial_weights
 
     from .metrics import weights_message_bytes
 
@@ -243,7 +243,7 @@ def _write_report(report: Path, args: argparse.Namespace, result: RunResult, str
 
 def _print_kept(report: Path, result: RunResult) -> None:
     """Which devices keep their cluster's model, bit for bit the export's (the sha256 of the weights)."""
-    from edge_sdk.model_folder import ModelFolderError, read_model_folder
+    from edge_sdk.models.model_folder import ModelFolderError, read_model_folder
 
     from .serving.export import read_models_json
 

@@ -16,7 +16,7 @@ What a device holding version ``u`` of a key at version ``v`` is sent
 - **nothing** when ``u == v``: a body of 0 bytes whose meta says ``current``;
 - **its first model for free**: a version whose weights are the portable
   initial weights of the run's architecture and a seed
-  (:func:`edge_sdk.torch_support.initial_weights`, bit for bit the same on
+  (:func:`edge_sdk.training.torch_support.initial_weights`, bit for bit the same on
   every platform) goes as ``{"init": seed, "architecture": ..., "sha256": ...}``
   and a 0-byte body; the device builds it and checks the hash (a device whose
   copy differs asks for the whole model: status ``need``). A device that holds
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -62,7 +62,7 @@ from edge_sdk.compress import (
     chain_body,
 )
 from edge_sdk.compress.update_codec import with_delta
-from edge_sdk.portable_init import tensors_sha256
+from edge_sdk.models.portable_init import tensors_sha256
 from edge_sdk.protocol import tensors_body
 
 __all__ = ["DEFAULT_CACHE_BYTES", "ModelVersions"]
@@ -132,6 +132,10 @@ class ModelVersions:
     def enabled(self) -> bool:
         """Whether models go as compressed changes (downstream compression is on)."""
         return self.compression.enabled
+
+    def versions_sent(self, keys: Iterable[str]) -> dict[str, int] | None:
+        """The versions a device holds once sent ``keys`` now; ``None`` when models go whole (nothing to track)."""
+        return {key: self.version[key] for key in keys} if self.enabled else None
 
     def note_initial(self, architecture: str | None, seed: int, weights: Mapping[str, np.ndarray]) -> None:
         """``weights`` are ``initial_weights(architecture, seed)``: a version equal to them goes free."""

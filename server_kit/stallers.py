@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from edge_sdk.client import EdgeClient
-from edge_sdk.client_commands import HANDLERS, Command, DeviceContext, Handler, report_progress
-from edge_sdk.client_state import DeviceState
+from edge_sdk.client.commands import HANDLERS, Command, DeviceContext, Handler, report_progress
+from edge_sdk.client.state import DeviceState
 from edge_sdk.protocol import MAGIC, PROTOCOL_VERSION, Kind, Message
 from edge_sdk.protocol.commands import Op
 from edge_sdk.tasks import Task, Update

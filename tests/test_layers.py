@@ -41,7 +41,7 @@ def test_only_the_torch_nets_module_imports_torch_at_its_top_and_nobody_imports_
     found = {str(p.relative_to(ROOT)): top_level(p) for p in sorted((ROOT / "edge_sdk").rglob("*.py"))}
     torch_at_top = sorted(p for p, names in found.items() if any(n.split(":")[0].split(".")[0] == "torch"
                                                                   for n in names))
-    assert torch_at_top == ["edge_sdk/_torch_nets.py"]
+    assert torch_at_top == ["edge_sdk/training/_torch_nets.py"]
     assert sorted(p for p, names in found.items() if any("_torch_nets" in n for n in names)) == []
 
 

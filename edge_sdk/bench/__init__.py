@@ -1,7 +1,7 @@
 """``fedsketch bench``: what FedSketch costs this device, measured on the device after ``pip install``.
 
 It needs no source checkout and no torch: the encoders are the shipped
-artifacts (:func:`edge_sdk.artifacts.load_manifest`). The rooms:
+artifacts (:func:`edge_sdk.models.artifacts.load_manifest`). The rooms:
 
 - :mod:`.stages`: the sketch path stage by stage, per shipped encoder (ONNX
   encoder per image and per batch, class means, quantise + pack on the

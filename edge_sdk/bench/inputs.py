@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..artifacts import ArtifactSpec, load_manifest
+from ..models.artifacts import ArtifactSpec, load_manifest
 from .errors import BenchError
 
 __all__ = [

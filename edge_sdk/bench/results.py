@@ -74,7 +74,7 @@ class TrainTiming:
     Attributes
     ----------
     architecture : str
-        Key of :data:`edge_sdk.nets.ARCHITECTURES`.
+        Key of :data:`edge_sdk.training.nets.ARCHITECTURES`.
     label : str
         Its usual name ("LeNet-5").
     seconds : float or None

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..artifacts import load_manifest, models_dir
+from ..models.artifacts import load_manifest, models_dir
 from ..protocol import (
     SERVER_ID,
     SIGNATURE_TRAILER,
@@ -76,7 +76,7 @@ def weights_for(architecture: str, seed: int = 0) -> tuple[Optional[dict[str, np
             return load_file(str(models_dir() / name)), f"shipped weights ({name})"
     missing = torch_missing()
     if missing is None:
-        from ..torch_support import initial_weights
+        from ..training.torch_support import initial_weights
 
         return initial_weights(architecture, seed), "fresh weights (no shipped file; built with torch)"
     return None, f"no shipped weights, and {missing.replace('not measured: ', '')}"

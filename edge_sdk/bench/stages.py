@@ -83,7 +83,7 @@ def bench_encoder(name: str, x: np.ndarray, y: np.ndarray, *, repeats: int, clas
     Parameters
     ----------
     name : str
-        A shipped encoder (:func:`edge_sdk.artifacts.load_manifest`, role ``encoder``).
+        A shipped encoder (:func:`edge_sdk.models.artifacts.load_manifest`, role ``encoder``).
     x, y : numpy.ndarray
         Samples of the encoder's input shape (float32 in [0, 1]) and integer labels.
     repeats : int

@@ -1,8 +1,8 @@
 """One local training epoch of each architecture a device may train, timed with ``train_local``.
 
-The epoch is :func:`edge_sdk.trainer.train_local` (batch 32, Adam, lr 1e-3,
+The epoch is :func:`edge_sdk.training.trainer.train_local` (batch 32, Adam, lr 1e-3,
 the settings of a federation round) on fresh weights
-(:func:`edge_sdk.torch_support.initial_weights`) and generated samples of the
+(:func:`edge_sdk.training.torch_support.initial_weights`) and generated samples of the
 architecture's shape. An untimed first batch pays torch's one-time costs
 (thread pool, kernels for each batch shape: seen 2.3 s before a 0.15 s
 DigitsCNN epoch; a two-sample step left a LeNet-5 epoch at several times its
@@ -57,8 +57,8 @@ def time_epoch(architecture: str, x: np.ndarray, y: np.ndarray, *, threads: Opti
 
     An untimed step on the first ``warmup`` samples runs first (0: none).
     """
-    from ..torch_support import initial_weights
-    from ..trainer import train_local
+    from ..training.torch_support import initial_weights
+    from ..training.trainer import train_local
 
     weights = initial_weights(architecture, seed)
     kw = dict(epochs=1, lr=LR, batch_size=BATCH_SIZE, seed=seed, threads=threads)

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..torch_support import using_threads
+from ..training.torch_support import using_threads
 from ..validation import check_int, check_positive
 from .association import association_matrix, check_normalization, node_key
 from .checks import check_alpha, check_cid, check_dirtiness, check_k_range, check_samples

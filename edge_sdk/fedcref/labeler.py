@@ -48,7 +48,7 @@ class OnnxCommunityLabeler:
 
         import onnxruntime as ort
 
-        from ..artifacts import sha256_file
+        from ..models.artifacts import sha256_file
 
         self.batch_size = check_int(batch_size, "batch_size")
         paths: list[Path]

@@ -19,8 +19,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..torch_support import using_threads
-from ..train_loop import run_epochs
+from ..training.torch_support import using_threads
+from ..training.train_loop import run_epochs
 from ..validation import check_int, check_positive
 
 __all__ = [

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_sdk.torch_support import resolve_device
+from edge_sdk.training.torch_support import resolve_device
 from edge_sdk.validation import check_choice
 
 from .params import check_packed

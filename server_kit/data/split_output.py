@@ -99,7 +99,7 @@ def split_summary(source: Source, clients: Sequence[ClientData], args: argparse.
 
 
 def _next_commands(n_clients: int, shape: tuple[int, ...], num_classes: int, out: Path) -> list[str]:
-    from edge_sdk.artifacts import models_for_shape
+    from edge_sdk.models.artifacts import models_for_shape
 
     broker = "mqtt://127.0.0.1:1883"
     encoder, architecture = models_for_shape(tuple(shape))

@@ -49,7 +49,7 @@ def pretrain_ae(pretrain: Mapping[str, Any], config: ServerConfig, *, link: Serv
     the encoder becomes ``models.encoder`` (and ``models.encoder_msg``, what a
     late device is sent).
     """
-    from edge_sdk.trainer import initial_weights
+    from edge_sdk.training.trainer import initial_weights
 
     from ..pretrain import AEPretraining, export_encoder, sample_fraction
     from ..pretrain.settings import pretrain_config

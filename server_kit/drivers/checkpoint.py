@@ -123,7 +123,7 @@ def read_encoder(directory: str | Path, name: str | None) -> tuple[dict[str, Any
     enc_dir = Path(directory) / "encoder"
     if not (enc_dir / "manifest.json").is_file():
         return None
-    from edge_sdk.artifacts import load_manifest
+    from edge_sdk.models.artifacts import load_manifest
 
     spec = load_manifest(enc_dir)[name]
     raw = json.loads((enc_dir / "manifest.json").read_text())["artifacts"][name]

@@ -252,11 +252,10 @@ class Delivery:
             return versions.payload(key, oldest, models[key], merge=len(set(held)) == 1)
 
         sent = self.deliver(needs, payload_of, "MODEL", topic_payload)
-        if versions.enabled:  # each holds the version sent now (a device that could not apply it says "need")
-            for cid, keys in needs.items():
-                held = self.held.setdefault(cid, {})
-                for key in keys:
-                    held[key] = versions.version[key]
+        for cid, keys in needs.items():  # each holds the version sent now (a device that could not apply it says "need")
+            held = versions.versions_sent(keys)
+            if held is not None:
+                self.held.setdefault(cid, {}).update(held)
                 self.needed[cid] = frozenset(keys)
         return sent
 
@@ -271,7 +270,7 @@ class Delivery:
         total = 0
         for key in keys:
             self.held.get(cid, {}).pop(key, None)
-            if key not in self.needed.get(cid, ()) or key not in models or not versions.enabled:
+            if key not in self.needed.get(cid, ()) or key not in models:  # needed: only with compressed models
                 log.info("client %s asks for model %r whole, which it was not sent: ignored", cid, key)
                 continue
             if self._sent_whole.get((cid, key)) == versions.version[key]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 
 from edge_sdk.protocol.commands import Op
-from edge_sdk.sampling import in_sample
+from edge_sdk.training.sampling import in_sample
 
 from ..rounds.answers import GoalWait, wait_answers
 from ..rounds.round_wait import CloseReason, RoundClose

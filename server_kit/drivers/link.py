@@ -153,7 +153,7 @@ class ServerLink:
         served), or that the server left it.
 
         A device in service mode joins each run announced online (see
-        :func:`edge_sdk.client_commands.on_server_status`). Not
+        :func:`edge_sdk.client.commands.on_server_status`). Not
         retained: the shipped broker allows no retained message (a device could
         otherwise retain its own), and a device connecting later says hello on
         connecting anyway. The run announced online is :attr:`run_id`, which every

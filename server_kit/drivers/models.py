@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def encoder_latent(name: str) -> int:
     """The latent size of the shipped encoder ``name`` (from the model manifest)."""
-    from edge_sdk.artifacts import load_manifest
+    from edge_sdk.models.artifacts import load_manifest
 
     spec = load_manifest().get(name)
     if spec is None or spec.latent_dim is None:
@@ -87,11 +87,11 @@ class RunModels:
 
     def use(self, encoder: str | None, architecture: str | None, how: str) -> None:
         """Fix the run's encoder and architecture: template, tensor spec, latent size, input size."""
-        from edge_sdk.artifacts import input_size
+        from edge_sdk.models.artifacts import input_size
 
         self.encoder, self.architecture = encoder, architecture
         if self.template is None:
-            from edge_sdk.trainer import initial_weights
+            from edge_sdk.training.trainer import initial_weights
 
             self.template = {k: np.asarray(v) for k, v in initial_weights(architecture, self.seed).items()}
             self.portable_template = True

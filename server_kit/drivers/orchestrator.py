@@ -25,7 +25,7 @@ or its in-memory twin in unit tests):
 5. a final evaluation: one broadcast ``evaluate`` command (each device
    evaluates the model it was assigned), of all the assigned online devices
    or of a seeded sample of them (``eval_fraction``, at least one per
-   cluster; :func:`edge_sdk.sampling.in_sample` tells the server and each
+   cluster; :func:`edge_sdk.training.sampling.in_sample` tells the server and each
    device alike who is in it).
 
 The orchestrator owns the order of these phases; each phase and each part is
@@ -67,7 +67,6 @@ from .final_eval import final_evaluation
 from .phase import Phase
 from .registration import register, rejoin
 from .remote import Ingest
-from .resketch import drift_totals
 from .result import RunResult
 from .run_state import RunRecord, restore_run, save_run
 from .sketch_phase import cluster_from_sketches
@@ -296,7 +295,7 @@ class Orchestrator:
             dropped={c: f"offline since round {fleet.went_offline.get(c, 0)}"
                      for c, st in sorted(self.clients.items()) if not st.online},
             benched=dict(fleet.benched),
-            drift=drift_totals(self.history) if self.resketch.follows else None, run_id=self.run_id,
+            drift=self.resketch.totals(self.history), run_id=self.run_id,
             devices={c: speed.to_dict() for c, speed in sorted(fleet.speeds.items())},
             phase=self.intake.phase.value, round=self.training_round,
             fleet={r.device: r.to_dict() for r in device_rows(

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk.sampling import in_sample, sample_point
+from edge_sdk.training.sampling import in_sample, sample_point
 
 __all__ = ["FinalEvaluation", "eval_result", "eval_sample"]
 

@@ -137,6 +137,10 @@ class Resketch:
         """Whether the strategy acts on sketches sent during training."""
         return self.strategy.capabilities.follows_drift
 
+    def totals(self, history: Sequence[Mapping[str, Any]]) -> dict[str, int] | None:
+        """The run's drift counts (:func:`drift_totals`); ``None`` for a strategy that does not follow drift."""
+        return drift_totals(history) if self.follows else None
+
     # -- what arrives ----------------------------------------------------------
     def admits(self, cid: str, msg: Message) -> bool:
         """Whether a summary is taken: one sent unasked during training, only by a run that follows drift."""

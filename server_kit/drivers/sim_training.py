@@ -5,7 +5,7 @@
 Each device first makes its choices as it would alone
 (:meth:`edge_sdk.worker.LocalWorker.plan_fit`: the model it picks, its
 evaluation, its seed). Then, batched, the tasks that share an architecture and
-settings train together (:func:`edge_sdk.batched_train.train_local_batched`,
+settings train together (:func:`edge_sdk.training.batched_train.train_local_batched`,
 in chunks of ``chunk`` clients) and each device makes its update from its part
 (:meth:`~edge_sdk.worker.LocalWorker.fitted`); one by one, each device trains
 alone (:meth:`~edge_sdk.worker.LocalWorker.fit`). Devices of another kind (the
@@ -58,7 +58,7 @@ class RoundTraining:
 
     def __init__(self, workers: Mapping[str, LocalWorker], *, device: str = "auto", batched: bool | None = None,
                  chunk: int | None = None) -> None:
-        from edge_sdk.torch_support import resolve_device
+        from edge_sdk.training.torch_support import resolve_device
         from edge_sdk.validation import check_positive_int
 
         self.workers = workers
@@ -68,7 +68,7 @@ class RoundTraining:
         self.chunk = default if chunk is None else check_positive_int(chunk, "chunk")
 
     def _alone(self, worker: LocalWorker) -> bool:
-        from edge_sdk.batched_train import architecture_batchable
+        from edge_sdk.training.batched_train import architecture_batchable
 
         return (not self.batched or type(worker).fit is not LocalWorker.fit
                 or not architecture_batchable(worker.architecture))
@@ -90,7 +90,7 @@ class RoundTraining:
 
     def _batch(self, tasks: Sequence[Task], architecture: str, settings: TrainSettings,
                members: Sequence[tuple[int, FitPlan]], out: list[Update | None]) -> None:
-        from edge_sdk.batched_train import ClientJob, train_local_batched
+        from edge_sdk.training.batched_train import ClientJob, train_local_batched
 
         jobs = []
         for i, plan in members:

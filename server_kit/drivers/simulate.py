@@ -158,7 +158,7 @@ class Simulator:
     clients : sequence of ClientData
         The federation's local datasets (with true groups for scoring).
     architecture : str
-        Classifier architecture key (see :mod:`edge_sdk.nets`).
+        Classifier architecture key (see :mod:`edge_sdk.training.nets`).
     encoder : optional
         The encoder used for sketches when the strategy needs them.
     flip_prob : float
@@ -293,7 +293,7 @@ class Simulator:
             update-based method has clustered: ``lambda s, r: s.cluster_round_
             is not None``).
         """
-        from edge_sdk.trainer import initial_weights
+        from edge_sdk.training.trainer import initial_weights
 
         s = self.strategy
         infos = [ClientInfo(cid, **{k: v for k, v in w.hello().items() if k in ("n_samples", "classes_present")})

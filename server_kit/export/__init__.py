@@ -32,7 +32,7 @@ Classifier templates (``lenet5``, ``digits-cnn``) also record
 ``initializer_names``, a map from every ``state_dict`` key to the ONNX
 initializer holding that tensor, unchanged (same shape, same values). A
 device without torch evaluates received weights by overriding those
-initializers in an ONNX Runtime session (:func:`edge_sdk.trainer.evaluate`);
+initializers in an ONNX Runtime session (:func:`edge_sdk.training.trainer.evaluate`);
 the export fails if a tensor cannot be found, for example because the
 exporter folded or transposed it.
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from edge_sdk.artifacts import MANIFEST_NAME
+from edge_sdk.models.artifacts import MANIFEST_NAME
 
 from .recipes import DEFAULT_EPOCHS, TARGETS, export_target
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge_sdk.artifacts import sha256_file
+from edge_sdk.models.artifacts import sha256_file
 from server_kit.nets import count_params
 
 from .files import save_weights

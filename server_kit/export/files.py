@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from edge_sdk.artifacts import MANIFEST_NAME
+from edge_sdk.models.artifacts import MANIFEST_NAME
 from server_kit.nets import build_model
 
 __all__ = ["MANIFEST_FORMAT_VERSION", "load_weights", "read_manifest", "save_weights", "update_manifest"]

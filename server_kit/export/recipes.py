@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from edge_sdk.artifacts import sha256_file
+from edge_sdk.models.artifacts import sha256_file
 from server_kit.nets import ConvAutoencoder, EncoderOnly, build_model, count_params
 
 from .family import export_family

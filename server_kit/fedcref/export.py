@@ -38,8 +38,8 @@ def export_communities(
     """
     import torch
 
-    from edge_sdk.artifacts import sha256_file
     from edge_sdk.fedcref import build_cluster_ae
+    from edge_sdk.models.artifacts import sha256_file
 
     from ..export import OPSET, export_onnx, verify_onnx
 

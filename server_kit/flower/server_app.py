@@ -8,7 +8,7 @@ key                    meaning                                                  
 =====================  =========================================================  ===============
 ``strategy``           a name of :data:`server_kit.strategies.REGISTRY`           ``fedsketch``
 ``num-server-rounds``  rounds of training                                         3
-``architecture``       the classifier (:data:`edge_sdk.nets.ARCHITECTURES`)       required
+``architecture``       the classifier (:data:`edge_sdk.training.nets.ARCHITECTURES`)       required
 ``fraction``           share of each cluster's nodes trained per round            1.0
 ``local-epochs``,      local training settings                                    1, 0.001, 32
 ``lr``, ``batch-size``

@@ -86,7 +86,7 @@ class FlowerStrategy(FlwrStrategy):
     strategy : Strategy
         Any strategy of :mod:`server_kit.strategies` (``make_strategy(name, ...)``).
     architecture : str
-        The classifier's key in :data:`edge_sdk.nets.ARCHITECTURES`.
+        The classifier's key in :data:`edge_sdk.training.nets.ARCHITECTURES`.
     num_classes : int
         Classes of the federation.
     flip_prob : float
@@ -146,7 +146,7 @@ class FlowerStrategy(FlwrStrategy):
               evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
         """Greet the nodes, cluster before training if the method does, then Flower's round loop."""
-        from edge_sdk.trainer import initial_weights
+        from edge_sdk.training.trainer import initial_weights
 
         check_carry(self.strategy, flip_prob=self.flip_prob, num_rounds=num_rounds)
         self._grid, self._timeout = grid, float(timeout)

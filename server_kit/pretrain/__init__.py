@@ -9,7 +9,7 @@ round, 10 rounds, 3 local epochs, Adam lr 1e-3, batch 32.
 :func:`federated_ae_pretrain` runs that loop in one process, through the
 real wire format: every round the server encodes the global weights as one
 ``MODEL`` envelope (:func:`model_message`); each sampled client decodes it,
-trains with :func:`edge_sdk.trainer.train_autoencoder_local` and answers
+trains with :func:`edge_sdk.training.trainer.train_autoencoder_local` and answers
 with an ``UPDATE`` envelope (:func:`update_message`), which the server
 decodes, checks against the model's tensor spec and hands to
 :class:`AEPretraining`, which averages a round's answers with a

@@ -3,7 +3,7 @@
 Each round, :class:`~server_kit.pretrain.rounds.AEPretraining` (the state
 both drivers share) is opened with the sampled clients; the global weights
 go out as one ``MODEL`` envelope, each client decodes it, trains with
-:func:`edge_sdk.trainer.train_autoencoder_local` and answers with an
+:func:`edge_sdk.training.trainer.train_autoencoder_local` and answers with an
 ``UPDATE`` envelope, which the server side decodes, checks and hands to the
 state; closing the round averages the answers.
 """
@@ -20,8 +20,8 @@ from typing import Any, Optional
 import numpy as np
 
 from edge_sdk.protocol import SERVER_ID, decode_message, parse_tensors
-from edge_sdk.torch_support import resolve_device
-from edge_sdk.trainer import initial_weights, train_autoencoder_local
+from edge_sdk.training.torch_support import resolve_device
+from edge_sdk.training.trainer import initial_weights, train_autoencoder_local
 from edge_sdk.validation import check_positive_int
 
 from ..report import progress_bar
@@ -139,10 +139,10 @@ def federated_ae_pretrain(
     ----------
     client_images : sequence of numpy.ndarray
         One array of images per client, floating point in [0, 1], shaped as
-        :func:`edge_sdk.trainer.train_autoencoder_local` accepts them
+        :func:`edge_sdk.training.trainer.train_autoencoder_local` accepts them
         (``(n, 28, 28)`` or ``(n, 784)`` for ``fc_ae_784_50_20``).
     architecture : str
-        Autoencoder key of :data:`edge_sdk.nets.ARCHITECTURES`.
+        Autoencoder key of :data:`edge_sdk.training.nets.ARCHITECTURES`.
     rounds : int
         Federated rounds.
     clients_per_round : int
@@ -154,7 +154,7 @@ def federated_ae_pretrain(
     batch_size : int
         Local mini-batch size.
     seed : int
-        Seeds the initial weights (:func:`edge_sdk.trainer.initial_weights`),
+        Seeds the initial weights (:func:`edge_sdk.training.trainer.initial_weights`),
         the client sampling and every local shuffle: a run is reproducible
         on one machine with one thread count.
     progress : bool

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from edge_sdk.trainer import state_spec
+from edge_sdk.training.trainer import state_spec
 
 from ..rounds.goals import goal_count
 

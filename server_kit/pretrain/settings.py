@@ -18,7 +18,7 @@ PRETRAIN_DEFAULTS: dict[str, Any] = {"architecture": None, "rounds": 3, "epochs"
 def pretrain_config(pretrain: Mapping[str, Any], encoder: Any = None) -> dict[str, Any]:
     """Validated federated AE pre-training settings, defaults filled in.
 
-    ``architecture`` (an autoencoder key of :mod:`edge_sdk.nets`) may be left
+    ``architecture`` (an autoencoder key of :mod:`edge_sdk.training.nets`) may be left
     out: it is then that of ``encoder`` (an artifact name of the installed
     manifest, or an :class:`edge_sdk.encoder.OnnxEncoder`), the encoder the
     server would otherwise sketch with. Without either it stays None.
@@ -42,7 +42,7 @@ def pretrain_config(pretrain: Mapping[str, Any], encoder: Any = None) -> dict[st
     if cfg["architecture"] is None and encoder is not None:
         spec = getattr(encoder, "spec", None)
         if spec is None:
-            from edge_sdk.artifacts import load_manifest
+            from edge_sdk.models.artifacts import load_manifest
 
             spec = load_manifest().get(str(encoder))
         arch = (spec.extra or {}).get("architecture") if spec is not None else None

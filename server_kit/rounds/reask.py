@@ -1,6 +1,6 @@
 """Asking a device for its update again, before the round's deadline, instead of losing it.
 
-A device keeps its last update until the next one (``edge_sdk.client_state.SentUpdate``)
+A device keeps its last update until the next one (``edge_sdk.client.state.SentUpdate``)
 and sends it when asked (the ``resend`` command). An update larger than the
 round's ``announce_above`` bytes is not sent at once: the device announces it
 (its status ``ready``, with its size), and the round asks for it (``GO``)

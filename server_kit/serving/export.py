@@ -8,12 +8,12 @@
                                          (mean over its devices, with their count) and every file's sha256
     .models-<when>/<key>/model.onnx      the classifier with the run's weights: ONNX Runtime alone runs it
     .models-<when>/<key>/weights.safetensors
-    .models-<when>/<key>/model.json      the model folder's entry (edge_sdk.model_folder)
+    .models-<when>/<key>/model.json      the model folder's entry (edge_sdk.models.model_folder)
     .models-<when>/server-state/         what ``fedsketch-server --serve-models-from`` needs to place a new
                                          device and hand it its model with no training (a checkpoint)
 
 Each export is written whole into its own folder, and the ``models`` link is
-then switched to it (:func:`edge_sdk.model_folder.swap_link`): a reader sees
+then switched to it (:func:`edge_sdk.models.model_folder.swap_link`): a reader sees
 the previous export or the new one, never half of one. The export it
 replaced is removed.
 """
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge_sdk.artifacts import sha256_file
-from edge_sdk.evaluation import classifier_io
-from edge_sdk.keep_offer import KeepOffer
-from edge_sdk.model_checks import ModelInfo, state_spec
-from edge_sdk.model_folder import ENTRY, ModelEntry, now_iso, swap_link, write_model_folder
+from edge_sdk.models.artifacts import sha256_file
+from edge_sdk.models.keep_offer import KeepOffer
+from edge_sdk.models.model_checks import ModelInfo, state_spec
+from edge_sdk.models.model_folder import ENTRY, ModelEntry, now_iso, swap_link, write_model_folder
+from edge_sdk.training.evaluation import classifier_io
 
 from ..strategies.base import Strategy
 from .onnx_model import standalone_onnx

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
-from edge_sdk.keep_offer import KeepOffer
+from edge_sdk.models.keep_offer import KeepOffer
 from edge_sdk.protocol.commands import Op
 
 if TYPE_CHECKING:  # the drivers call this module: their types only

@@ -1,9 +1,9 @@
-"""What a run knows of each model it trained: :func:`model_offers`, one :class:`~edge_sdk.keep_offer.KeepOffer` per key.
+"""What a run knows of each model it trained: :func:`model_offers`, one :class:`~edge_sdk.models.keep_offer.KeepOffer` per key.
 
 The one place where a strategy's models become the figures that the export
 (``models.json``) and the ``keep`` command give: each key's cluster index,
 its members and their samples, the round, the version, the sha256 of its
-weights (as :func:`edge_sdk.model_folder.weights_bytes` writes them) and the
+weights (as :func:`edge_sdk.models.model_folder.weights_bytes` writes them) and the
 server's accuracy (the mean over the devices that evaluated it, with their
 count; None before a final evaluation).
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from edge_sdk.keep_offer import KeepOffer
-from edge_sdk.model_folder import weights_sha256
+from edge_sdk.models.keep_offer import KeepOffer
+from edge_sdk.models.model_folder import weights_sha256
 
 from ..strategies.base import ClientInfo, Strategy  # noqa: TC001 - strategies sit below serving
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk.evaluation import classifier_template
-from edge_sdk.model_checks import check_weights
-from edge_sdk.model_folder import ModelEntry
+from edge_sdk.models.model_checks import check_weights
+from edge_sdk.models.model_folder import ModelEntry
+from edge_sdk.training.evaluation import classifier_template
 
 __all__ = ["standalone_onnx"]
 

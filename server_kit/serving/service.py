@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_sdk.client import KEEPS_MODELS
-from edge_sdk.keep_offer import KeepOffer
+from edge_sdk.models.keep_offer import KeepOffer
 
 from ..strategies.base import Strategy
 from .export import ExportedRun, export_models, exported_accuracy

@@ -39,7 +39,7 @@ The pure math (:func:`softmax`, :func:`prediction_matrix`,
 :func:`distinct_clusters`, :func:`hierarchical_labels`) is outside the
 classes, in :mod:`server_kit.strategies.flis_math`. Inference runs with torch
 when installed, else with ONNX Runtime on the architecture's shipped
-classifier template (:mod:`edge_sdk.trainer`); the auxiliary set and the
+classifier template (:mod:`edge_sdk.training.trainer`); the auxiliary set and the
 inference both variants share are in :mod:`server_kit.strategies.flis_aux`.
 Every public name of those two modules is importable from here.
 """
@@ -117,7 +117,7 @@ class FLISHC(AuxInference, UpdateClustered):
     Parameters
     ----------
     architecture : str
-        Classifier key of :data:`edge_sdk.nets.ARCHITECTURES` the clients train
+        Classifier key of :data:`edge_sdk.training.nets.ARCHITECTURES` the clients train
         (:func:`~server_kit.strategies.make_strategy` passes the driver's).
     aux_path : str, optional
         An ``.npz`` file with arrays ``x`` (float samples in the model's input

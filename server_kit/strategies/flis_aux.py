@@ -88,10 +88,10 @@ def aux_logits(architecture: str, weights: Weights, x: np.ndarray, y: np.ndarray
                models_dir: str | os.PathLike[str] | None = None) -> np.ndarray:
     """``(m, C)`` logits of ``weights`` on the auxiliary samples, with torch or ONNX Runtime.
 
-    Uses the evaluation paths of :mod:`edge_sdk.evaluation`, which check the
+    Uses the evaluation paths of :mod:`edge_sdk.training.evaluation`, which check the
     weights against the architecture and the samples against its input.
     """
-    from edge_sdk.evaluation import onnx_logits, torch_logits
+    from edge_sdk.training.evaluation import onnx_logits, torch_logits
 
     if runtime == "torch":
         logits, _ = torch_logits(architecture, weights, x, y, _BATCH, "cpu", None)
@@ -112,10 +112,10 @@ class AuxInference:
         super().__init__(**kw)
         if not architecture or not isinstance(architecture, str):
             raise ValueError(f"{self.name} runs the clients' models on the server's auxiliary set: give "
-                             f"architecture (a classifier key of edge_sdk.nets), got {architecture!r}")
+                             f"architecture (a classifier key of edge_sdk.training.nets), got {architecture!r}")
         check_choice(inference, "inference", INFERENCE, INFERENCE)
         check_choice(predictions, "predictions", PREDICTIONS, PREDICTIONS)
-        from edge_sdk.trainer import torch_available
+        from edge_sdk.training.trainer import torch_available
 
         if inference == "torch" and not torch_available():
             raise ValueError("inference='torch' needs torch, which is not installed; use 'onnx' or 'auto'")

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from edge_sdk.tasks import Task, Update
-from edge_sdk.trainer import state_spec
+from edge_sdk.training.trainer import state_spec
 from edge_sdk.validation import check_positive_int
 
 from .base import ClientInfo, Strategy, Weights, add_updates
@@ -59,7 +59,7 @@ class IFCA(Strategy):
     k : int
         Number of cluster models (4 in the paper's comparison).
     architecture : str, optional
-        Classifier key of :data:`edge_sdk.nets.ARCHITECTURES`; model ``j`` is
+        Classifier key of :data:`edge_sdk.training.nets.ARCHITECTURES`; model ``j`` is
         then ``initial_weights(architecture, seed + j)`` (needs torch). Without
         it, model ``j`` is the template given to :meth:`setup` plus seeded
         Gaussian noise of each tensor's std (:func:`perturbed_copy`).
@@ -90,7 +90,7 @@ class IFCA(Strategy):
         super().setup(clients, template)
         self.choices = {}
         if self.architecture is not None:
-            from edge_sdk.trainer import initial_weights
+            from edge_sdk.training.trainer import initial_weights
 
             models = [initial_weights(self.architecture, self.seed + j) for j in range(self.k)]
             for j, w in enumerate(models):  # every device builds them: they go free

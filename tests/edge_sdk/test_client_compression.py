@@ -30,7 +30,7 @@ def device(state_dir=None) -> tuple[EdgeClient, list[Message]]:
 
 
 def template():
-    from edge_sdk.trainer import initial_weights
+    from edge_sdk.training.trainer import initial_weights
 
     return initial_weights(ARCH, 0)
 
@@ -118,7 +118,7 @@ def test_a_late_copy_of_an_earlier_rounds_model_is_refused_until_the_server_come
 
 def test_a_device_builds_its_free_first_model_keeps_a_current_one_and_asks_for_a_model_it_cannot_apply():
     from edge_sdk.compress import catchup_body
-    from edge_sdk.portable_init import tensors_sha256
+    from edge_sdk.models.portable_init import tensors_sha256
 
     pytest.importorskip("torch")
     w0 = template()

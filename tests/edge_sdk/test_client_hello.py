@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from edge_sdk.client import EdgeClient
-from edge_sdk.client_cli import build_parser, main
+from edge_sdk.client.cli import build_parser, main
 from edge_sdk.protocol import Kind, Message
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import LocalWorker
@@ -39,7 +39,7 @@ def test_a_hello_is_one_message_without_a_status():
 
 
 class FakeClock:
-    """Stands in for the ``time`` module of the device (edge_sdk.client, edge_sdk.client_link): ``monotonic()``
+    """Stands in for the ``time`` module of the device (edge_sdk.client, edge_sdk.client.link): ``monotonic()``
     moves only when a test says; any ``sleep`` fails the test (nothing there may block)."""
 
     def __init__(self, now: float = 1000.0) -> None:
@@ -54,11 +54,11 @@ class FakeClock:
 
 def test_the_hello_after_connecting_waits_a_random_jitter_without_blocking(monkeypatch):
     import edge_sdk.client
-    import edge_sdk.client_link
+    import edge_sdk.client.link
 
     clock = FakeClock()
     monkeypatch.setattr(edge_sdk.client, "time", clock)
-    monkeypatch.setattr(edge_sdk.client_link, "time", clock)
+    monkeypatch.setattr(edge_sdk.client.link, "time", clock)
     broker = MemoryBroker()
     ec = device(broker, hello_jitter_s=0.4)
     ec.start()  # schedules the hello: no sleep (the fake clock refuses one), the clock stands still

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edge_sdk.client import EdgeClient
-from edge_sdk.client_commands import HANDLERS
+from edge_sdk.client.commands import HANDLERS
 from edge_sdk.protocol import Kind, Message, ProtocolError, decode_message, encode_message
 from edge_sdk.protocol.commands import FIELDS, Op, build, parse
 from edge_sdk.schema import COMMANDS

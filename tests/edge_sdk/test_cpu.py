@@ -127,7 +127,7 @@ def test_this_machine_reads_cpuinfo_only_on_arm(monkeypatch):
 
 def test_trainer_uses_one_thread_on_a_pi4(monkeypatch, caplog):
     torch = pytest.importorskip("torch")
-    from edge_sdk import torch_support
+    from edge_sdk.training import torch_support
 
     monkeypatch.setattr(cpu.platform, "machine", lambda: "aarch64")
     monkeypatch.setattr(cpu, "read_cpuinfo", lambda path=cpu.CPUINFO: PI4)

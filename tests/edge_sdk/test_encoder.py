@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from edge_sdk import ArtifactHashError, OnnxEncoder, artifact_path, load_manifest, models_dir
-from edge_sdk.artifacts import sha256_file
 from edge_sdk.cli import main as cli_main
+from edge_sdk.models.artifacts import sha256_file
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED_ARTIFACTS = {
@@ -100,8 +100,8 @@ def test_sketch_path_imports_no_torch():
         "from edge_sdk import OnnxEncoder, Sketcher\n"
         "x = np.random.default_rng(0).random((40, 28, 28), dtype=np.float32)\n"
         "s = Sketcher(OnnxEncoder('fmnist_fc_encoder'), 10, 0.1, seed=1).sketch(x, np.arange(40) % 10)\n"
-        "import edge_sdk.nets, edge_sdk.trainer, edge_sdk.client\n"
-        "assert edge_sdk.nets.BASE_LAYERS\n"
+        "import edge_sdk.training.nets, edge_sdk.training.trainer, edge_sdk.client\n"
+        "assert edge_sdk.training.nets.BASE_LAYERS\n"
         "print(len(s.bits), 'torch' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from edge_sdk.client import EdgeClient
-from edge_sdk.client_commands import send_update
-from edge_sdk.client_state import kept_label
+from edge_sdk.client.commands import send_update
+from edge_sdk.client.state import kept_label
 from edge_sdk.health import (
     NOT_EXPOSED,
     THROTTLED_NOW,
@@ -23,9 +23,9 @@ from edge_sdk.health import (
     meminfo_kib,
     read_health,
 )
-from edge_sdk.held_models import HeldModel
-from edge_sdk.keeping import ModelKeeper
-from edge_sdk.model_folder import WEIGHTS, ModelEntry, weights_sha256
+from edge_sdk.models.held_models import HeldModel
+from edge_sdk.models.keeping import ModelKeeper
+from edge_sdk.models.model_folder import WEIGHTS, ModelEntry, weights_sha256
 from edge_sdk.protocol import Kind, Message, ProtocolError
 from edge_sdk.schema import check_fields, check_meta
 from edge_sdk.transport import MemoryBroker, MemoryTransport

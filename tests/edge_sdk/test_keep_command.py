@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from edge_sdk.client import EdgeClient
-from edge_sdk.held_models import HeldModel
-from edge_sdk.keep_offer import KeepOffer
-from edge_sdk.keeping import ModelKeeper
-from edge_sdk.local_model import LocalModel
-from edge_sdk.model_folder import read_model_folder, weights_sha256
+from edge_sdk.models.held_models import HeldModel
+from edge_sdk.models.keep_offer import KeepOffer
+from edge_sdk.models.keeping import ModelKeeper
+from edge_sdk.models.local_model import LocalModel
+from edge_sdk.models.model_folder import read_model_folder, weights_sha256
 from edge_sdk.protocol import Kind, Message, decode_message, encode_message
 from edge_sdk.protocol.commands import Op, build
 from edge_sdk.transport import MemoryBroker, MemoryTransport
@@ -27,7 +27,7 @@ FED = "keep"
 
 @pytest.fixture(scope="module")
 def data():
-    from edge_sdk.trainer import initial_weights, train_local
+    from edge_sdk.training.trainer import initial_weights, train_local
 
     x, y = load_digits_images()
     x = x.reshape(-1, 8, 8).astype(np.float32)

@@ -18,11 +18,10 @@ import pytest
 from safetensors.numpy import load_file
 
 from edge_sdk import cli
-from edge_sdk.artifacts import load_manifest, models_dir
-from edge_sdk.evaluation import evaluate, torch_logits
-from edge_sdk.keeping import KeepPolicy, ModelKeeper
-from edge_sdk.local_model import LocalModel
-from edge_sdk.model_folder import (
+from edge_sdk.models.artifacts import load_manifest, models_dir
+from edge_sdk.models.keeping import KeepPolicy, ModelKeeper
+from edge_sdk.models.local_model import LocalModel
+from edge_sdk.models.model_folder import (
     ENTRY,
     WEIGHTS,
     ModelEntry,
@@ -30,6 +29,7 @@ from edge_sdk.model_folder import (
     weights_sha256,
     write_model_folder,
 )
+from edge_sdk.training.evaluation import evaluate, torch_logits
 
 ARCH = "digits_cnn_1x8x8_10"
 
@@ -46,7 +46,7 @@ def x() -> np.ndarray:
     so that no argmax can flip on rounding (the untrained template's logits lie close together)."""
     pool = np.random.default_rng(0).random((400, 8, 8), dtype=np.float32)
     spec = load_manifest()["digits_cnn"]
-    from edge_sdk.evaluation import onnx_classifier
+    from edge_sdk.training.evaluation import onnx_classifier
 
     z = np.sort(onnx_classifier(ARCH, load_file(str(models_dir() / spec.extra["weights"]["file"])))
                 .logits(pool.reshape(-1, 1, 8, 8)), axis=1)

@@ -154,7 +154,7 @@ def test_the_server_sets_the_run_when_it_announces_it_and_the_round_when_it_chan
     assert log_context.snapshot() == {"run": "r-7", "round": 2}
 
 
-@pytest.mark.parametrize("module", ["server_kit.cli", "edge_sdk.client_cli", "server_kit.partials.cli"])
+@pytest.mark.parametrize("module", ["server_kit.cli", "edge_sdk.client.cli", "server_kit.partials.cli"])
 def test_a_bad_log_format_is_refused_by_argparse(module, capsys):
     import importlib
 
@@ -171,7 +171,7 @@ def test_a_device_sets_the_run_it_joins_or_is_welcomed_to_and_the_round_it_train
     import numpy as np
 
     from edge_sdk.client import EdgeClient
-    from edge_sdk.client_link import SERVER_STATUS, VIA
+    from edge_sdk.client.link import SERVER_STATUS, VIA
     from edge_sdk.protocol import SERVER_ID, Kind, Message
     from edge_sdk.protocol.commands import Op, build
     from edge_sdk.transport import MemoryBroker, MemoryTransport

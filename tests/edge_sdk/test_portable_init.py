@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_sdk.portable_init import initial_tensors, portable_uniform, tensors_sha256
-from edge_sdk.torch_support import torch_available
+from edge_sdk.models.portable_init import initial_tensors, portable_uniform, tensors_sha256
+from edge_sdk.training.torch_support import torch_available
 
 FIXTURE = Path(__file__).resolve().parents[1] / "pi" / "portable_init.json"
 LENET_0 = "b9200f64d3159d2db07f20b5b173cb38b7bf1430a6d3950ab73c1907c946d56c"
@@ -31,8 +31,8 @@ def _splitmix64(state: int, n: int) -> list[int]:
 
 @needs_torch
 def test_initial_weights_are_pinned_bit_for_bit():
-    from edge_sdk.model_checks import state_spec
-    from edge_sdk.torch_support import initial_weights
+    from edge_sdk.models.model_checks import state_spec
+    from edge_sdk.training.torch_support import initial_weights
 
     lenet = initial_weights("lenet5_1x28x28_10", 0)
     assert tensors_sha256(lenet) == LENET_0
@@ -70,7 +70,7 @@ def test_bounds_follow_the_fan_in_and_streams_do_not_depend_on_other_sizes():
 
 @needs_torch
 def test_batch_norm_tensors_of_resnet18():
-    from edge_sdk.torch_support import initial_weights
+    from edge_sdk.training.torch_support import initial_weights
 
     w = initial_weights("resnet18_3x32x32_10", 0)
     assert (w["bn1.weight"] == 1).all() and (w["bn1.bias"] == 0).all()

@@ -226,7 +226,7 @@ def test_device_survives_any_command(device, meta, rnd, caplog):
     except ProtocolError:
         return  # refused by the decoder: counted by the transport
     state = device.state
-    # a stop naming a run this device is not in is not its stop (client_commands.stop): it keeps serving
+    # a stop naming a run this device is not in is not its stop (edge_sdk.client.commands.stop): it keeps serving
     others = (state.run_id is not None or not state.welcomed) and msg.meta.get("run") not in (None, state.run_id)
     with caplog.at_level(logging.ERROR, logger="edge_sdk"):
         keep_going = device.handle(msg)  # must not raise, whatever the meta holds

@@ -10,9 +10,9 @@ import tempfile
 import numpy as np
 
 from edge_sdk.client import EdgeClient
-from edge_sdk.client_cli import private_tmp
-from edge_sdk.client_link import SERVER_STATUS, VIA
-from edge_sdk.held_models import HeldModel
+from edge_sdk.client.cli import private_tmp
+from edge_sdk.client.link import SERVER_STATUS, VIA
+from edge_sdk.models.held_models import HeldModel
 from edge_sdk.protocol import SERVER_ID, Kind, Message, Topics
 from edge_sdk.protocol.commands import Op, build
 from edge_sdk.transport import MemoryBroker, MemoryTransport

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_sdk.artifacts import load_manifest, models_dir
-from edge_sdk.trainer import (
+from edge_sdk.models.artifacts import load_manifest, models_dir
+from edge_sdk.training.trainer import (
     EvalResult,
     TrainResult,
     evaluate,
@@ -127,7 +127,7 @@ def test_training_leaves_the_callers_torch_rng_alone(digits):
 
 @needs_torch
 def test_initial_weights_have_the_shipped_templates_layout_and_depend_on_the_seed():
-    """The portable initial weights (edge_sdk.portable_init) have the shipped files' tensors, not their values."""
+    """The portable initial weights (edge_sdk.models.portable_init) have the shipped files' tensors, not their values."""
     from safetensors.numpy import load_file
 
     manifest = load_manifest()
@@ -146,7 +146,7 @@ def test_state_spec_names_shapes_and_dtypes():
 
 @needs_torch
 def test_base_layer_prefixes_select_exactly_the_conv_layers():
-    from edge_sdk.nets import BASE_LAYERS, DigitsCNN, build_model, count_params
+    from edge_sdk.training.nets import BASE_LAYERS, DigitsCNN, build_model, count_params
 
     assert count_params(DigitsCNN()) == 13_706
     for arch, prefixes in BASE_LAYERS.items():
@@ -289,7 +289,7 @@ def test_importing_the_trainer_does_not_import_torch():
     proc = _run(
         """
         import sys
-        import edge_sdk, edge_sdk.trainer
+        import edge_sdk, edge_sdk.training.trainer
         assert "torch" not in sys.modules, "torch imported"
         print("ok")
         """
@@ -305,8 +305,8 @@ def test_a_device_without_torch_evaluates_with_onnx_runtime():
         sys.modules["torch"] = None  # torch cannot be imported in this process
         import numpy as np
         from safetensors.numpy import load_file
-        from edge_sdk.artifacts import load_manifest, models_dir
-        from edge_sdk.trainer import evaluate, torch_available, train_local
+        from edge_sdk.models.artifacts import load_manifest, models_dir
+        from edge_sdk.training.trainer import evaluate, torch_available, train_local
 
         assert not torch_available()
         w = load_file(str(models_dir() / load_manifest()["digits_cnn"].extra["weights"]["file"]))

@@ -2,7 +2,7 @@
 
 Run on the x86 host and on the emulated Pi (tests/pi/copies.sh diffs the two outputs): numpy only (no
 torch), the server's :class:`server_kit.downstream.ModelVersions` and the devices'
-:class:`edge_sdk.held_models.ModelStore`, 6 rounds of exact float32 changes drawn with the portable
+:class:`edge_sdk.models.held_models.ModelStore`, 6 rounds of exact float32 changes drawn with the portable
 generator. Device "a" gets every round, "b" every third (chains and merged catch-ups), "c" only the
 last (its first model free, then current). Exits 1 when a device's copy differs from the server's.
 """
@@ -14,8 +14,8 @@ import sys
 import numpy as np
 
 from edge_sdk.compress import Compression
-from edge_sdk.held_models import ModelStore
-from edge_sdk.portable_init import initial_tensors, portable_uniform, tensors_sha256
+from edge_sdk.models.held_models import ModelStore
+from edge_sdk.models.portable_init import initial_tensors, portable_uniform, tensors_sha256
 from edge_sdk.protocol import SERVER_ID, Kind, Message
 from server_kit.downstream import ModelVersions
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Portable initial weights on the arm64 install (no torch there): edge_sdk.portable_init.initial_tensors of LeNet-5
+# Portable initial weights on the arm64 install (no torch there): edge_sdk.models.portable_init.initial_tensors of LeNet-5
 # (seed 0) and DigitsCNN (seed 3), built from the specs written literally in tests/pi/portable_init.json, hash to the
 # x86 values pinned there (and in tests/edge_sdk/test_portable_init.py); the first draws also match a pure-Python
 # SplitMix64 and 4 pinned bit patterns. The same check runs on the host first. Exit non-zero on any difference.
@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from edge_sdk.portable_init import initial_tensors, portable_uniform, tensors_sha256
+from edge_sdk.models.portable_init import initial_tensors, portable_uniform, tensors_sha256
 
 M = (1 << 64) - 1
 

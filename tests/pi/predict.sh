@@ -14,8 +14,8 @@ import numpy as np
 from safetensors.numpy import load_file
 from sklearn.datasets import load_digits
 
-from edge_sdk.artifacts import load_manifest, models_dir
-from edge_sdk.model_folder import ModelEntry, weights_sha256, write_model_folder
+from edge_sdk.models.artifacts import load_manifest, models_dir
+from edge_sdk.models.model_folder import ModelEntry, weights_sha256, write_model_folder
 
 out = Path(sys.argv[1])
 spec = load_manifest()["digits_cnn"]

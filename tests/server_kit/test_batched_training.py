@@ -10,9 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from edge_sdk.batched_train import ClientJob, train_local_batched  # noqa: E402
 from edge_sdk.tasks import Task, TrainSettings  # noqa: E402
-from edge_sdk.trainer import initial_weights, train_local  # noqa: E402
+from edge_sdk.training.batched_train import ClientJob, train_local_batched  # noqa: E402
+from edge_sdk.training.trainer import initial_weights, train_local  # noqa: E402
 from edge_sdk.worker import LocalWorker  # noqa: E402
 from server_kit.drivers.sim_training import RoundTraining  # noqa: E402
 

@@ -260,8 +260,8 @@ def test_bad_truth_file_is_refused_before_connecting(tmp_path, capsys):
 
 def test_server_and_client_take_the_same_broker_options(tmp_path):
     """One definition (BrokerConfig.add_arguments / from_args): the server had no --certfile / --keyfile."""
-    from edge_sdk.client_cli import _broker_config as client_config
-    from edge_sdk.client_cli import build_parser as client_parser
+    from edge_sdk.client.cli import _broker_config as client_config
+    from edge_sdk.client.cli import build_parser as client_parser
     from server_kit.cli import _broker_config as server_config
     from server_kit.cli import build_parser as server_parser
 

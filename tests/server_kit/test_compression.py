@@ -136,8 +136,8 @@ def test_the_cache_folds_its_oldest_steps_past_its_bytes_and_rebuilds_old_versio
 
 
 def test_a_portable_initial_model_goes_free_with_its_hash():
-    from edge_sdk.portable_init import tensors_sha256
-    from edge_sdk.trainer import initial_weights
+    from edge_sdk.models.portable_init import tensors_sha256
+    from edge_sdk.training.trainer import initial_weights
 
     pytest.importorskip("torch")
     v = ModelVersions(Compression.parse("sign"))
@@ -155,7 +155,7 @@ def test_a_portable_initial_model_goes_free_with_its_hash():
     meta, body = v.payload("c0", None, models["c0"])
     assert meta == {"key": "c0", "version": 1, "base": 0, "codec": "sign", "init": 7, "architecture": ARCH,
                     "sha256": tensors_sha256(w0)} and 0 < len(body) < len(tensors_body(w0)) / 25
-    from edge_sdk.held_models import ModelStore
+    from edge_sdk.models.held_models import ModelStore
     from edge_sdk.protocol import SERVER_ID, Kind, Message
 
     store = ModelStore()

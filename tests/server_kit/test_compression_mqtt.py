@@ -14,7 +14,7 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.client import EdgeClient
-from edge_sdk.client_commands import HANDLERS
+from edge_sdk.client.commands import HANDLERS
 from edge_sdk.compress import Compression, encode_delta
 from edge_sdk.protocol import Kind, Topics
 from edge_sdk.protocol.commands import Op

@@ -10,7 +10,7 @@ import pytest
 from edge_sdk import cli as edge_cli
 from edge_sdk.bench.summary import hello_fields, load_bench_summary
 from edge_sdk.client import EdgeClient
-from edge_sdk.client_cli import main as client_main
+from edge_sdk.client.cli import main as client_main
 from edge_sdk.schema import check_meta
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import LocalWorker

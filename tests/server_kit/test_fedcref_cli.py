@@ -38,7 +38,7 @@ def device_files(tmp_path_factory, digits_by_class_sets):
 
 
 def _client(url, i, path, out):
-    cmd = [sys.executable, "-m", "edge_sdk.client_cli", "--broker", url, "--federation", "fc", "--client-id", f"c{i}",
+    cmd = [sys.executable, "-m", "edge_sdk.client.cli", "--broker", url, "--federation", "fc", "--client-id", f"c{i}",
            "--data", str(path), "--fedcref", "--set", "n_clusters=2", "--set", "encoder=none", "--set", "epochs=20",
            "--set", "batch_size=16", "--seed", str(i), "--labels-out", str(out), "--max-idle", "60",
            "--set", "init=ward" if i % 2 else "init=kmeans"]  # the odd devices start from Ward's clustering
@@ -109,7 +109,7 @@ def test_fedcref_federation_from_the_command_line(device_files, tmp_path, capsys
 
 
 def test_fedcref_command_line_refuses_bad_settings(device_files, tmp_path, capsys):
-    from edge_sdk.client_cli import main as client_main
+    from edge_sdk.client.cli import main as client_main
 
     assert server_main(["--strategy", "fedcref", "--set", "theta=2"]) == 2
     assert "theta must be an association threshold in (0, 1]" in capsys.readouterr().err

@@ -112,9 +112,9 @@ def test_slow_devices_reporting_progress_keep_their_round_open(clients, server_t
 
 
 def test_a_fleet_that_cannot_train_stops_at_registration(clients, monkeypatch, server_transport):
-    import edge_sdk.trainer
+    import edge_sdk.training.trainer
 
-    monkeypatch.setattr(edge_sdk.trainer, "torch_available", lambda: False)  # every device says: no torch
+    monkeypatch.setattr(edge_sdk.training.trainer, "torch_available", lambda: False)  # every device says: no torch
     broker = MemoryBroker()
     threads, edges = start(clients[:3], lambda cid: MemoryTransport(broker, cid, federation="fleet"))
     server = server_transport(broker, federation="fleet")

@@ -7,7 +7,7 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.tasks import TrainSettings, Update
-from edge_sdk.trainer import initial_weights, train_local
+from edge_sdk.training.trainer import initial_weights, train_local
 from edge_sdk.transport import MemoryBroker
 from server_kit.data.partition import label_flip_groups, load_digits_images, rotation_partition
 from server_kit.drivers import Orchestrator, ServerConfig

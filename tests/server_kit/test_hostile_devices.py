@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.client import EdgeClient
-from edge_sdk.client_commands import HANDLERS
+from edge_sdk.client.commands import HANDLERS
 from edge_sdk.protocol import (
     MAGIC,
     PROTOCOL_VERSION,

@@ -23,8 +23,8 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.client import EdgeClient
-from edge_sdk.keeping import ModelKeeper
-from edge_sdk.model_folder import read_model_folder
+from edge_sdk.models.keeping import ModelKeeper
+from edge_sdk.models.model_folder import read_model_folder
 from edge_sdk.protocol import Topics
 from edge_sdk.tasks import TrainSettings
 from edge_sdk.transport import BrokerConfig, MqttTransport
@@ -179,8 +179,8 @@ def test_federation_over_embedded_amqtt_broker_keeps_exports_and_serves_its_mode
     onnx_path = result.exported.link / "c0" / "model.onnx"
     import onnxruntime as ort
 
-    from edge_sdk.evaluation import torch_logits
-    from edge_sdk.model_folder import read_model_folder as read
+    from edge_sdk.models.model_folder import read_model_folder as read
+    from edge_sdk.training.evaluation import torch_logits
 
     _, weights = read(result.exported.link / "c0")
     x = digits[0].x_test.reshape(-1, 1, 8, 8).astype(np.float32)
@@ -204,7 +204,7 @@ def test_sampled_rounds_and_evaluation_over_mosquitto_with_acl(digits, shipped_a
     """Rounds of 2 of each cluster's 3 devices go per device, the evaluation of a seeded half of the
     fleet is one broadcast, and each device downloads exactly what it needs (the ACL lets it follow its
     cluster's topic and confirm it)."""
-    from edge_sdk.sampling import in_sample, sample_point
+    from edge_sdk.training.sampling import in_sample, sample_point
 
     passwords = {c.cid: f"pw-{c.cid}" for c in digits} | {"server": "pw-server"}
     with MosquittoBroker(acl=shipped_acl(FED), passwords=passwords) as broker:
@@ -234,7 +234,7 @@ def test_sampled_rounds_and_evaluation_over_mosquitto_with_acl(digits, shipped_a
 
 
 def spawn_client(url, path, cid, seed):
-    cmd = [sys.executable, "-m", "edge_sdk.client_cli", "--broker", url, "--federation", FED, "--client-id", cid,
+    cmd = [sys.executable, "-m", "edge_sdk.client.cli", "--broker", url, "--federation", FED, "--client-id", cid,
            "--data", str(path), "--architecture", ARCH, "--seed", str(seed), "--max-idle", "90"]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -18,7 +18,7 @@ import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from onnx.external_data_helper import uses_external_data  # noqa: E402
 
-from edge_sdk.artifacts import artifact_path, load_manifest, sha256_file  # noqa: E402
+from edge_sdk.models.artifacts import artifact_path, load_manifest, sha256_file  # noqa: E402
 from server_kit.data.idx import load_idx_dataset, read_idx  # noqa: E402
 from server_kit.export import export_onnx, load_weights, main, save_weights  # noqa: E402
 from server_kit.nets import (  # noqa: E402

@@ -11,9 +11,9 @@ pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
 from edge_sdk import OnnxEncoder  # noqa: E402
-from edge_sdk.artifacts import ArtifactHashError, sha256_file  # noqa: E402
+from edge_sdk.models.artifacts import ArtifactHashError, sha256_file  # noqa: E402
 from edge_sdk.protocol import Kind, Message, encode_message, tensors_body  # noqa: E402
-from edge_sdk.trainer import initial_weights, train_autoencoder_local  # noqa: E402
+from edge_sdk.training.trainer import initial_weights, train_autoencoder_local  # noqa: E402
 from server_kit.pretrain import (  # noqa: E402
     FEDERATION,
     MODEL_KEY,

@@ -12,7 +12,7 @@ import pytest
 
 from edge_sdk.protocol import Kind, tensors_body
 from edge_sdk.tasks import TrainSettings
-from edge_sdk.torch_support import initial_weights
+from edge_sdk.training.torch_support import initial_weights
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from server_kit.broker import EmbeddedBroker
 from server_kit.drivers import Orchestrator, ServerConfig

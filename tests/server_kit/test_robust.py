@@ -293,7 +293,7 @@ def federation():
 def victims_accuracy(federation, rounds, attack=None, **robust):
     """Mean over the last 3 rounds of the hostile's cluster model on held-out images of its rotation; clipped."""
     from edge_sdk import OnnxEncoder
-    from edge_sdk.trainer import evaluate
+    from edge_sdk.training.trainer import evaluate
     from server_kit.drivers.simulate import Simulator
     from server_kit.strategies.fedsketch import SketchClustered
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from edge_sdk import OnnxEncoder, Sketcher
-from edge_sdk.model_folder import read_model_folder
-from edge_sdk.trainer import initial_weights
+from edge_sdk.models.model_folder import read_model_folder
+from edge_sdk.training.trainer import initial_weights
 from server_kit.broker import MosquittoBroker, find_mosquitto
 from server_kit.data.partition import load_digits_images, rotation_partition, save_client
 from server_kit.drivers import ServerConfig
@@ -73,7 +73,7 @@ def test_a_device_that_never_trained_gets_its_groups_model_by_cold_start(tmp_pat
                                    broker.url, "--serve-for", "25"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)
         try:
-            device = subprocess.run([*cmd, "edge_sdk.client_cli", "--broker", broker.url, "--federation", FED,
+            device = subprocess.run([*cmd, "edge_sdk.client.cli", "--broker", broker.url, "--federation", FED,
                                      "--client-id", "newcomer", "--data", str(tmp_path / "new.npz"), "--seed", "3",
                                      "--model-dir", str(tmp_path / "kept"), "--get-model", "--hello-jitter", "0",
                                      "--max-idle", "20"], capture_output=True, text=True, timeout=60)
@@ -90,7 +90,7 @@ def test_a_device_that_never_trained_gets_its_groups_model_by_cold_start(tmp_pat
 
 
 def test_an_export_that_is_not_one_and_a_get_model_without_a_folder_are_one_line_and_exit_2(tmp_path, capsys):
-    from edge_sdk.client_cli import main as client
+    from edge_sdk.client.cli import main as client
     from server_kit.cli import main as server
 
     assert server(["--serve-models-from", str(tmp_path)]) == 2
@@ -113,8 +113,8 @@ def test_ifca_devices_choose_their_model_and_fedavg_serves_its_one(tmp_path, nam
     import threading
 
     from edge_sdk.client import EdgeClient
-    from edge_sdk.keeping import ModelKeeper
-    from edge_sdk.trainer import train_local
+    from edge_sdk.models.keeping import ModelKeeper
+    from edge_sdk.training.trainer import train_local
     from edge_sdk.transport import BrokerConfig, MqttTransport
     from edge_sdk.worker import LocalWorker
     from server_kit.drivers import Orchestrator

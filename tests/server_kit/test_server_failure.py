@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from edge_sdk.client import EdgeClient
-from edge_sdk.client_commands import SERVER_FAILED
+from edge_sdk.client.commands import SERVER_FAILED
 from edge_sdk.protocol import Kind, Message, Topics, decode_message, sketch_body
 from edge_sdk.protocol.commands import Op, build
 from edge_sdk.sketch import Sketch

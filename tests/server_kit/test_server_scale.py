@@ -23,9 +23,9 @@ import pytest
 
 from edge_sdk.client import EdgeClient
 from edge_sdk.protocol import Kind, Message, Topics, decode_message, sketch_body, tensors_body
-from edge_sdk.sampling import in_sample, sample_point
 from edge_sdk.sketch import Sketch
 from edge_sdk.tasks import TrainSettings
+from edge_sdk.training.sampling import in_sample, sample_point
 from edge_sdk.transport import MemoryBroker, MemoryTransport
 from edge_sdk.worker import LocalWorker
 from server_kit.drivers import Orchestrator, ServerConfig

@@ -27,7 +27,7 @@ def clients():
 
 
 def test_fedavg_rounds_accumulate_exact_wire_bytes(clients):
-    from edge_sdk.trainer import initial_weights
+    from edge_sdk.training.trainer import initial_weights
 
     res = Simulator(FedAvg(settings=SETTINGS), clients, architecture=ARCH, seed=0).run(3)
     n = len(clients)

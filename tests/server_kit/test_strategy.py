@@ -170,7 +170,7 @@ def test_simulator_counts_bytes_per_delivery(digits):
                     architecture=ARCH).run(2)
     d = res.ledger.as_dict()
     assert d["down"]["MODEL"]["messages"] == 8 and d["up"]["UPDATE"]["messages"] == 8
-    from edge_sdk.trainer import initial_weights
+    from edge_sdk.training.trainer import initial_weights
     from server_kit.metrics import weights_message_bytes
 
     one = weights_message_bytes(Kind.MODEL, initial_weights(ARCH, 0), {"key": "global"})

@@ -101,7 +101,7 @@ def test_28x28_fleet_without_model_flags_refuses_and_spares_whom_it_must(tmp_pat
 
         def client(cid, data, extra_env=None):  # seeded sketches: the same bits, the same clusters, every run
             return subprocess.Popen(
-                [sys.executable, "-m", "edge_sdk.client_cli", "--broker", broker.url, "--federation", "big",
+                [sys.executable, "-m", "edge_sdk.client.cli", "--broker", broker.url, "--federation", "big",
                  "--client-id", cid, "--data", str(data), "--max-idle", "120", "--seed", cid[1:]],
                 env={**env, **(extra_env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -6,7 +6,7 @@ of the command that uses it), a command or the server's status is queued
 for the client's loop, marked with the way it came (:data:`VIA`). It keeps
 the model topics the device follows, sends every envelope, and schedules
 the hello after each (re)connection. What the device does with a command is
-:mod:`edge_sdk.client_commands`; what the runs gave it, :mod:`edge_sdk.client_state`.
+:mod:`edge_sdk.client.commands`; what the runs gave it, :mod:`edge_sdk.client.state`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .held_models import NEEDS_WHOLE
-from .protocol import SERVER_ID, Kind, Message, ProtocolError, Topics
-from .rejections import RejectionLog
-from .schema import check_meta
+from ..models.held_models import NEEDS_WHOLE
+from ..protocol import SERVER_ID, Kind, Message, ProtocolError, Topics
+from ..rejections import RejectionLog
+from ..schema import check_meta
 
 __all__ = ["LOCAL", "SERVER_STATUS", "VIA", "DeviceLink"]
 

@@ -4,10 +4,10 @@ The folder (``fedsketch-client --model-dir DIR``)::
 
     DIR/current  -> versions/<run>-<key>          the model the owner's application runs
     DIR/previous -> versions/...                  the one it replaced
-    DIR/versions/<run>-<key>/                     model folders (edge_sdk.model_folder)
+    DIR/versions/<run>-<key>/                     model folders (edge_sdk.models.model_folder)
 
 A new model is written whole into its own folder first, then ``current`` is
-switched to it in one step (:func:`~edge_sdk.model_folder.swap_link`), so an
+switched to it in one step (:func:`~edge_sdk.models.model_folder.swap_link`), so an
 application reading the folder (:class:`edge_sdk.LocalModel`) sees the old
 model or the new one, never half of one. Folders no link names are removed.
 

@@ -11,13 +11,13 @@ subscriptions and queued QoS 1 messages). The application says when the
 local data changed (``data_changed``). All work is done by an
 :class:`edge_sdk.worker.LocalWorker`; this module only speaks the protocol.
 
-The device is in parts, each with one job: :mod:`edge_sdk.client_state`
-(what the runs gave it), :mod:`edge_sdk.client_link` (its connection),
-:mod:`edge_sdk.client_commands` (what each command does),
-:mod:`edge_sdk.client_encoders` (the encoders received),
-:mod:`edge_sdk.client_drift` (its own drift signal) and
-:mod:`edge_sdk.client_keep` (the end of a run's ``keep``). The
-``fedsketch-client`` command is :mod:`edge_sdk.client_cli`.
+The device is in parts, each with one job: :mod:`edge_sdk.client.state`
+(what the runs gave it), :mod:`edge_sdk.client.link` (its connection),
+:mod:`edge_sdk.client.commands` (what each command does),
+:mod:`edge_sdk.client.encoders` (the encoders received),
+:mod:`edge_sdk.client.drift` (its own drift signal) and
+:mod:`edge_sdk.client.keep` (the end of a run's ``keep``). The
+``fedsketch-client`` command is :mod:`edge_sdk.client.cli`.
 """
 
 from __future__ import annotations
@@ -31,17 +31,17 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from .client_commands import HANDLERS, DeviceContext, Handler, handle
-from .client_drift import DeviceDrift
-from .client_encoders import ReceivedEncoders
-from .client_link import DeviceLink
-from .client_state import DeviceState, kept_label
-from .held_models import ModelStore
-from .keeping import ModelKeeper
-from .protocol import Kind, Message, Topics
-from .protocol.commands import Op
-from .rejections import RejectionLog
-from .worker import LocalWorker
+from ..models.held_models import ModelStore
+from ..models.keeping import ModelKeeper
+from ..protocol import Kind, Message, Topics
+from ..protocol.commands import Op
+from ..rejections import RejectionLog
+from ..worker import LocalWorker
+from .commands import HANDLERS, DeviceContext, Handler, handle
+from .drift import DeviceDrift
+from .encoders import ReceivedEncoders
+from .link import DeviceLink
+from .state import DeviceState, kept_label
 
 __all__ = ["KEEPS_MODELS", "EdgeClient"]
 
@@ -74,10 +74,10 @@ class EdgeClient:
     """Answers the server's commands for one :class:`LocalWorker`.
 
     It puts together the device's parts: what the runs gave it
-    (:attr:`state`, a :class:`~edge_sdk.client_state.DeviceState`), its
-    connection (:attr:`link`, a :class:`~edge_sdk.client_link.DeviceLink`)
+    (:attr:`state`, a :class:`~edge_sdk.client.state.DeviceState`), its
+    connection (:attr:`link`, a :class:`~edge_sdk.client.link.DeviceLink`)
     and what its command handlers work with (:attr:`context`, a
-    :class:`~edge_sdk.client_commands.DeviceContext`); it runs the loop that
+    :class:`~edge_sdk.client.commands.DeviceContext`); it runs the loop that
     gives each command to its handler (the table of the ``handlers`` argument, by op), and says
     hello. The state's and the parts' attributes read through it
     (``client.model_key``, ``client.store``, ``client.followed``, ...).
@@ -124,13 +124,13 @@ class EdgeClient:
     keeper : ModelKeeper, optional
         The device's model folder: at the end of a run (the server's ``keep``
         command) the model it was assigned is kept there, by its keep policy
-        (:mod:`edge_sdk.keeping`). None: the run's model is not kept.
+        (:mod:`edge_sdk.models.keeping`). None: the run's model is not kept.
     get_model : bool
         Leave once a ``keep`` command was done (``fedsketch-client --get-model``:
         a cold start), exit code 0 with a kept model, 6 without.
     handlers : mapping, optional
         The handler of each command, by op; default
-        :data:`edge_sdk.client_commands.HANDLERS`. A device that answers a
+        :data:`edge_sdk.client.commands.HANDLERS`. A device that answers a
         command its own way (a test's hostile device) gives
         ``{**HANDLERS, Op.TRAIN: its_train}``.
     """
@@ -220,7 +220,7 @@ class EdgeClient:
     # -- the hello ----------------------------------------------------------------------------
     def hello(self) -> None:
         """Register now: one HELLO (the server takes it as "online": no STATUS goes with it), with the device's
-        health (:meth:`~edge_sdk.client_state.DeviceState.health`; what the board does not expose is logged once).
+        health (:meth:`~edge_sdk.client.state.DeviceState.health`; what the board does not expose is logged once).
 
         A hello scheduled by a (re)connection and not yet sent is cancelled:
         this one says the same.
@@ -266,7 +266,7 @@ class EdgeClient:
 
     # -- the loop -----------------------------------------------------------------------------
     def handle(self, msg: Message) -> bool:
-        """Do one message of the loop (:func:`edge_sdk.client_commands.handle`); False when told to stop."""
+        """Do one message of the loop (:func:`edge_sdk.client.commands.handle`); False when told to stop."""
         return handle(self.state, msg, self.context, self._handlers)
 
     def data_changed(self, x: Any, y: Any, x_test: Any = None, y_test: Any = None) -> None:
@@ -284,7 +284,7 @@ class EdgeClient:
         change sends nothing, nor does a device that never sent a sketch (the
         server's request will get the new data). The sample count of the
         hello is not said again: the server weighs the device's updates by at
-        most the one it registered. See :func:`edge_sdk.client_commands.apply_data_change`.
+        most the one it registered. See :func:`edge_sdk.client.commands.apply_data_change`.
 
         Raises
         ------

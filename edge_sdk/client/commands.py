@@ -1,6 +1,6 @@
 """What a device does for each command of the server: one handler per :class:`~edge_sdk.protocol.commands.Op`.
 
-Each handler is a function of the device's state (:class:`~edge_sdk.client_state.DeviceState`),
+Each handler is a function of the device's state (:class:`~edge_sdk.client.state.DeviceState`),
 the command (:class:`Command`: its fields read by
 :func:`edge_sdk.protocol.commands.parse`, the command vocabulary) and the
 device's context (:class:`DeviceContext`: its worker, its connection, its
@@ -24,23 +24,23 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from .client_drift import DeviceDrift
-from .client_link import LOCAL, SERVER_STATUS, VIA, DeviceLink
-from .client_state import DeviceState, SentUpdate, kept_label
-from .compress import Compression
-from .compress.update_codec import update_codec
-from .install import install_hint
-from .logs import log_context
-from .protocol import SERVER_ID, Kind, Message, ProtocolError, sketch_body, tensors_body
-from .protocol.commands import Op, parse
-from .rejections import RejectionLog
-from .sampling import in_sample
-from .schema import check_meta
-from .tasks import Task, TrainSettings
+from ..compress import Compression
+from ..compress.update_codec import update_codec
+from ..install import install_hint
+from ..logs import log_context
+from ..protocol import SERVER_ID, Kind, Message, ProtocolError, sketch_body, tensors_body
+from ..protocol.commands import Op, parse
+from ..rejections import RejectionLog
+from ..schema import check_meta
+from ..tasks import Task, TrainSettings
+from ..training.sampling import in_sample
+from .drift import DeviceDrift
+from .link import LOCAL, SERVER_STATUS, VIA, DeviceLink
+from .state import DeviceState, SentUpdate, kept_label
 
 if TYPE_CHECKING:
-    from .keeping import ModelKeeper
-    from .worker import LocalWorker
+    from ..models.keeping import ModelKeeper
+    from ..worker import LocalWorker
 
 __all__ = ["HANDLERS", "NO_MODEL", "REFUSED", "SERVER_FAILED", "Command", "DeviceContext", "Handler",
            "apply_data_change", "handle", "handles", "on_server_status", "send_status"]
@@ -284,7 +284,7 @@ def sketch(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
         return
     kind = m["summary"]
     if kind != "sketch":
-        from .features import SUMMARIES
+        from ..features import SUMMARIES
 
         if kind not in SUMMARIES:
             raise ValueError(f"unknown summary kind {kind!r}; this client knows {sorted(SUMMARIES)}")
@@ -426,7 +426,7 @@ def train(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
 @handles(Op.TRAIN_AE)
 def train_ae(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
     """Train the sketch autoencoder of the round (federated pre-training) and send its weights."""
-    from .trainer import train_autoencoder_local
+    from ..training.trainer import train_autoencoder_local
 
     started = time.monotonic()
     m = cmd.fields
@@ -462,8 +462,8 @@ def evaluate(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
 
 @handles(Op.KEEP)
 def keep(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
-    """Keep the run's model in the device's model folder (:mod:`edge_sdk.client_keep`)."""
-    from .client_keep import keep_from_command
+    """Keep the run's model in the device's model folder (:mod:`edge_sdk.client.keep`)."""
+    from .keep import keep_from_command
 
     m = cmd.fields
     use_architecture(ctx.worker, m)

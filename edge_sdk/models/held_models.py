@@ -5,7 +5,7 @@ With downstream compression on, a model arrives as one of (the server's
 
 - nothing new (``current``): the device holds that version already;
 - its portable initial weights (``init``): the device builds them
-  (:func:`edge_sdk.torch_support.initial_weights`, the same bits on every
+  (:func:`edge_sdk.training.torch_support.initial_weights`, the same bits on every
   platform) and checks them against the server's ``sha256``; with ``base``,
   the changes that follow come in the same message and apply to them;
 - the chain of its compressed changes since a version the device holds
@@ -19,7 +19,7 @@ What cannot be applied to the copy held (no version held, another version,
 initial weights that hash otherwise or cannot be built here) is refused with
 reason ``model-base`` or ``model-init`` (:data:`NEEDS_WHOLE`) and the model
 stays as it was; the device then asks the server for the model whole (its
-status ``need``, :class:`edge_sdk.client_link.DeviceLink`).
+status ``need``, :class:`edge_sdk.client.link.DeviceLink`).
 
 A model of an earlier round than the one held is a late copy (a broker that
 redelivers an unacknowledged QoS 1 message, a NATS cluster among them): it is
@@ -39,9 +39,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .compress import Method, apply_catchup, apply_steps, parse_chain
+from ..compress import Method, apply_catchup, apply_steps, parse_chain
+from ..protocol import Message, ProtocolError, parse_tensors
 from .portable_init import tensors_sha256
-from .protocol import Message, ProtocolError, parse_tensors
 
 __all__ = ["NEEDS_WHOLE", "HeldModel", "ModelStore"]
 
@@ -51,7 +51,7 @@ NEEDS_WHOLE = frozenset({"model-base", "model-init"})
 
 
 def _initial_weights(architecture: str, seed: int) -> dict[str, np.ndarray]:
-    from .torch_support import initial_weights
+    from ..training.torch_support import initial_weights
 
     return initial_weights(architecture, seed)
 

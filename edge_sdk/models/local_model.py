@@ -10,7 +10,7 @@
 ``current`` link is followed) or one model folder (``model.json`` inside,
 as the server exports them in ``REPORT_DIR/models/KEY``). Every file is
 checked against its sha256 and the model against its architecture before
-anything runs (:class:`~edge_sdk.model_folder.ModelFolderError`, one line).
+anything runs (:class:`~edge_sdk.models.model_folder.ModelFolderError`, one line).
 A standalone ``model.onnx`` runs as it is; without one, the architecture's
 shipped ONNX template runs with the kept weights in it.
 """
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .evaluation import OnnxClassifier, onnx_classifier
+from ..training.evaluation import OnnxClassifier, onnx_classifier
 from .model_checks import ModelInfo, check_samples
 from .model_folder import ENTRY, ONNX, ModelEntry, ModelFolderError, read_model_folder
 

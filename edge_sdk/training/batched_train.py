@@ -1,12 +1,12 @@
 """Many clients' local training at once: one model's parameters stacked per client, one step for all.
 
 :func:`train_local_batched` trains the clients of a round that share an
-architecture and settings together, as :func:`edge_sdk.trainer.train_local`
+architecture and settings together, as :func:`edge_sdk.training.trainer.train_local`
 would train each alone, and gives the same models within float tolerance:
 
 * **The same batches.** Each client's shuffles come from its own generator
   seeded with its own seed (one ``torch.randperm`` per epoch, as the epoch
-  loop of :mod:`edge_sdk.train_loop` draws them), cut into slices of
+  loop of :mod:`edge_sdk.training.train_loop` draws them), cut into slices of
   ``batch_size``. A client's steps are its epochs' slices one after another;
   step ``s`` of the batch is step ``s`` of every client that has one.
 * **One step for all.** The parameters are stacked (``(clients, *shape)``)
@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .model_checks import check_data, check_weights
+from ..models.model_checks import check_data, check_weights
 from .torch_support import build_classifier, import_torch, using_threads
 from .trainer import TrainResult, _check_settings, _finished
 

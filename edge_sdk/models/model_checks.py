@@ -3,8 +3,8 @@
 Weights cross the trainer as plain ``{name: numpy array}`` dicts, the
 ``state_dict`` of the architecture (buffers included). :class:`ModelInfo`
 says what an architecture expects, whether read from the torch model
-(:mod:`edge_sdk.torch_support`) or from its shipped ONNX template
-(:mod:`edge_sdk.evaluation`); :func:`check_weights` and :func:`check_data`
+(:mod:`edge_sdk.training.torch_support`) or from its shipped ONNX template
+(:mod:`edge_sdk.training.evaluation`); :func:`check_weights` and :func:`check_data`
 hold received weights and local samples against it.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ..encoder import check_model_input
 from .artifacts import ArtifactSpec
-from .encoder import check_model_input
 
 __all__ = ["ModelInfo", "check_data", "check_labels", "check_samples", "check_weights", "state_spec"]
 
@@ -29,7 +29,7 @@ class ModelInfo:
     Attributes
     ----------
     architecture : str
-        Its key in :data:`edge_sdk.nets.ARCHITECTURES`.
+        Its key in :data:`edge_sdk.training.nets.ARCHITECTURES`.
     input_shape : tuple of int
         Shape of one sample (NCHW without the batch axis).
     num_classes : int

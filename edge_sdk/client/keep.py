@@ -1,12 +1,12 @@
 """A device's answer to a ``keep`` command: check the model against the server's sha256, then keep it or not.
 
-:func:`keep_from_command` is what the ``keep`` handler (:func:`edge_sdk.client_commands.keep`)
+:func:`keep_from_command` is what the ``keep`` handler (:func:`edge_sdk.client.commands.keep`)
 does, with what it needs passed in: the command's checked fields, a way to
 wait for a model, the device's worker (its test split, its IFCA choice) and
-its :class:`~edge_sdk.keeping.ModelKeeper` (None: no model folder). The
+its :class:`~edge_sdk.models.keeping.ModelKeeper` (None: no model folder). The
 model is kept only if the device's copy has the sha256 the server offers,
 bit for bit the server's export; the keep policy then decides
-(:meth:`~edge_sdk.keeping.ModelKeeper.offer`).
+(:meth:`~edge_sdk.models.keeping.ModelKeeper.offer`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from .evaluation import classifier_io, evaluate
-from .keep_offer import parse_offers
-from .keeping import KeepDecision, ModelKeeper
-from .model_folder import ModelEntry, weights_sha256
+from ..models.keep_offer import parse_offers
+from ..models.keeping import KeepDecision, ModelKeeper
+from ..models.model_folder import ModelEntry, weights_sha256
+from ..training.evaluation import classifier_io, evaluate
 
 __all__ = ["KeepOutcome", "keep_from_command", "own_accuracy"]
 
@@ -68,7 +68,7 @@ def keep_from_command(m: Mapping[str, Any], *, assigned: str | None, run_id: str
     Raises
     ------
     ProtocolError
-        ``meta-field`` for an offer that breaks its rules (:func:`~edge_sdk.keep_offer.parse_offers`).
+        ``meta-field`` for an offer that breaks its rules (:func:`~edge_sdk.models.keep_offer.parse_offers`).
     TimeoutError
         When the model does not arrive in time.
     """

@@ -10,13 +10,13 @@ travels on the wire. The operations:
   local images with the MSE reconstruction loss (federated pre-training of
   the sketch encoder, see :mod:`server_kit.pretrain`).
 
-Both run :func:`edge_sdk.train_loop.run_epochs`. Re-exported here, from the
+Both run :func:`edge_sdk.training.train_loop.run_epochs`. Re-exported here, from the
 modules that own them: :func:`evaluate` and :class:`EvalResult` (accuracy and
 cross-entropy with torch or, without torch, ONNX Runtime:
-:mod:`edge_sdk.evaluation`), :func:`initial_weights` and
-:func:`torch_available` (:mod:`edge_sdk.torch_support`) and
+:mod:`edge_sdk.training.evaluation`), :func:`initial_weights` and
+:func:`torch_available` (:mod:`edge_sdk.training.torch_support`) and
 :func:`state_spec` (the names, shapes and dtypes a received update must
-have: :mod:`edge_sdk.model_checks`).
+have: :mod:`edge_sdk.models.model_checks`).
 
 torch is imported lazily inside the functions that need it: importing this
 module (and :mod:`edge_sdk`) never imports torch.
@@ -33,10 +33,11 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .artifacts import ArtifactSpec
-from .encoder import check_model_input
+from ..encoder import check_model_input
+from ..models.artifacts import ArtifactSpec
+from ..models.model_checks import ModelInfo, check_data, check_weights, state_spec
+from ..validation import check_choice, check_positive_int
 from .evaluation import EvalResult, evaluate
-from .model_checks import ModelInfo, check_data, check_weights, state_spec
 from .torch_support import (
     build_classifier,
     import_torch,
@@ -46,7 +47,6 @@ from .torch_support import (
     using_threads,
 )
 from .train_loop import run_epochs
-from .validation import check_choice, check_positive_int
 
 __all__ = [
     "OPTIMIZERS",
@@ -192,7 +192,7 @@ def train_local(
     Parameters
     ----------
     architecture : str
-        A classifier key of :data:`edge_sdk.nets.ARCHITECTURES`
+        A classifier key of :data:`edge_sdk.training.nets.ARCHITECTURES`
         (``"digits_cnn_1x8x8_10"``, ``"lenet5_1x28x28_10"``).
     weights : mapping of str to numpy.ndarray
         The starting ``state_dict``; names and shapes must be exactly those
@@ -301,7 +301,7 @@ def _check_images(info: ModelInfo, image_shape: Optional[tuple[int, ...]], x: An
         input_range=(0.0, 1.0),
     )
     xa = check_model_input(x, spec, "x")
-    if not xa.flags.writeable:  # see edge_sdk.model_checks.check_weights
+    if not xa.flags.writeable:  # see edge_sdk.models.model_checks.check_weights
         xa = xa.copy()
     if xa.shape[0] == 0:
         raise ValueError("x holds no samples")
@@ -342,7 +342,7 @@ def train_autoencoder_local(
     Parameters
     ----------
     architecture : str
-        An autoencoder key of :data:`edge_sdk.nets.ARCHITECTURES`
+        An autoencoder key of :data:`edge_sdk.training.nets.ARCHITECTURES`
         (``"fc_ae_784_50_20"``, ``"fc_ae_64_48_20"``, ``"conv_ae_3_12_24_48"``).
     weights : mapping of str to numpy.ndarray
         The starting ``state_dict`` (buffers included); names and shapes must

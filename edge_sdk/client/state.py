@@ -1,7 +1,7 @@
 """What the server's runs gave a device, in one object: :class:`DeviceState`.
 
-The command handlers (:mod:`edge_sdk.client_commands`) read and change it;
-the connection (:mod:`edge_sdk.client_link`) puts the models it receives in
+The command handlers (:mod:`edge_sdk.client.commands`) read and change it;
+the connection (:mod:`edge_sdk.client.link`) puts the models it receives in
 it; :class:`edge_sdk.client.EdgeClient` shows it. A new run drops what the
 last one left (:meth:`DeviceState.forget_run`).
 """
@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .client_encoders import ReceivedEncoders
-from .client_keep import KeepOutcome
-from .compress import Compression, ErrorFeedback
-from .compress.update_codec import device_feedback
-from .health import DeviceHealth, read_health
-from .held_models import ModelStore
-from .keeping import ModelKeeper
-from .model_folder import WEIGHTS
-from .protocol import Message
+from ..compress import Compression, ErrorFeedback
+from ..compress.update_codec import device_feedback
+from ..health import DeviceHealth, read_health
+from ..models.held_models import ModelStore
+from ..models.keeping import ModelKeeper
+from ..models.model_folder import WEIGHTS
+from ..protocol import Message
+from .encoders import ReceivedEncoders
+from .keep import KeepOutcome
 
 __all__ = ["DeviceState", "SentUpdate", "kept_label"]
 

@@ -1,7 +1,7 @@
 """The one epoch loop of every local training with torch: shuffled mini-batches, optimiser steps, the mean loss.
 
-:func:`edge_sdk.trainer.train_local` (cross-entropy),
-:func:`edge_sdk.trainer.train_autoencoder_local` (reconstruction MSE) and
+:func:`edge_sdk.training.trainer.train_local` (cross-entropy),
+:func:`edge_sdk.training.trainer.train_autoencoder_local` (reconstruction MSE) and
 FedCRef's cluster autoencoders run it. What differs between them (the model,
 the loss, any extra term such as a proximal or regularisation penalty) lives
 in the ``batch_loss`` callable they pass; the seeding, the threads and the

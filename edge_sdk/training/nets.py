@@ -1,8 +1,8 @@
 """Torch architectures that a device needs for local training (and the server too).
 
 Torch is imported when an architecture is first asked for (a module
-``__getattr__`` imports :mod:`edge_sdk._torch_nets`, where the classes are
-defined): ``import edge_sdk.nets`` and :data:`BASE_LAYERS` work without it,
+``__getattr__`` imports :mod:`edge_sdk.training._torch_nets`, where the classes are
+defined): ``import edge_sdk.training.nets`` and :data:`BASE_LAYERS` work without it,
 so a device without torch still sketches and evaluates.
 :mod:`server_kit.nets` re-exports everything here and adds server-only nets.
 
@@ -23,7 +23,7 @@ so a device without torch still sketches and evaluates.
   :meth:`encode` as ``forward`` for ONNX export.
 
 Classifiers carry ``num_classes`` and ``input_shape`` (per sample, NCHW)
-attributes, which :mod:`edge_sdk.trainer` uses to validate data.
+attributes, which :mod:`edge_sdk.training.trainer` uses to validate data.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 
-#: Names defined with torch in :mod:`edge_sdk._torch_nets`, imported on
+#: Names defined with torch in :mod:`edge_sdk.training._torch_nets`, imported on
 #: first access (PEP 562 module ``__getattr__``).
 _TORCH_NAMES = frozenset({
     "ARCHITECTURES", "BasicBlock", "ConvAutoencoder", "DigitsCNN", "EncoderOnly", "FCAutoencoder", "LeNet5",

@@ -54,7 +54,7 @@ def models_dir() -> Path:
     env = os.environ.get(MODELS_ENV)
     if env:
         return Path(env)
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # edge_sdk/
     for candidate in (here / "artifacts_data", here.parent / "models"):
         if (candidate / MANIFEST_NAME).is_file():
             return candidate

@@ -164,7 +164,7 @@ def initial_tensors(spec: Mapping[str, tuple[tuple[int, ...], Any]], seed: int) 
     ----------
     spec : mapping of str to (shape, dtype)
         Names, shapes and dtypes in the order of the model's ``state_dict`` (the order gives each
-        tensor's stream), for example :func:`edge_sdk.model_checks.state_spec` of it.
+        tensor's stream), for example :func:`edge_sdk.models.model_checks.state_spec` of it.
     seed : int
         In ``[0, 2**64)``.
 

@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from .client import EdgeClient
-from .keeping import DEFAULT_MARGIN, KeepPolicy, ModelKeeper
-from .logs import add_log_format_argument, configure_logging, log_context
-from .protocol import Kind, Message, Topics
-from .transport import BrokerConfig
-from .worker import LocalWorker
+from ..logs import add_log_format_argument, configure_logging, log_context
+from ..models.keeping import DEFAULT_MARGIN, KeepPolicy, ModelKeeper
+from ..protocol import Kind, Message, Topics
+from ..transport import BrokerConfig
+from ..worker import LocalWorker
+from .edge_client import EdgeClient
 
 __all__ = ["build_parser", "main", "private_tmp"]
 
@@ -158,7 +158,7 @@ def _main(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     else:
-        from .cpu import torch_threads
+        from ..cpu import torch_threads
 
         threads = torch_threads(args.threads or None)  # 1 on a CPU without LSE atomics (Pi 4)
         if threads:
@@ -214,7 +214,7 @@ def _bench_fields(args: argparse.Namespace) -> dict[str, Any]:
     """``--bench FILE``: the hello fields of that ``fedsketch bench --json`` file (ValueError, OSError if unfit)."""
     if not args.bench:
         return {}
-    from .bench.summary import hello_fields, load_bench_summary
+    from ..bench.summary import hello_fields, load_bench_summary
 
     return hello_fields(load_bench_summary(args.bench, architecture=args.architecture))
 
@@ -225,15 +225,15 @@ def _broker_config(args: argparse.Namespace) -> Any:
 
 def _transport(args: argparse.Namespace, cfg: Any) -> Any:
     """The device's MQTT transport, with an "offline" last will on its status topic."""
-    from .protocol import encode_message
-    from .transport import MqttTransport
+    from ..protocol import encode_message
+    from ..transport import MqttTransport
 
     topics = Topics(args.root, args.federation)
     offline = Message(Kind.STATUS, args.federation, args.client_id, 0, {"state": "offline"})
     transport = MqttTransport(cfg, args.client_id, federation=args.federation, root=args.root,
                               will_topic=topics.status(args.client_id), will_payload=encode_message(offline))
     if args.server_key:
-        from .signing import load_verifier
+        from ..signing import load_verifier
 
         transport.verify_with(load_verifier(args.server_key))
     else:
@@ -267,9 +267,9 @@ def _serve(args: argparse.Namespace, run: Any) -> int:
 
 def _run_fedcref(args: argparse.Namespace) -> int:
     """``--fedcref``: this device in a FedCRef federation (unlabelled ``x`` from ``--data``)."""
-    from .cli import parse_params
-    from .fedcref import FedCRefClient
-    from .fedcref.mqtt import FedCRefEdge
+    from ..cli import parse_params
+    from ..fedcref import FedCRefClient
+    from ..fedcref.mqtt import FedCRefEdge
 
     try:
         with np.load(args.data, allow_pickle=False) as f:
@@ -277,7 +277,7 @@ def _run_fedcref(args: argparse.Namespace) -> int:
         params = parse_params(args.params)
         if str(params.get("encoder", "")).lower() == "none":  # TOML has no null: K-means or Ward on the pixels
             params["encoder"] = None
-        from .cpu import torch_threads
+        from ..cpu import torch_threads
 
         params["threads"] = torch_threads(params.get("threads", args.threads or None))  # 1 on a Pi 4
         if args.seed is not None:

@@ -25,11 +25,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .artifacts import artifact_path, load_manifest, sha256_file
-from .artifacts import models_dir as default_models_dir
-from .model_checks import ModelInfo, check_data, check_weights, state_spec
+from ..models.artifacts import artifact_path, load_manifest, sha256_file
+from ..models.artifacts import models_dir as default_models_dir
+from ..models.model_checks import ModelInfo, check_data, check_weights, state_spec
+from ..validation import check_positive_int
 from .torch_support import build_classifier, import_torch, torch_available, using_threads
-from .validation import check_positive_int
 
 __all__ = ["EvalResult", "OnnxClassifier", "classifier_io", "classifier_template", "evaluate", "onnx_classifier", "onnx_logits", "torch_logits"]
 
@@ -74,7 +74,7 @@ def torch_logits(
     weights : mapping of str to numpy.ndarray
         A ``state_dict`` matching the architecture (checked).
     x, y : array-like
-        Samples and labels (checked), as for :func:`edge_sdk.trainer.train_local`.
+        Samples and labels (checked), as for :func:`edge_sdk.training.trainer.train_local`.
     batch_size : int
         Samples per forward pass.
     device : str
@@ -275,7 +275,7 @@ def onnx_logits(
     weights : mapping of str to numpy.ndarray
         A ``state_dict`` matching the architecture (checked).
     x, y : array-like
-        Samples and labels (checked), as for :func:`edge_sdk.trainer.train_local`.
+        Samples and labels (checked), as for :func:`edge_sdk.training.trainer.train_local`.
     batch_size : int
         Samples per forward pass.
     models_dir : str or os.PathLike or None
@@ -319,7 +319,7 @@ def evaluate(
     weights : mapping of str to numpy.ndarray
         A ``state_dict`` matching the architecture.
     x, y : numpy.ndarray
-        Samples and labels, as for :func:`edge_sdk.trainer.train_local`.
+        Samples and labels, as for :func:`edge_sdk.training.trainer.train_local`.
     batch_size : int
         Samples per forward pass.
     force_onnx : bool

@@ -4,7 +4,7 @@ The server puts one offer per model key in the command's ``models`` object
 (:meth:`KeepOffer.to_wire`); the device reads them back with
 :func:`parse_offers`, every field checked (a bad one is a ``meta-field``
 refusal, like any other field of a command). The sha256 is that of the
-model's weights as :func:`edge_sdk.model_folder.weights_bytes` writes them:
+model's weights as :func:`edge_sdk.models.model_folder.weights_bytes` writes them:
 the device keeps a model only if its own copy has that sha256, bit for bit
 the server's export.
 """
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .protocol import ProtocolError, check_id
+from ..protocol import ProtocolError, check_id
 
 __all__ = ["KeepOffer", "parse_offers"]
 

@@ -2,7 +2,7 @@
 
 The application says the data changed with :meth:`edge_sdk.client.EdgeClient.data_changed`
 (any thread); the client's loop takes the new data between two commands
-(:func:`edge_sdk.client_commands.apply_data_change`) and, when the new sketch
+(:func:`edge_sdk.client.commands.apply_data_change`) and, when the new sketch
 moved beyond flip noise (:class:`edge_sdk.drift.DriftWatch`), sends it unasked.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .bits import fresh_seed
-from .drift import DriftWatch
-from .sketch import Sketch, Sketcher
+from ..bits import fresh_seed
+from ..drift import DriftWatch
+from ..sketch import Sketch, Sketcher
 
 __all__ = ["DeviceDrift"]
 

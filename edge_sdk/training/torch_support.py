@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .install import install_hint
-from .model_checks import ModelInfo, state_spec
-from .validation import check_positive_int
+from ..install import install_hint
+from ..models.model_checks import ModelInfo, state_spec
+from ..validation import check_positive_int
 
 __all__ = [
     "DEVICES",
@@ -78,7 +78,7 @@ def resolve_device(device: str) -> str:
     ValueError
         On a value outside :data:`DEVICES`, or ``"cuda"`` where torch sees no CUDA device.
     """
-    from .validation import check_choice
+    from ..validation import check_choice
 
     check_choice(device, "device", DEVICES)
     torch = import_torch()
@@ -102,7 +102,7 @@ def using_threads(torch: Any, threads: int | None) -> Iterator[None]:
     threads : int, optional
         Intra-op threads inside the block; restored afterwards.
     """
-    from .cpu import torch_threads
+    from ..cpu import torch_threads
 
     if threads is not None:
         check_positive_int(threads, "threads")
@@ -124,7 +124,7 @@ def build_classifier(architecture: str) -> tuple[Any, ModelInfo]:
     Parameters
     ----------
     architecture : str
-        A classifier key of :data:`edge_sdk.nets.ARCHITECTURES`.
+        A classifier key of :data:`edge_sdk.training.nets.ARCHITECTURES`.
 
     Returns
     -------
@@ -182,7 +182,7 @@ def initial_weights(architecture: str, seed: int) -> dict[str, np.ndarray]:
 
     torch builds the model only for its structure (the names, shapes and dtypes of its
     ``state_dict``; the caller's torch RNG state is left untouched); the values are
-    :func:`edge_sdk.portable_init.initial_tensors` of that spec and ``seed``, which follow
+    :func:`edge_sdk.models.portable_init.initial_tensors` of that spec and ``seed``, which follow
     torch's default initialisation in law but not in value: they are neither what
     ``torch.manual_seed(seed)`` and the constructor give nor the shipped
     ``digits_cnn.safetensors``. Every device (x86 or a Raspberry Pi) builds the same bits,
@@ -191,7 +191,7 @@ def initial_weights(architecture: str, seed: int) -> dict[str, np.ndarray]:
     Parameters
     ----------
     architecture : str
-        A key of :data:`edge_sdk.nets.ARCHITECTURES`.
+        A key of :data:`edge_sdk.training.nets.ARCHITECTURES`.
     seed : int
         Seed of the initialisation, in ``[0, 2**64)``.
 
@@ -201,8 +201,8 @@ def initial_weights(architecture: str, seed: int) -> dict[str, np.ndarray]:
         The ``state_dict``'s tensors in its order (float32 floats, integer buffers zero).
     """
     torch = import_torch()
+    from ..models.portable_init import initial_tensors
     from .nets import ARCHITECTURES, build_model
-    from .portable_init import initial_tensors
 
     if architecture not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {architecture!r}; known: {sorted(ARCHITECTURES)}")

@@ -1,10 +1,10 @@
-"""The torch architectures themselves, imported by :mod:`edge_sdk.nets` on first use.
+"""The torch architectures themselves, imported by :mod:`edge_sdk.training.nets` on first use.
 
 This module imports torch at its top: nothing may import it eagerly (a
-device without torch imports :mod:`edge_sdk.nets` and never this). Import
-the names from :mod:`edge_sdk.nets`, their public home. The classes carry
-``__module__ = "edge_sdk.nets"`` (set at the bottom): the ONNX exporter
-writes ``edge_sdk.nets.<class>`` into each node's metadata, and
+device without torch imports :mod:`edge_sdk.training.nets` and never this). Import
+the names from :mod:`edge_sdk.training.nets`, their public home. The classes carry
+``__module__ = "edge_sdk.training.nets"`` (set at the bottom): the ONNX exporter
+writes ``edge_sdk.training.nets.<class>`` into each node's metadata, and
 ``models/manifest.json`` pins the shipped files' bytes by sha256.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .install import install_hint
+from ..install import install_hint
 
 try:
     import torch
@@ -364,7 +364,7 @@ ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {
 }
 
 
-# The public home of these names is edge_sdk.nets (see the module docstring).
+# The public home of these names is edge_sdk.training.nets (see the module docstring).
 for _obj in (BasicBlock, ConvAutoencoder, DigitsCNN, EncoderOnly, FCAutoencoder, LeNet5, ResNet18, count_params):
-    _obj.__module__ = "edge_sdk.nets"
+    _obj.__module__ = "edge_sdk.training.nets"
 del _obj

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .protocol import Message
+from ..protocol import Message
 
 __all__ = ["ReceivedEncoders"]
 
@@ -81,7 +81,7 @@ class ReceivedEncoders:
         if not isinstance(fname, str) or Path(fname).name != fname or not fname.endswith(".onnx"):
             return self._reject(f"encoder {name!r}: invalid file name {fname!r}")
         try:
-            from .artifacts import ArtifactSpec
+            from ..models.artifacts import ArtifactSpec
 
             ArtifactSpec.from_entry(name, entry)
             if self._root is None:
@@ -107,7 +107,7 @@ class ReceivedEncoders:
         if encoder is not None:  # loaded once (a new one received replaces it): no manifest read per sketch
             return encoder
         if wait_s > 0 and name not in self.dirs:
-            from .artifacts import load_manifest
+            from ..models.artifacts import load_manifest
 
             try:
                 shipped = name in load_manifest()
@@ -119,7 +119,7 @@ class ReceivedEncoders:
                     while name not in self.dirs and time.monotonic() < deadline:
                         self.cv.wait(timeout=0.5)
         if name not in self.loaded:
-            from .encoder import OnnxEncoder
+            from ..encoder import OnnxEncoder
 
             self.loaded[name] = OnnxEncoder(name, models_dir=self.dirs.get(name))
         return self.loaded[name]
