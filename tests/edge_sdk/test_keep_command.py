@@ -59,7 +59,8 @@ def test_the_assigned_model_is_kept_bit_for_bit_and_runs_without_torch_code(tmp_
     entry, weights = read_model_folder(tmp_path / "model" / "current")
     assert entry.key == "c1" and entry.run == "run-a" and entry.server_accuracy == 0.9 and entry.members == 5
     assert entry.files["weights.safetensors"] == weights_sha256(good)
-    assert entry.device_test_n == 100 and entry.device_accuracy >= 0.75
+    # the trained model, not an untrained one (chance 0.1): measured over seeds 0-3 on this machine's floating-point path and another (ATEN_CPU_CAPABILITY=avx2, 2 BLAS threads), 0.79-0.85
+    assert entry.device_test_n == 100 and entry.device_accuracy >= 0.5
     assert np.mean(LocalModel.load(tmp_path / "model").predict(x[800:900]) == y[800:900]) == entry.device_accuracy
     assert c.kept.has_model and c.kept.decision.kept_new
 

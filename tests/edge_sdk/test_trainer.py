@@ -62,6 +62,8 @@ def test_training_learns_held_out_digits(digits, trained):
     w0, res = trained
     assert isinstance(res, TrainResult)
     assert res.n_samples == 1400 and res.seconds > 0
+    # measured over seeds 0-3 on this machine's floating-point path and another (ATEN_CPU_CAPABILITY=avx2, 2 BLAS threads) (seed = split and initial weights): loss 0.135-0.179,
+    # held-out accuracy 0.909-0.972
     assert np.isfinite(res.loss) and res.loss < 1.0
     assert state_spec(res.weights) == state_spec(w0)
     assert all(v.dtype == np.float32 for v in res.weights.values())

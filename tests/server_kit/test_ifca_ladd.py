@@ -163,8 +163,10 @@ def test_ifca_in_the_simulator(digits12):
     assert set(res.assignment) == {c.cid for c in digits12} and set(res.assignment.values()) <= {0, 1, 2, 3}
     assert [r.summary["updates"] for r in res.rounds] == [12, 12, 12]
     print(f"IFCA simulator: ARI {res.ari:.3f}, accuracy per round {np.round(res.accuracies, 3).tolist()}")
-    # observed: ARI 0.639, accuracy 0.636 after 3 rounds; a random assignment scores an ARI about 0, chance 0.1
-    assert res.ari > 0.4 and res.accuracies[-1] > 0.45
+    # measured over partition and IFCA seeds 0-3, on this machine's floating-point path and another
+    # (ATEN_CPU_CAPABILITY=avx2, 2 BLAS threads): ARI 0.212-0.543, accuracy 0.439-0.653 after 3 rounds (seed 0:
+    # 0.489 and 0.622 on both; 0.639 and 0.636 on an earlier machine); a random assignment's ARI is about 0, chance 0.1
+    assert res.ari > 0.15 and res.accuracies[-1] > 0.35
 
     # on-device ONNX selection picks what a torch evaluation of the same weights picks
     models = s.models
@@ -183,7 +185,9 @@ def test_ifca_in_the_simulator(digits12):
 def test_ladd_in_the_simulator_cannot_separate_rotations(digits12):
     res = Simulator(LADD(settings=SETTINGS, k=4, seed=0), digits12, architecture=ARCH).run(3)
     assert len(set(res.assignment.values())) == 4 and len(res.rounds) == 3
-    assert res.ari < 0.6  # 0 and 180 degrees (and 90 and 270) have equal FFT amplitudes
+    # 0 and 180 degrees (and 90 and 270) have equal FFT amplitudes: measured ARI 0.185-0.43 over seeds 0-3, both
+    # floating-point paths
+    assert res.ari < 0.6
     # label-flip groups (y -> (y - g) mod 10, unrotated images): reported, not asserted
     flips = [ClientData(c.cid, np.rot90(c.x_train, -c.group, axes=(1, 2)).copy(), (c.y_train - c.group) % 10,
                         np.rot90(c.x_test, -c.group, axes=(1, 2)).copy(), (c.y_test - c.group) % 10, c.group)
@@ -226,8 +230,9 @@ def test_ifca_over_mqtt(digits12, start_edge_clients, server_transport):
     ari = ari_against({c.cid: c.group for c in digits12}, result.assignment)
     print(f"IFCA over MQTT: final accuracy {result.final['accuracy']:.3f}, ARI {ari:.3f}, "
           f"MODEL bytes {result.transport['sent']['MODEL']['bytes']}")
-    # observed: accuracy 0.636, ARI 0.639 (as in the simulator); chance 0.1, a random assignment's ARI about 0
-    assert result.final["accuracy"] > 0.45 and ari > 0.4
+    # as in the simulator (measured there: ARI 0.212-0.543, accuracy 0.439-0.653 over seeds 0-3 and two
+    # floating-point paths; here 0.489 and 0.622); chance 0.1, a random assignment's ARI about 0
+    assert result.final["accuracy"] > 0.35 and ari > 0.15
 
 
 def test_ladd_over_mqtt_clusters_like_the_simulator(digits12, start_edge_clients, server_transport):

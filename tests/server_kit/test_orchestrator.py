@@ -45,6 +45,8 @@ def test_clustered_federation_recovers_rotation_groups(digits12, start_edge_clie
     labels = [result.assignment[c.cid] for c in digits12]
     assert adjusted_rand_score(truth, labels) == 1.0
     assert [h["updates"] for h in result.history] == [12, 12, 12]
+    # the simulator's same run, measured over partition and model seeds 0-3 on this machine's floating-point path
+    # and another (ATEN_CPU_CAPABILITY=avx2, 2 BLAS threads): ARI 1.0 always, accuracy 0.828-0.9 after 3 rounds
     assert result.final["accuracy"] > 0.5
     stats = result.transport
     # 12 sketches of 200 bits, each within 64 bytes with the envelope

@@ -95,6 +95,8 @@ def test_simulator_recovers_groups_and_beats_fedavg(digits):
                      encoder=OnnxEncoder("digits_encoder"), flip_prob=0.1).run(4)
     base = Simulator(FedAvg(settings=settings), clients, architecture=ARCH).run(4)
     assert ours.ari == 1.0
+    # the same clients in one run: measured over partition and model seeds 0-3 on this machine's floating-point
+    # path and another (ATEN_CPU_CAPABILITY=avx2, 2 BLAS threads): ours 0.851-0.878, FedAvg 0.244-0.44 after 4 rounds
     assert ours.accuracies[-1] > base.accuracies[-1] + 0.1
     assert len(set(ours.assignment.values())) == 4 and set(base.assignment.values()) == {0}
 

