@@ -338,6 +338,9 @@ def test_recursive_splits_recover_four_rotation_groups(digits):
     clients = rotation_partition(*digits, 12, groups=4, seed=0)
     s = CFL(settings=SETTINGS, **DIGITS)
     res = Simulator(s, clients, architecture=ARCH, seed=0).run(ROUNDS)
+    # measured over partition and model seeds 0-3 on this machine's floating-point path and another
+    # (ATEN_CPU_CAPABILITY=avx2, 2 BLAS threads): ARI 1.0 and these same three splits in every run, their
+    # largest cross-part cosines 0.131-0.247 (round 3) and 0.229-0.399 (round 4)
     assert res.scores["ari"] >= 0.9
     assert len(set(res.assignment.values())) == 4 and len(s.models) == 4
     assert [(h["round"], h["parent"], h["sizes"]) for h in s.split_history_] == \

@@ -334,7 +334,7 @@ def test_flis_recovers_two_rotation_groups(digits):
     clients = rotation_partition(images, labels, 12, groups=2, seed=0)
     hc, dc, res, ari_hc = run_both(digits, clients, rotations=2, hc={"predictions": "soft"})
     print(f"FLIS rotations (2 groups): ARI HC {ari_hc:.3f}, DC {res.ari:.3f}")
-    assert ari_hc >= 0.9 and res.ari >= 0.9
+    assert ari_hc >= 0.9 and res.ari >= 0.9  # measured over partition and model seeds 0-3 on this machine's floating-point path and another (ATEN_CPU_CAPABILITY=avx2, 2 BLAS threads): 1.0 and 1.0 in every run
     assert len(dc.members_) == 2 and sorted(dc.models) == ["c0", "c1"] and sorted(hc.models) == ["c0", "c1"]
 
 
@@ -348,6 +348,8 @@ def test_flis_sees_half_turns_alike_so_four_rotations_are_not_recovered(digits):
     blocks = block_means(hc.similarity_, [c.group for c in clients])
     print(f"FLIS rotations (4 groups): ARI HC {ari_hc:.3f}, DC {res.ari:.3f}; mean similarity between "
           f"groups (soft)\n{np.round(blocks, 2)}")
+    # measured over partition and model seeds 0-3 on this machine's floating-point path and another (ATEN_CPU_CAPABILITY=avx2, 2 BLAS threads): half turns 0.600-0.681,
+    # quarter turns 0.183-0.215 at most, within a group 0.728-0.871; ARI HC 0.421-0.645, DC 0.330-0.421
     assert blocks[0, 2] > 0.5 > 0.3 > max(blocks[0, 1], blocks[0, 3], blocks[2, 1], blocks[2, 3])
     assert blocks[0, 0] > blocks[0, 2] and blocks[2, 2] > blocks[0, 2]
     assert ari_hc < 0.9 and res.ari < 0.9
@@ -360,7 +362,10 @@ def test_flis_recovers_four_label_flip_groups_and_dc_keeps_them(digits):
     hc, dc, res, ari_hc = run_both(digits, clients, rounds=2)
     same = np.equal.outer(truth, truth) & ~np.eye(12, dtype=bool)
     s = hc.similarity_
-    assert s[same].min() > 0.5 > 0.2 > s[~np.equal.outer(truth, truth)].max()  # relabelled: they disagree
+    # relabelled: they disagree. Measured over partition and model seeds 0-3 on this machine's floating-point path and another (ATEN_CPU_CAPABILITY=avx2, 2 BLAS threads): within a group 0.62 at
+    # least, across groups 0.16 at most (seed 0: 0.69-0.70 and 0.10); ARI 1.0 and 1.0, accuracy 0.61-0.73 then
+    # 0.896-0.952 in every run
+    assert s[same].min() > 0.5 > 0.2 > s[~np.equal.outer(truth, truth)].max()
     print(f"FLIS label flips (4 groups): ARI HC {ari_hc:.3f}, DC {res.ari:.3f} after 2 rounds, "
           f"accuracy per round {np.round(res.accuracies, 3).tolist()}")
     assert ari_hc >= 0.9 and res.ari >= 0.9
