@@ -39,12 +39,14 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m server_kit.demo
 
+# Each stage says how long it took (the README has the times on 2 cores).
+STAGE = t=$$(date +%s); $(2); rc=$$?; echo "make test: $(1) took $$(( $$(date +%s) - t )) s"; exit $$rc
+
 test: $(STAMP)
-	$(PY) -m ruff check edge_sdk server_kit benchmarks tests
-	$(PY) benchmarks/structure.py >/dev/null
-	$(PY) -m pytest -q $(XDIST) -m "not alone" $(PYTEST_ARGS)
-	$(PY) -m pytest -q -m alone $(PYTEST_ARGS)
-	FEDSKETCH_PURE_NUMPY=1 $(PY) -m pytest -q $(XDIST) tests/edge_sdk $(PYTEST_ARGS)
+	@$(call STAGE,lint and structure,$(PY) -m ruff check edge_sdk server_kit benchmarks tests && $(PY) benchmarks/structure.py >/dev/null)
+	@$(call STAGE,the tests,$(PY) -m pytest -q $(XDIST) -m "not alone" $(PYTEST_ARGS))
+	@$(call STAGE,the tests run alone,$(PY) -m pytest -q -m alone $(PYTEST_ARGS))
+	@$(call STAGE,the edge tests on the numpy kernels,FEDSKETCH_PURE_NUMPY=1 $(PY) -m pytest -q $(XDIST) tests/edge_sdk $(PYTEST_ARGS))
 
 lint: $(STAMP)
 	$(PY) -m ruff check edge_sdk server_kit benchmarks tests

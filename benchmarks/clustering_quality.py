@@ -607,7 +607,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-progress", dest="progress", action="store_false")
     args = ap.parse_args(argv)
     if args.quick:
-        args.datasets, args.clients, args.splits = ["digits"], [12], ["rotation", "nonoverlap_balanced"]
+        args.datasets, args.clients = ["digits"], [12]
+        # --splits given: kept (one split for a check that needs no other)
+        args.splits = args.splits if args.splits != list(SPLITS) else ["rotation", "nonoverlap_balanced"]
         args.samples_per_client, args.aux_per_class, args.cfl_rounds = 0, 30, 4
         args.methods = args.methods or list(QUICK_METHODS)
         args.progress = False

@@ -21,6 +21,8 @@ def test_quick_cold_start_places_every_new_device_and_sends_it_one_model(tmp_pat
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     s = json.loads(proc.stdout.strip().splitlines()[-1])
     assert s["served"] == s["new_devices"] == 12
+    # measured over --seed 0-3 (this machine): ARI 1.0 on each; kept model 0.611-0.739, global 0.278-0.328, another
+    # group's 0.144-0.189
     assert s["cold_start_ari"] == 1.0
     # the kept model beats the global model and another group's model on the device's own data
     assert s["cold_start_acc"] > s["global_acc"], s

@@ -19,7 +19,9 @@ def test_quick_scores_every_method_on_the_same_clients():
     assert summary["seeds"] == [0, 1] and summary["clients"] == 8 and summary["dataset"] == "digits"
     km, ward = summary["kmeans"], summary["ward"]
     assert km["clusters"] == ward["clusters"] == 18.5  # 8 clients of 2 or 3 digits, the same draw for both
-    assert ward["acc"] >= 0.9 and km["acc"] >= 0.9
+    # measured per seed 0.893-0.970 (k-means) and 0.894-0.970 (Ward) over seeds 0-3; seeds 0,1: 0.9286-0.9287 and
+    # 0.9321 on this machine and with FPALT (AVX2, 2 threads); bound 0.85
+    assert ward["acc"] >= 0.85 and km["acc"] >= 0.85
     assert ward["impure"] <= km["impure"]
     assert "seed 1: kmeans" in proc.stdout
 

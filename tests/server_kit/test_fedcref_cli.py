@@ -95,7 +95,7 @@ def test_fedcref_federation_from_the_command_line(device_files, tmp_path, capsys
     labels_here = labeler.predict(x)
     hits = np.mean([digit_of[int(g)] == {int(d)} for g, d in zip(labels_here, y)])
     print(f"ONNX community labels: {hits:.3f} of {len(y)} samples of digits 0, 1 and 4 go to their digit's community")
-    assert hits > 0.8  # observed 0.976; chance is 1/3
+    assert hits > 0.8  # measured 0.976 on the default and the AVX2 floating-point paths (seeds fixed); chance is 1/3
     # the same labels in a process where torch cannot be imported (``import torch`` raises ImportError there)
     np.savez(tmp_path / "shared.npz", x=x)
     code = ("import sys; sys.modules['torch'] = None\n"

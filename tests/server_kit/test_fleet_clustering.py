@@ -71,6 +71,8 @@ def test_separation_tells_a_group_cut_in_two_from_two_groups(digits_latents):
     bits = bits_of(packed, n_bits)
     rng = np.random.default_rng(0)
     g1, g3 = bits[truth == 1], bits[truth == 3]  # the closest pair of rotations (90 and 270 degrees)
+    # the sketches are the same on every FP path (numpy draws, ONNX encoder): measured 7.99 here (7.90-8.04 over
+    # fleet seeds 0-2) and 2.89 for the halves below (2.75-2.89)
     assert separation(g1, g3, rng) > 7.0
     from scipy.cluster.hierarchy import fcluster, linkage
 
@@ -87,7 +89,7 @@ def test_merge_inseparable_undoes_a_cut_through_a_group_and_keeps_the_groups(dig
     merged, pairs = merge_inseparable(bits, labels, 5.0, np.random.default_rng(0))
     assert adjusted_rand_score(truth, merged) == 1.0
     assert sum(p["merged"] for p in pairs) == 1
-    assert all(p["separation"] > 7.0 for p in pairs if not p["merged"])
+    assert all(p["separation"] > 7.0 for p in pairs if not p["merged"])  # measured min 8.70 (seeds 0-2: 7.07-8.70)
 
 
 # ------------------------------------------------------------ the estimator
@@ -98,6 +100,7 @@ def test_digits_fleets_get_their_four_groups(digits_latents, n):
     packed, n_bits, truth = fleet(digits_latents, n)
     model = SketchClustering(min_cluster_size=2, random_state=0).fit(packed, n_bits)
     assert model.n_clusters_ == 4
+    # measured (fleet seed 0, the same on the alt FP path): n=100 ARI 0.973, min separation 7.31; n=1000 0.997, 8.15
     assert adjusted_rand_score(truth, model.labels_) >= 0.97
     assert model.separations_ and all(p["separation"] >= 5.0 for p in model.separations_ if not p["merged"])
 
@@ -117,7 +120,7 @@ def test_consolidation_moves_boundary_clients(digits_latents):
     polished = SketchClustering(min_cluster_size=2, random_state=0).fit(packed, n_bits)
     assert polished.consolidated_ > 0
     assert adjusted_rand_score(truth, polished.labels_) > adjusted_rand_score(truth, ward.labels_)
-    assert adjusted_rand_score(truth, polished.labels_) == 1.0
+    assert adjusted_rand_score(truth, polished.labels_) == 1.0  # measured 1.0 (ward 0.995); sketches alike on the alt FP path
 
 
 def test_sample_and_assign_agrees_with_the_exact_method(digits_latents):

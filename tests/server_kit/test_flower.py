@@ -29,7 +29,7 @@ from server_kit.strategies import make_strategy  # noqa: E402
 from helpers import ARCH  # noqa: E402
 
 pytestmark = pytest.mark.slow
-ROUNDS = 3
+ROUNDS = 2  # round 2 starts from round 1's aggregate: enough to compare the runs round by round
 TOL = 0.005
 
 
@@ -94,10 +94,11 @@ def test_flower_run_agrees_with_the_simulator(digits12, name, params):
     assert report["bytes"]["down"]["TRAIN"]["messages"] == 12 * ROUNDS
     assert report["rejected"] == {}
     # a train message carries the node's model; IFCA's carries its K models, each distinct one once
-    # (Flower moves an object once per message: IFCA's K models start alike)
+    # (Flower moves an object once per message: IFCA's K models start alike, so round 1's move one model and
+    # the later rounds' K = 4: at least (1 + 4 (ROUNDS - 1)) / ROUNDS models a message on average)
     per_train = report["bytes"]["down"]["TRAIN"]["bytes"] / (12 * ROUNDS)
     model = sum(v.nbytes for v in next(iter(adapter.strategy.models.values())).values())
-    low, high = (3, 4) if name == "ifca" else (1, 1)
+    low, high = ((1 + 4 * (ROUNDS - 1)) / ROUNDS, 4) if name == "ifca" else (1, 1)
     assert low * model < per_train < high * model * 1.1
 
 
@@ -169,6 +170,8 @@ def test_hostile_nodes_are_refused_and_the_run_goes_on(digits12):
     assert "c00" not in report["assignment"] and len(report["assignment"]) == 11
     assert report["ari"] == 1.0
     assert [r["summary"]["updates"] for r in report["rounds"]] == [10, 10]
+    # evaluated, not a learning bound: 0.073 and 0.085 here after 1 epoch a round (chance is 0.1); 0 would mean
+    # no evaluation counted
     assert all(r["accuracy"] > 0 for r in report["rounds"])
 
 

@@ -163,7 +163,7 @@ def test_crash_messages_through_the_acl_live_and_retained(digits, shipped_acl):
             th.join(timeout=30)
     assert [h["updates"] for h in result.history] == [len(digits)] * 3  # every round completed, nobody lost
     assert ari(result, digits) == 1.0
-    assert result.final["accuracy"] > 0.6
+    assert result.final["accuracy"] > 0.6  # measured 0.917 (default FP path), 0.914 (alt)
     assert result.transport["rejected"] == {"retained": 3, "meta": 6}
 
 
@@ -226,7 +226,7 @@ def test_forged_server_messages_are_dropped_without_the_acl(digits):
             th.join(timeout=30)
     assert [h["updates"] for h in result.history] == [len(digits)] * 3
     assert ari(result, digits) == 1.0
-    assert result.final["accuracy"] > 0.6
+    assert result.final["accuracy"] > 0.6  # measured 0.917 (default FP path), 0.914 (alt)
     # every device ended and closed its transport: the counts below are final. Each forgery had reached the
     # device before the server's stop did: the intruder waited for every PUBACK (Mosquitto has queued the
     # message for the subscribers by then) before the run went on to the stop, and a device's queue is FIFO
@@ -257,13 +257,13 @@ def cross_cluster_attack(state, cmd, ctx):
                   {"round": r, "model_key": victim, "n_samples": 10**9, "loss": 0.0}, tensors_body(weights))
 
 
-def _memory_run(server_transport, clients, hostile=None):
+def _memory_run(server_transport, clients, hostile=None, rounds=2):
     broker = MemoryBroker()
     threads, _ = start_devices(clients, "mem", lambda cid: MemoryTransport(broker, cid, federation="mem"),
                                hostile=hostile)
     server = server_transport(broker, federation="mem")
     server.connect()
-    result = run_server(server, "mem", len(clients))
+    result = run_server(server, "mem", len(clients), rounds=rounds)
     for th in threads:
         th.join(timeout=30)
     return result
@@ -272,9 +272,10 @@ def _memory_run(server_transport, clients, hostile=None):
 def test_update_under_another_clusters_key_is_refused(digits, server_transport):
     clean = _memory_run(server_transport, digits)
     attacked = _memory_run(server_transport, digits, hostile={digits[0].cid: cross_cluster_attack})
-    assert attacked.rejected["wrong-model"] == 3  # one per round
+    assert attacked.rejected["wrong-model"] == len(attacked.history) == 2  # one per round
     own = attacked.assignment[digits[0].cid]
     victim = "c1" if f"c{own}" != "c1" else "c0"
+    # the refused update touched nothing of the victim's cluster: its model scores as in the clean run
     assert attacked.final["per_model"][victim] == pytest.approx(clean.final["per_model"][victim], abs=0.02)
 
 

@@ -321,30 +321,39 @@ def victims_accuracy(federation, rounds, attack=None, **robust):
             sum(r.summary["refused_norm"] for r in res.rounds))
 
 
+#: Rounds of the clean and the defended runs; the accuracies are the mean over rounds 4 to 6.
+ROUNDS = 6
+#: How far a defended run's accuracy may fall below the clean run's. Measured (mean over rounds 4-6), defended
+#: minus clean: scale/huge/random -0.019 to +0.005, clipping alone -0.014 to +0.027, over partition seeds 0-3,
+#: default and alt FP path (the three refused attacks give bit-identical models); undefended runs score ~0.1.
+SLACK = 0.05
+
+
 @pytest.fixture(scope="module")
 def clean(federation):
-    return victims_accuracy(federation, 10)
+    return victims_accuracy(federation, ROUNDS)
 
 
 @pytest.mark.slow
 def test_clean_run_clips_nothing(clean):
     acc, clipped, refused = clean
-    assert clipped == 0 and refused == 0 and acc > 0.85
+    # measured 0.797-0.814 over partition seeds 0-3, default and alt FP path; bound 0.7
+    assert clipped == 0 and refused == 0 and acc > 0.7, acc
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("attack", ATTACKS)
 def test_one_hostile_device_is_contained_by_the_default_defences(federation, clean, attack):
     undefended, _, _ = victims_accuracy(federation, 3, attack, norm_bound=0)
-    assert undefended < 0.3, undefended  # the attack works without a defence
-    defended, clipped, refused = victims_accuracy(federation, 10, attack)
-    assert (clipped, refused) == (0, 10)  # the hostile update, every round, and no other
-    assert defended >= clean[0] - 0.02, (defended, clean[0])
+    assert undefended < 0.3, undefended  # the attack works without a defence (scale: 0.10, seeds 0-1)
+    defended, clipped, refused = victims_accuracy(federation, ROUNDS, attack)
+    assert (clipped, refused) == (0, ROUNDS)  # the hostile update, every round, and no other
+    assert defended >= clean[0] - SLACK, (defended, clean[0])
 
 
 @pytest.mark.slow
 def test_clipping_alone_contains_a_scaled_update(federation, clean):
     """x1000 of an honest change, clipped to twice the median norm instead of refused: a long honest step."""
-    defended, clipped, refused = victims_accuracy(federation, 10, "scale", refuse_above=0)
-    assert (clipped, refused) == (10, 0)
-    assert defended >= clean[0] - 0.02, (defended, clean[0])
+    defended, clipped, refused = victims_accuracy(federation, ROUNDS, "scale", refuse_above=0)
+    assert (clipped, refused) == (ROUNDS, 0)
+    assert defended >= clean[0] - SLACK, (defended, clean[0])

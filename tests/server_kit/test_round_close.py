@@ -408,7 +408,8 @@ def test_one_slow_lying_or_broken_device_holds_no_round_open(digits12, shipped_a
                               "c01": "no answer in 2 rounds in a row (last, round 2: silent)",
                               "c02": "no answer in 2 rounds in a row (last, round 2: silent)"}
     assert result.benched["c00"].startswith("update refused in 2 rounds in a row")
-    # accuracy and clusters as without them (observed: 0.856 clean, 0.825 with the stallers, whose clusters
-    # train on 2 devices instead of 3)
+    # accuracy and clusters as without them (whose clusters train on 2 devices instead of 3). Measured: clean
+    # 0.842-0.856, with the stallers 0.825-0.855, stallers minus clean -0.031 to +0.013, over three runs, default
+    # and alt FP path; bounds -0.05 and 0.75
     assert ari_against(truth, clean.assignment) == 1.0
     assert result.final["accuracy"] >= clean.final["accuracy"] - 0.05 and result.final["accuracy"] > 0.75

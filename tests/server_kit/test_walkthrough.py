@@ -55,6 +55,9 @@ def test_readme_walkthrough_runs_as_pasted(tmp_path):
     # the devices' sketches are seeded by the OS, as a user's are: of 40 such draws of these 8 sketches,
     # 38 gave the 4 groups exactly and 2 merged two of them (ARI 0.588); the 28x28 test below is seeded
     assert summary["ari"] >= 0.5 and summary["rounds"] == 5, summary
+    # the mean of the 5 rounds' accuracies, measured in the simulator on this fleet (epochs 3, lr 0.01): 0.76-0.80
+    # over flip seeds 0-3 with the 4 groups found (0.773 on the AVX2 path), 0.65 with two of them merged (ARI 0.588,
+    # the draw above), 0.54 with only 2 clusters (ARI 0.36); bound 0.4
     assert summary["final_accuracy"] > 0.4, summary
     report = tmp_path / "reports" / "lab"
     for name in ("results.json", "accuracy.png", "threshold_search.png", "bytes.png", "report.html"):
@@ -84,10 +87,10 @@ def test_28x28_fleet_without_model_flags_refuses_and_spares_whom_it_must(tmp_pat
 
     images, labels = load_digits_images()
     big = np.pad(np.kron(images, np.ones((3, 3), np.float32)), ((0, 0), (2, 2), (2, 2)))  # 28x28 digits
-    np.savez(tmp_path / "big.npz", x=big[:720], y=labels[:720])
+    np.savez(tmp_path / "big.npz", x=big[:480], y=labels[:480])  # 120 samples for each of 4 devices
     env = env_with_cli()
     split = subprocess.run([sys.executable, "-m", "server_kit.data.split", "--source", str(tmp_path / "big.npz"),
-                            "--partition", "rotation", "--clients", "6", "--groups", "3", "--out",
+                            "--partition", "rotation", "--clients", "4", "--groups", "2", "--out",
                             str(tmp_path / "fleet")], env=env, capture_output=True, text=True, timeout=120)
     assert split.returncode == 0, split.stderr
     small = images[:100]
@@ -95,7 +98,7 @@ def test_28x28_fleet_without_model_flags_refuses_and_spares_whom_it_must(tmp_pat
     with MosquittoBroker() as broker:
         server = subprocess.Popen(
             [sys.executable, "-m", "server_kit.cli", "--broker", broker.url, "--federation", "big",
-             "--min-clients", "7", "--register-timeout", "120", "--rounds", "2", "--epochs", "2", "--lr", "0.01", "--min-cluster-size", "1",
+             "--min-clients", "5", "--register-timeout", "120", "--rounds", "2", "--epochs", "1", "--lr", "0.01", "--min-cluster-size", "1",
              "--truth", str(tmp_path / "fleet" / "truth.json"), "--report-dir", str(tmp_path / "report")],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -115,7 +118,7 @@ def test_28x28_fleet_without_model_flags_refuses_and_spares_whom_it_must(tmp_pat
         odd_out, _ = odd.communicate(timeout=60)
     assert server.returncode == 0, server_out[-3000:]
     assert re.search(r"models: encoder fmnist_fc_encoder, architecture lenet5_1x28x28_10 \(chosen for the "
-                     r"fleet's samples \(28x28: 6 of 7 devices\)", server_out), server_out[:3000]
+                     r"fleet's samples \(28x28: 4 of 5 devices\)", server_out), server_out[:3000]
     reason = "its samples are 8x8 (64 values); this federation's models take 784 values per sample"
     assert odd.returncode == 4 and f"the server refused this device: {reason}" in odd_out
     assert all(p.returncode == 0 for p in fleet.values()), {c: o[-500:] for c, o in outs.items()}
@@ -124,7 +127,7 @@ def test_28x28_fleet_without_model_flags_refuses_and_spares_whom_it_must(tmp_pat
     results = json.loads((tmp_path / "report" / "results.json").read_text())
     assert results["refused"] == {"c99": reason}
     assert results["not_training"] == {no_torch: f"no torch on the device ({install_hint('train')})"}
-    assert [h["tasked"] for h in results["history"]] == [5, 5] and [h["updates"] for h in results["history"]] == [5, 5]
+    assert [h["tasked"] for h in results["history"]] == [3, 3] and [h["updates"] for h in results["history"]] == [3, 3]
     assert results["clustering"]["ari"] == 1.0
     html = (tmp_path / "report" / "report.html").read_text()
     for name in re.findall(r'src="([^"]+)"', html):
