@@ -49,15 +49,15 @@ class FakeClock:
         return self.now
 
     def sleep(self, seconds: float) -> None:
-        raise AssertionError(f"edge_sdk.client slept {seconds} s")
+        raise AssertionError(f"the edge client slept {seconds} s")
 
 
 def test_the_hello_after_connecting_waits_a_random_jitter_without_blocking(monkeypatch):
-    import edge_sdk.client
+    import edge_sdk.client.edge_client
     import edge_sdk.client.link
 
     clock = FakeClock()
-    monkeypatch.setattr(edge_sdk.client, "time", clock)
+    monkeypatch.setattr(edge_sdk.client.edge_client, "time", clock)
     monkeypatch.setattr(edge_sdk.client.link, "time", clock)
     broker = MemoryBroker()
     ec = device(broker, hello_jitter_s=0.4)
