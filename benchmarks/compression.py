@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _cli import add_device_options  # noqa: E402
-from paper_mnist import DEFAULT_DATA, architecture_of, build_clients  # noqa: E402
+from paper_mnist import DEFAULT_DATA, architecture_of, build_clients, models_per_update, round_bytes  # noqa: E402
 
 COMBOS = ("none/none", "int8/int8", "int4/int4", "sign/sign", "stc:0.01/sign", "sign/int4")
 BASELINE = "none/none"
@@ -261,10 +261,11 @@ def run(args) -> dict:
         "final_acc_none": none["final_acc"], "final_acc_best": b["final_acc"],
         "ifca_bytes_over_ours_best": _ratio(fc["bytes_to_target"] or fc["total_bytes"], b["bytes_to_target"]),
         "ifca_rounds_to_95": fc["rounds_to_target"], "ifca_final_acc": fc["final_acc"],
-        "round_bytes_over_none": {k.partition(":")[2]: _ratio(round_bytes(runs[f"ours:{BASELINE}"]), round_bytes(v))
+        "round_bytes_over_none": {k.partition(":")[2]: _ratio(round_bytes(runs[f"ours:{BASELINE}"][0]["bytes"]),
+                                                              round_bytes(v[0]["bytes"]))
                                   for k, v in runs.items() if k.startswith("ours:")},
-        "ifca_round_bytes_over_ours_best": _ratio(round_bytes(runs[ifca]), round_bytes(runs[best])),
-        "models_down_per_update": {k: models_per_update(v) for k, v in runs.items()},
+        "ifca_round_bytes_over_ours_best": _ratio(round_bytes(runs[ifca][0]["bytes"]), round_bytes(runs[best][0]["bytes"])),
+        "models_down_per_update": {k: round(models_per_update(v[0]["by_kind"]), 3) for k, v in runs.items()},
         "bytes_to_95": {k: r["bytes_to_target"] for k, r in table.items()},
         "combos": table,
         "encode_ms_lenet": round(speed["lenet"]["encode_ms"], 3), "decode_ms_lenet": round(speed["lenet"]["decode_ms"], 3),
@@ -304,20 +305,6 @@ def _print_table(table: dict, args) -> None:
 
 def _ratio(a, b):
     return round(a / b, 2) if a and b else None
-
-
-def round_bytes(rows: list[dict]) -> float:
-    """Bytes a round moves once training runs (the first seed's rounds after the first, whose whole models and sketches
-    go once): what a codec or a method costs per round, whatever the round the target is reached in."""
-    b = rows[0]["bytes"]
-    return (b[-1] - b[0]) / (len(b) - 1) if len(b) > 1 else float(b[-1])
-
-
-def models_per_update(rows: list[dict]) -> float:
-    """Models sent down per update sent up (the first seed): 1 for ours (each device its cluster's model), up to K
-    for IFCA (every cluster model that changed, to every device), whatever the round the target is reached in."""
-    kinds = rows[0]["by_kind"]
-    return round(kinds["down"]["MODEL"]["messages"] / kinds["up"]["UPDATE"]["messages"], 3)
 
 
 def _run_all(labels: list[str], args) -> dict[str, list[dict]]:

@@ -281,10 +281,10 @@ def run(args) -> dict:
         "ifca_bytes_over_ours": (round(stats["ifca"]["bytes"][0] / ours["bytes"][0], 3)
                                  if "ifca" in stats and ours else None),
         # per round once training runs, whatever the rounds run: IFCA sends every changed model of its K = 4
-        "ifca_round_bytes_over_ours": (round(float(np.mean([round_bytes(rows["ifca"]) / round_bytes(rows[o])
+        "ifca_round_bytes_over_ours": (round(float(np.mean([round_bytes(rows["ifca"]["bytes_per_round"]) / round_bytes(rows[o]["bytes_per_round"])
                                                             for rows in runs])), 3)
                                        if "ifca" in stats and (o := _ours_name(stats)) else None),
-        "models_down_per_update": {n: round(float(np.mean([models_per_update(rows[n]) for rows in runs])), 3)
+        "models_down_per_update": {n: round(float(np.mean([models_per_update(rows[n]["bytes_by_kind"]) for rows in runs])), 3)
                                    for n in stats},
         "ifca_final_acc": mean("ifca", "final_acc"),
         "ladd_ari": mean("ladd", "ari", None),
@@ -300,16 +300,16 @@ def _ours_name(stats: dict) -> str | None:
     return next((n for n in ("ours-central", "ours-federated") if n in stats), None)
 
 
-def round_bytes(row: dict) -> float:
-    """Bytes a round moves once training runs (the rounds after the first, whose first models and sketches go once)."""
-    b = row["bytes_per_round"]
-    return (b[-1] - b[0]) / (len(b) - 1) if len(b) > 1 else float(b[-1])
+def round_bytes(cumulative: list[int]) -> float:
+    """Bytes a round moves once training runs, from the ledger's total after each round: the rounds after the
+    first, whose first models and sketches go once. What a codec or a method costs per round, whatever the round
+    a run reaches its target in."""
+    return (cumulative[-1] - cumulative[0]) / (len(cumulative) - 1) if len(cumulative) > 1 else float(cumulative[-1])
 
 
-def models_per_update(row: dict) -> float:
-    """Models sent down per update sent up: 1 for one model per device, up to K for IFCA."""
-    kinds = row["bytes_by_kind"]
-    return kinds["down"]["MODEL"]["messages"] / kinds["up"]["UPDATE"]["messages"]
+def models_per_update(by_kind: dict) -> float:
+    """Models sent down per update sent up (a ledger's ``as_dict()``): 1 for one model per device, up to K for IFCA."""
+    return by_kind["down"]["MODEL"]["messages"] / by_kind["up"]["UPDATE"]["messages"]
 
 
 def main(argv=None) -> int:
