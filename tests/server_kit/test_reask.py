@@ -7,6 +7,7 @@ reassembler holds two of them at once, and a device whose first update never rea
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -93,7 +94,54 @@ def test_announced_updates_are_asked_for_while_their_receiver_has_room():
 PAYLOAD = 8192
 
 
-def run(clients, *, server_memory: int | None = None, drop_first_update_of: str | None = None, **settings):
+class FirstChunksTogether:
+    """Holds each device's first update after its first chunk until the server has refused one transfer as busy.
+
+    Devices finish training at different moments; left alone, their updates may reach the server one after the
+    other, each complete before the next begins, and a tight server memory is never tested. Held so, every first
+    chunk is on its way before any second one, and the server sees the transfers side by side (at most
+    ``patience_s`` of waiting: past it the chunks go on and the test's assertion on ``busy`` says what happened).
+    """
+
+    def __init__(self, patience_s: float = 10.0) -> None:
+        self.server: MqttTransport | None = None
+        self.patience_s = patience_s
+
+    def refused_busy(self) -> int:
+        return 0 if self.server is None else self.server.stats()["rejected"].get("busy", 0)
+
+    def gate(self, t: MqttTransport) -> None:
+        frames_of, held = t._frames, []
+
+        def frames(topic, msg, retain):
+            out = frames_of(topic, msg, retain)
+            if msg.kind != Kind.UPDATE or held or len(out) < 2:
+                return out
+            held.append(msg.round)
+            return _HeldAfterFirst(out, self)
+
+        t._frames = frames
+
+
+class _HeldAfterFirst(list):
+    """The frames of one update: iterating them the first time waits after the first (see FirstChunksTogether)."""
+
+    def __init__(self, frames: list[bytes], together: FirstChunksTogether) -> None:
+        super().__init__(frames)
+        self.together, self.waited = together, False
+
+    def __iter__(self):
+        for i, frame in enumerate(list.__iter__(self)):
+            if i == 1 and not self.waited:
+                self.waited = True
+                deadline = time.monotonic() + self.together.patience_s
+                while self.together.refused_busy() == 0 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+            yield frame
+
+
+def run(clients, *, server_memory: int | None = None, drop_first_update_of: str | None = None,
+        together: FirstChunksTogether | None = None, **settings):
     """``clients`` over the embedded broker, two rounds of FedSketch; every update is chunked (8 KiB packets)."""
     fed = "reask"
     release = threading.Event()
@@ -103,6 +151,8 @@ def run(clients, *, server_memory: int | None = None, drop_first_update_of: str 
             extra = {} if server_memory is None or cid != "server" else {"chunk_memory_bytes": server_memory}
             cfg = BrokerConfig.from_url(broker.url, reconnect_min_s=0.1, max_payload=PAYLOAD, **extra)
             t = MqttTransport(cfg, cid, federation=fed)
+            if together is not None and cid != "server":
+                together.gate(t)
             if cid == drop_first_update_of:
                 publish, dropped = t.publish, []
 
@@ -117,6 +167,8 @@ def run(clients, *, server_memory: int | None = None, drop_first_update_of: str 
 
         threads = start_devices(clients, make, architecture=ARCH, release=release, stallers=False, max_idle_s=60)
         server = make("server")
+        if together is not None:
+            together.server = server
         server.connect(timeout=10)
         strategy = SketchClustered(settings=TrainSettings(epochs=1, lr=1e-2, batch_size=16), fraction=1.0,
                                    min_cluster_size=2, seed=0)
@@ -134,7 +186,7 @@ def six(digits12):
 
 def test_updates_that_find_no_room_wait_their_turn_and_all_arrive(six):
     size = len(tensors_body(initial_weights(ARCH, 0)))  # one update's tensors (its transfer is a little more)
-    result, meter = run(six, server_memory=int(1.5 * size))
+    result, meter = run(six, server_memory=int(1.5 * size), together=FirstChunksTogether())
     busy = meter["rejected"].get("busy", 0)
     print(f"update {size} bytes, server memory {int(1.5 * size)}: {busy} transfers waited their turn; "
           f"rounds {[(h['close'], h['close_s'], h['reasked']) for h in result.history]}")
