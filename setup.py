@@ -95,6 +95,7 @@ SERVER = TRAIN + [
     "onnx>=1.15",
     "onnxscript>=0.1",
     "scikit-learn>=1.3",
+    "threadpoolctl>=3.1",  # server_kit.cores: each process's BLAS/OpenMP pools sized to its share
     "scikit-optimize>=0.10",
     "hdbscan>=0.8.33",
     "matplotlib>=3.7",

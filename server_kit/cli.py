@@ -225,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``fedsketch-server``; returns the exit status (see the module docstring)."""
     args = build_parser().parse_args(argv)
     _configure_logging(args.verbose, args.log_format)
+    from .cores import Role, limit_threads, plan
     from .drivers.orchestrator import Orchestrator
     from .partials.scale_out import ScaleOut
     from .report import build_results
@@ -255,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         scale_out = ScaleOut.from_args(args, bcfg, config, strategy)
+        limit_threads(plan(Role.COORDINATOR, workers=args.ingest_workers or 0, override=args.worker_threads))
     except (ValueError, OSError) as e:
         print(f"fedsketch-server: error: {e}", file=sys.stderr)
         return 2

@@ -132,9 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_scale_out_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("scale-out: ingest workers and site aggregators")
     g.add_argument("--ingest-workers", type=int, default=0, metavar="W",
-                   help="start W worker processes that take the devices' updates from an MQTT 5 shared "
-                        "subscription (Mosquitto, EMQX), decode, check and sum them, and hand this server partial "
-                        "sums (default: 0, the server takes the updates itself)")
+                   help="start W worker processes, worker p taking partition p of the devices' update topics "
+                        "(clients/+/update/p): they decode, check and sum the updates and hand this server partial "
+                        "sums. The broker must let user <user>-ingest-p read its partition (deploy/make_acl.py "
+                        "--ingest-workers W); the server probes each at start and stops if one cannot "
+                        "(default: 0, the server takes the updates itself)")
+    g.add_argument("--worker-threads", type=int, default=None, metavar="N",
+                   help="numpy/BLAS and torch threads of each ingest worker (default: its share of the cores, "
+                        "cores // (W + 1), at most 2; this server takes the cores the workers leave)")
     g.add_argument("--aggregator-keys", default=None, metavar="DIR",
                    help="accept partial sums from the site aggregators whose public keys are in DIR (ID.pub, "
                         "from fedsketch keygen --name ID); the devices of other sites send their updates "

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cores import Role, limit_threads, plan
 from ..data.partition import ClientData
 from .shard import FleetSettings, Shard, sum_into
 
@@ -55,16 +56,14 @@ def _unpack(p: Mapping[str, Any]) -> list[ClientData]:
 
 def _shard_main(conn: Any, settings: dict[str, Any], packed: dict[str, Any], passwords: dict[str, str]) -> None:
     """A child process: run one shard, answer the parent's requests ("snapshot", "totals", "close") in JSON."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     s = FleetSettings(**settings)
     logging.basicConfig(level=logging.WARNING if s.quiet else logging.INFO,
                         format="%(asctime)s emulator %(levelname)s %(name)s: %(message)s")
     try:
-        import torch
-
-        torch.set_num_threads(1)
+        import torch  # noqa: F401  (loaded before its pool is sized)
     except ImportError:
         pass
+    limit_threads(plan(Role.EMULATOR))
     shard = Shard(s, _unpack(packed), passwords)
     try:
         shard.start()

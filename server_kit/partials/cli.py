@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve this aggregator's Prometheus metrics on http://HOST:PORT/metrics (default: off)")
     p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
                    help="the address the metrics listen on (0.0.0.0 only behind a firewall: no authentication)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="numpy/BLAS and torch threads (default: its share of the cores, at most 2: its sums are "
+                        "bound by memory bandwidth)")
     BrokerConfig.add_arguments(p)
     p.add_argument("-v", "--verbose", action="count", default=0)
     add_log_format_argument(p)
@@ -61,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from edge_sdk.signing import load_signer, load_verifier
     from edge_sdk.transport import MqttTransport
 
+    from ..cores import Role, limit_threads, plan
     from .aggregator import PartialAggregator
 
     try:
@@ -69,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         verifier = load_verifier(args.server_key) if args.server_key else None
         if not args.hold_memory_mb >= 0:
             raise ValueError(f"--hold-memory-mb must be >= 0, got {args.hold_memory_mb:g}")
+        limit_threads(plan(Role.SITE_AGGREGATOR, override=args.threads))
         bcfg = BrokerConfig.from_args(args, args.broker)
         transport = MqttTransport(bcfg, args.username or aid, federation=args.federation, root=args.root)
     except (ValueError, OSError) as e:

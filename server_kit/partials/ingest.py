@@ -34,6 +34,7 @@ from edge_sdk.protocol import Kind, Message
 from edge_sdk.signing import Signer, Verifier, generate_key, load_verifier
 from edge_sdk.transport import BrokerConfig
 
+from ..cores import Role, ThreadShare, limit_threads, plan
 from .aggregator import DEFAULT_HOLD_MEMORY_BYTES
 
 __all__ = ["RESTART_AFTER_S", "IngestWorkers"]
@@ -59,6 +60,8 @@ class WorkerSpec:
     log_format: str = "text"
     #: Where this worker serves its Prometheus metrics ((host, port)), or None.
     metrics: tuple[str, int] | None = None
+    #: Its numpy/BLAS and torch threads (:mod:`server_kit.cores`).
+    threads: ThreadShare | None = None
 
 
 def _aid(index: int) -> str:
@@ -76,6 +79,8 @@ def _worker_main(spec: WorkerSpec, key_pem: bytes, ready: Any) -> None:
     configure_logging(spec.log_format, level=spec.log_level, component=_aid(spec.index),
                       text_format=f"%(asctime)s ingest-{spec.index} %(levelname)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C ends the server, which ends the workers
+    if spec.threads is not None:
+        limit_threads(spec.threads)
     parent = os.getppid()
     aid = _aid(spec.index)
     transport = MqttTransport(spec.broker, aid, federation=spec.federation, root=spec.root)
@@ -132,19 +137,25 @@ class IngestWorkers:
         :class:`~.aggregator.PartialAggregator`).
     metrics_port : int, optional
         The server's ``--metrics-port`` P: worker ``i`` serves its metrics on P+1+i (at ``metrics_host``).
+    threads : int, optional
+        Each worker's numpy/BLAS and torch threads (``--worker-threads``); default: its share of the cores
+        (:func:`server_kit.cores.plan`).
     """
 
     def __init__(self, count: int, broker: BrokerConfig, federation: str, *, root: str = "fedsketch",
                  server_key: str | None = None, hold_memory_bytes: int = DEFAULT_HOLD_MEMORY_BYTES,
-                 metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> None:
+                 metrics_port: int | None = None, metrics_host: str = "127.0.0.1", threads: int | None = None) -> None:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"ingest workers must be a positive integer, got {count!r}")
         self.count = count
+        #: Each worker's share of the cores (the same for all).
+        self.threads = plan(Role.INGEST_WORKER, workers=count, override=threads)
         user = broker.username
         self._specs = [WorkerSpec(i, count, replace(broker, username=None if user is None else f"{user}-ingest-{i}"),
                                   federation, root, server_key, logging.getLogger().getEffectiveLevel(),
                                   hold_memory_bytes, current_format().value,
-                                  None if metrics_port is None else (metrics_host, metrics_port + 1 + i))
+                                  None if metrics_port is None else (metrics_host, metrics_port + 1 + i),
+                                  self.threads)
                        for i in range(count)]
         self._procs: dict[str, Any] = {}
         self._started: dict[str, float] = {}
@@ -166,8 +177,8 @@ class IngestWorkers:
         late = [aid for aid in self.ids if not self._ready[aid].wait(max(0.0, deadline - time.monotonic()))]
         if late:
             log.error("ingest worker(s) %s not subscribed %g s after their start (see their log)", late, timeout)
-        log.info("%d ingest worker(s) ready, worker p on the update topics' partition p: %s", self.count,
-                 ", ".join(f"{aid} (pid {p.pid})" for aid, p in self._procs.items()))
+        log.info("%d ingest worker(s) ready, worker p on the update topics' partition p, each %s: %s", self.count,
+                 self.threads.describe(), ", ".join(f"{aid} (pid {p.pid})" for aid, p in self._procs.items()))
         return verifiers
 
     def _start(self, spec: WorkerSpec) -> Verifier:

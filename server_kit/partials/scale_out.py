@@ -84,7 +84,8 @@ class ScaleOut:
             workers = IngestWorkers(count, bcfg, config.federation, root=config.root, server_key=server_pub,
                                     hold_memory_bytes=config.hold_memory_bytes,
                                     metrics_port=getattr(args, "metrics_port", None),
-                                    metrics_host=getattr(args, "metrics_host", "127.0.0.1"))
+                                    metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
+                                    threads=getattr(args, "worker_threads", None))
         return cls(workers, sites)
 
     def __enter__(self) -> ScaleOut:
