@@ -3,7 +3,7 @@
 Questions:
 
 1. **Ingest workers.** How many large updates per second does the server side
-   take in with W = 1 and W = 2 ingest workers (``fedsketch-server
+   take in with W = 1, 2, 3 and 4 ingest workers (``--workers``; ``fedsketch-server
    --ingest-workers W``)? A real Mosquitto on a free port with the shipped
    limits, ACL and a password per user; W real worker processes
    (:class:`server_kit.partials.IngestWorkers`), worker p on partition p of
@@ -33,17 +33,19 @@ Questions:
    partial sum per model). Measured on the wire, one round, with the site's
    devices in 1 and in 2 clusters.
 
-Prints a table and ends with one JSON line: ``ingest_lost`` (updates not
-summed, over both runs: 0 or no rate is reported), ``ingest_updates_per_s_w1``,
-``ingest_updates_per_s_w2``, ``ingest_speedup_w2`` (each None when its run
-lost an update), ``ingest_asked`` and ``ingest_asked_again`` (per run),
-``coordinator_cpu_share`` (its CPU per update over a worker's, per run),
-``worker_alone_updates_per_s``, ``worker_peak_rss_mb``, ``worker_memory_bound_mb``,
-``worker_within_bound``,
-``site_uplink_bytes_ratio`` (1 cluster), ``site_uplink_bytes_ratio_2_clusters``.
+Every process sizes its thread pools as the server would (:mod:`server_kit.cores`): each worker its share of
+the cores, the coordinator what they leave, the devices' process one thread; the table says how many.
 
-Run: ``.venv/bin/python benchmarks/scale_out.py`` (about 2 minutes;
-``--quick``: 6 devices of a 2 M-parameter model and a site of 10, about 11 s).
+Prints a table and ends with one JSON line, per worker count W where a key is a mapping: ``ingest_lost`` (updates
+not summed, over every W: 0 or no rate is reported), ``ingest_lost_by_workers``, ``ingest_updates_per_s`` and
+``ingest_speedup`` (over W = 1; None for a run that lost an update), ``worker_threads``,
+``coordinator_threads``, ``cores``, ``worker_cpu_s_per_update`` (the workers' CPU seconds per update),
+``ingest_asked`` and ``ingest_asked_again``, ``coordinator_cpu_share`` (its CPU per update over the workers'),
+``worker_alone_updates_per_s``, ``worker_peak_rss_mb``, ``worker_memory_bound_mb``, ``worker_within_bound``,
+``site_uplink_bytes_ratio`` (1 cluster), ``site_uplink_bytes_ratio_2_clusters`` (None with ``--site-devices 0``).
+
+Run: ``.venv/bin/python benchmarks/scale_out.py`` (about 5 minutes on 2 cores;
+``--quick``: 6 devices of a 2 M-parameter model and a site of 10, about 20 s).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from edge_sdk.protocol import BUSY, Kind, Message, parse_tensors, partition_of, 
 from edge_sdk.signing import Signer, Verifier, generate_key
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from server_kit.broker import MosquittoBroker
+from server_kit.cores import Role, available_cores, limit_threads, plan
 from server_kit.drivers import ServerConfig
 from server_kit.partials import IngestWorkers, PartialAggregator
 from server_kit.rounds.reask import Reasks, ReaskWhy
@@ -209,6 +212,7 @@ def _offsets(n_devices: int) -> dict[str, float]:
 
 def _publisher(url: str, n_devices: int, params: int, workers: int, logins: dict[str, str], conn: Any) -> None:
     """The devices, in a process of their own: publish the updates asked for (``conn``), each on its partition."""
+    limit_threads(plan(Role.EMULATOR))
     model = _model(params)
     offsets = _offsets(n_devices)
     bodies = {cid: tensors_body({k: v + np.float32(off) for k, v in model.items()}) for cid, off in offsets.items()}
@@ -263,6 +267,7 @@ def ingest(workers: int, n_devices: int, params: int, timeout: float) -> dict[st
     model = _model(params)
     offsets = _offsets(n_devices)
     ctx = mp.get_context("spawn")
+    coordinator = limit_threads(plan(Role.COORDINATOR, workers=workers))
     shipped = _shipped(n_devices, workers)
     logins = shipped["passwords"]
     with MosquittoBroker(**shipped) as broker:  # the shipped limits (queues, packets) and ACL
@@ -335,7 +340,8 @@ def ingest(workers: int, n_devices: int, params: int, timeout: float) -> dict[st
     ok = not lost
     per_worker = {aid: sum(1 for a in counter.receipts.values() if a == aid) for aid in pids}
     worker_cpu_per_update = sum(cpu.values()) / max(1, n_devices)
-    return {"workers": workers, "devices": n_devices, "mb": round(mb, 1), "seconds": round(seconds, 3),
+    return {"workers": workers, "worker_threads": pool.threads.threads, "coordinator_threads": coordinator.threads,
+            "devices": n_devices, "mb": round(mb, 1), "seconds": round(seconds, 3),
             "lost": len(lost), "updates_per_s": round(n_devices / seconds, 3) if ok else None,
             "mb_per_s": round(mb / seconds, 1) if ok else None, "partials": len(counter.partials),
             "asked": reasks.asked.get(ReaskWhy.GO, 0),
@@ -378,45 +384,73 @@ def site(n_devices: int, clusters: int, timeout: float) -> dict[str, Any]:
             "ratio": round(flat / aggregated, 2)}
 
 
+def _workers(text: str) -> list[int]:
+    try:
+        out = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of worker counts, got {text!r}") from None
+    if not out or any(not 1 <= w <= 64 for w in out) or len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"distinct worker counts in [1, 64], got {text!r}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="6 devices of a 2 M-parameter model; a site of 10")
+    p.add_argument("--workers", type=_workers, default=[1, 2, 3, 4], metavar="W,W,...",
+                   help="the ingest worker counts to run, each a round of its own (default: 1,2,3,4)")
     p.add_argument("--devices", type=int, default=40, help="updates per ingest round")
     p.add_argument("--params", type=int, default=RESNET18_PARAMS, help="parameters of the ingested model")
-    p.add_argument("--site-devices", type=int, default=50)
+    p.add_argument("--site-devices", type=int, default=50, help="devices of the site's uplink run (0: no site run)")
     p.add_argument("--timeout", type=float, default=600.0)
     args = p.parse_args(argv)
     if args.quick:
         args.devices, args.params, args.site_devices = 6, 2_000_000, 10
         args.timeout = min(args.timeout, 120.0)  # a quick run that waits longer is stuck: say so
-    rows = [ingest(w, args.devices, args.params, args.timeout) for w in (1, 2)]
-    print(f"{'workers':>8} {'devices':>8} {'lost':>5} {'asked':>6} {'again':>6} {'MB':>8} {'seconds':>8} {'updates/s':>10} "
-          f"{'MB/s':>8} {'coord ms/upd':>13} {'worker ms/upd':>14}", file=sys.stderr)
+    if args.devices < 1 or args.params < 16 or args.site_devices < 0:
+        p.error("--devices must be >= 1, --params >= 16, --site-devices >= 0")
+    rows = [ingest(w, args.devices, args.params, args.timeout) for w in args.workers]
+    print(f"{'workers':>8} {'threads':>8} {'devices':>8} {'lost':>5} {'asked':>6} {'again':>6} {'MB':>8} "
+          f"{'seconds':>8} {'updates/s':>10} {'xW=1':>6} {'MB/s':>8} {'coord ms/upd':>13} {'worker ms/upd':>14}",
+          file=sys.stderr)
+    base = rows[0]["updates_per_s"] if rows[0]["workers"] == 1 else None
     for r in rows:
-        print(f"{r['workers']:>8} {r['devices']:>8} {r['lost']:>5} {r['asked']:>6} {r['asked_again']:>6} {r['mb']:>8} "
-              f"{r['seconds']:>8} {str(r['updates_per_s']):>10} {str(r['mb_per_s']):>8} "
-              f"{r['coordinator_cpu_ms_per_update']:>13} {r['worker_cpu_ms_per_update']:>14}", file=sys.stderr)
+        speed = round(r["updates_per_s"] / base, 2) if base and r["updates_per_s"] else None
+        r["speedup"] = speed
+        print(f"{r['workers']:>8} {r['worker_threads']:>8} {r['devices']:>8} {r['lost']:>5} {r['asked']:>6} "
+              f"{r['asked_again']:>6} {r['mb']:>8} {r['seconds']:>8} {str(r['updates_per_s']):>10} {str(speed):>6} "
+              f"{str(r['mb_per_s']):>8} {r['coordinator_cpu_ms_per_update']:>13} {r['worker_cpu_ms_per_update']:>14}",
+              file=sys.stderr)
         for aid in sorted(r["worker_cpu_s"]):
             print(f"    {aid}: {r['worker_updates'][aid]} updates in {r['worker_cpu_s'][aid]} CPU s "
                   f"({r['worker_alone_updates_per_s'][aid]} updates/s alone), peak memory "
                   f"{r['worker_peak_rss_mb'][aid]} MB (bound {r['worker_memory_bound_mb'][aid]} MB)", file=sys.stderr)
-    sites = [site(args.site_devices, k, args.timeout) for k in (1, 2)]
+    coordinator = ", ".join(f"{r['coordinator_threads']} with W = {r['workers']}" for r in rows)
+    print(f"threads: each ingest worker as the table says (server_kit.cores), the coordinator (this process) "
+          f"{coordinator}, the devices' process 1; {available_cores()} cores", file=sys.stderr)
+    sites = [site(args.site_devices, k, args.timeout) for k in (1, 2)] if args.site_devices else []
     for s in sites:
         print(f"site of {s['devices']} devices in {s['clusters']} cluster(s): flat {s['flat_bytes']:,} B, "
               f"aggregated {s['aggregated_bytes']:,} B, ratio {s['ratio']}", file=sys.stderr)
-    w1, w2 = rows[0]["updates_per_s"], rows[1]["updates_per_s"]
-    out = {"ingest_lost": rows[0]["lost"] + rows[1]["lost"], "ingest_lost_w1": rows[0]["lost"],
-           "ingest_lost_w2": rows[1]["lost"], "ingest_updates_per_s_w1": w1, "ingest_updates_per_s_w2": w2,
-           "ingest_speedup_w2": round(w2 / w1, 3) if w1 and w2 else None,
-           "ingest_devices": args.devices, "ingest_params": args.params,
-           "ingest_asked": [r["asked"] for r in rows], "ingest_asked_again": [r["asked_again"] for r in rows],
-           "coordinator_cpu_share": [round(r["coordinator_cpu_ms_per_update"] / r["worker_cpu_ms_per_update"], 4)
-                                     if r["worker_cpu_ms_per_update"] else None for r in rows],
-           "worker_alone_updates_per_s": [r["worker_alone_updates_per_s"] for r in rows],
-           "worker_peak_rss_mb": [r["worker_peak_rss_mb"] for r in rows],
-           "worker_memory_bound_mb": [r["worker_memory_bound_mb"] for r in rows],
+    by_w = {str(r["workers"]): r for r in rows}
+    out = {"ingest_lost": sum(r["lost"] for r in rows),
+           "ingest_lost_by_workers": {w: r["lost"] for w, r in by_w.items()},
+           "ingest_updates_per_s": {w: r["updates_per_s"] for w, r in by_w.items()},
+           "ingest_speedup": {w: r["speedup"] for w, r in by_w.items()},
+           "ingest_devices": args.devices, "ingest_params": args.params, "cores": available_cores(),
+           "worker_threads": {w: r["worker_threads"] for w, r in by_w.items()},
+           "coordinator_threads": {w: r["coordinator_threads"] for w, r in by_w.items()},
+           "worker_cpu_s_per_update": {w: round(r["worker_cpu_ms_per_update"] / 1000, 3) for w, r in by_w.items()},
+           "ingest_asked": {w: r["asked"] for w, r in by_w.items()},
+           "ingest_asked_again": {w: r["asked_again"] for w, r in by_w.items()},
+           "coordinator_cpu_share": {w: round(r["coordinator_cpu_ms_per_update"] / r["worker_cpu_ms_per_update"], 4)
+                                     if r["worker_cpu_ms_per_update"] else None for w, r in by_w.items()},
+           "worker_alone_updates_per_s": {w: r["worker_alone_updates_per_s"] for w, r in by_w.items()},
+           "worker_peak_rss_mb": {w: r["worker_peak_rss_mb"] for w, r in by_w.items()},
+           "worker_memory_bound_mb": {w: r["worker_memory_bound_mb"] for w, r in by_w.items()},
            "worker_within_bound": all(r["worker_within_bound"] for r in rows),
-           "site_uplink_bytes_ratio": sites[0]["ratio"], "site_uplink_bytes_ratio_2_clusters": sites[1]["ratio"],
+           "site_uplink_bytes_ratio": sites[0]["ratio"] if sites else None,
+           "site_uplink_bytes_ratio_2_clusters": sites[1]["ratio"] if sites else None,
            "site_devices": args.site_devices}
     print(json.dumps(out))
     return 0

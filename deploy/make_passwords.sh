@@ -2,8 +2,13 @@
 # Create a Mosquitto password file for N FedSketch clients (c01..cN) and the server,
 # and the server's Ed25519 signing key pair.
 #
-#   usage: deploy/make_passwords.sh N [PASSWORD_FILE] [PREFIX]
+#   usage: deploy/make_passwords.sh N [PASSWORD_FILE] [PREFIX] [W]
 #   e.g.:  sudo deploy/make_passwords.sh 20 /etc/mosquitto/fedsketch.passwd
+#          sudo deploy/make_passwords.sh 20 /etc/mosquitto/fedsketch.passwd c 4
+#
+# W: the server's ingest workers (fedsketch-server --ingest-workers W): the
+# users server-ingest-0 .. server-ingest-<W-1>, with the server's password
+# (deploy/acl names up to 8 of them; deploy/make_acl.py writes one for more).
 #
 # Signing key: unless they exist already, fedsketch-server.key (private, mode
 # 600: for fedsketch-server --signing-key) and fedsketch-server.pub (for every
@@ -19,15 +24,19 @@
 # Running it again replaces the file and every password.
 set -eu
 
-if [ $# -lt 1 ] || [ $# -gt 3 ]; then
-    echo "usage: $0 N [PASSWORD_FILE] [PREFIX]" >&2
+if [ $# -lt 1 ] || [ $# -gt 4 ]; then
+    echo "usage: $0 N [PASSWORD_FILE] [PREFIX] [W]" >&2
     exit 2
 fi
 n=$1
 file=${2:-fedsketch.passwd}
 prefix=${3:-c}
+workers=${4:-0}
 case $n in
     ''|*[!0-9]*) echo "N must be a positive integer, got '$n'" >&2; exit 2 ;;
+esac
+case $workers in
+    ''|*[!0-9]*) echo "W (ingest workers) must be an integer >= 0, got '$workers'" >&2; exit 2 ;;
 esac
 if [ "$n" -lt 1 ]; then
     echo "N must be at least 1" >&2
@@ -50,7 +59,13 @@ umask 077
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 
-echo "server $(random_password)" >>"$tmp"
+server_password=$(random_password)
+echo "server $server_password" >>"$tmp"
+i=0
+while [ "$i" -lt "$workers" ]; do
+    echo "server-ingest-$i $server_password" >>"$tmp"
+    i=$((i + 1))
+done
 i=1
 while [ "$i" -le "$n" ]; do
     printf '%s%0*d %s\n' "$prefix" "$width" "$i" "$(random_password)" >>"$tmp"
@@ -74,4 +89,4 @@ if [ ! -e "$key_dir/fedsketch-server.key" ]; then
 fi
 
 cat "$tmp"
-echo "wrote $((n + 1)) users to $file (hashed); the passwords above are not stored anywhere else" >&2
+echo "wrote $((n + 1 + workers)) users to $file (hashed); the passwords above are not stored anywhere else" >&2

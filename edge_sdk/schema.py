@@ -286,6 +286,8 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "will": Field("str", max_len=64),
         # a device's health (with "working", "sent", "ready"); absent: the one it last said stands
         "health": _HEALTH,
+        # the server's check that an ingest worker reads its partition (on that partition), and the worker's answer
+        "probe": Field("id"),
     },
     # sent by a device whose data changed, without being asked (edge_sdk.client: EdgeClient.data_changed)
     Kind.SKETCH: {"unasked": Field("bool")},

@@ -15,7 +15,8 @@ strategies), ``bytes.png`` and ``report.html``; with ``--truth`` (client id ->
 true group, as ``fedsketch-data split`` writes it) the clustering is scored.
 
 Exit status: 0 done, 2 a bad setting (nothing was connected), 3 the broker
-could not be reached or the run could not finish.
+could not be reached, an ingest worker could not read its partition, or the
+run could not finish.
 """
 
 from __future__ import annotations
@@ -227,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.verbose, args.log_format)
     from .cores import Role, limit_threads, plan
     from .drivers.orchestrator import Orchestrator
+    from .partials.ingest import IngestRefused
     from .partials.scale_out import ScaleOut
     from .report import build_results
     from .report.summary import print_summary
@@ -285,6 +287,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with scale_out:
             rc = _with_broker(args, config, bcfg, run)
+    except IngestRefused as e:
+        print(f"fedsketch-server: error: {e}", file=sys.stderr)
+        return 3
     finally:
         if watching is not None:
             watching.close()

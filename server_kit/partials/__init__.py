@@ -2,8 +2,8 @@
 
 - :mod:`~server_kit.partials.aggregator`: :class:`PartialAggregator`, one aggregator (the protocol's other end
   is :mod:`server_kit.drivers.remote`).
-- :mod:`~server_kit.partials.ingest`: :class:`IngestWorkers`, W aggregator processes on one shared
-  subscription of the server's broker (``fedsketch-server --ingest-workers W``).
+- :mod:`~server_kit.partials.ingest`: :class:`IngestWorkers`, W aggregator processes, worker p on
+  partition p of the update topics (``fedsketch-server --ingest-workers W``), each probed at the start.
 - :mod:`~server_kit.partials.scale_out`: what the server starts and accepts (:class:`ScaleOut`).
 - :mod:`~server_kit.partials.cli`: ``fedsketch-aggregator``, a site aggregator beside a site broker.
 """
@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from .aggregator import PartialAggregator
-from .ingest import IngestWorkers
+from .ingest import IngestRefused, IngestWorkers
 from .scale_out import ScaleOut, load_aggregator_keys
 
-__all__ = ["IngestWorkers", "PartialAggregator", "ScaleOut", "load_aggregator_keys"]
+__all__ = ["IngestRefused", "IngestWorkers", "PartialAggregator", "ScaleOut", "load_aggregator_keys"]

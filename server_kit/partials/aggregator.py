@@ -198,6 +198,9 @@ class PartialAggregator:
     # -- the devices' updates -----------------------------------------------
     def _on_update(self, topic: str, msg: Message) -> None:
         cid = msg.sender
+        if msg.kind == Kind.STATUS:  # the server's probe: this aggregator reads these topics; say so
+            self._answer_probe(msg)
+            return
         try:
             meta = check_meta(msg)
             held = self._take(cid, meta, msg.body)
@@ -206,6 +209,19 @@ class PartialAggregator:
             self._refuse(cid, msg.meta.get("round"), reason, str(e))
             return
         self._send_receipt(cid, meta, held.norm)
+
+    def _answer_probe(self, msg: Message) -> None:
+        """Echo the probe of ``msg`` on this aggregator's status topic (what the server waits for at its start)."""
+        try:
+            probe = check_meta(msg).get("probe")
+        except ProtocolError as e:
+            self._count(e.reason)
+            return
+        if probe is None:
+            self._count("kind")
+            return
+        log.info("aggregator %s: probe %s seen on %s's update topic; answering", self.aid, probe, msg.sender)
+        self._publish("status", Kind.STATUS, 0, {"state": "online", "probe": probe})
 
     def _take(self, cid: str, meta: Mapping[str, Any], body: bytes) -> _Held:
         rnd, key = meta["round"], meta["model_key"]

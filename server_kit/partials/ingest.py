@@ -24,7 +24,9 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import secrets
 import signal
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,12 +39,21 @@ from edge_sdk.transport import BrokerConfig
 from ..cores import Role, ThreadShare, limit_threads, plan
 from .aggregator import DEFAULT_HOLD_MEMORY_BYTES
 
-__all__ = ["RESTART_AFTER_S", "IngestWorkers"]
+__all__ = ["PROBE_TIMEOUT_S", "RESTART_AFTER_S", "IngestRefused", "IngestWorkers"]
 
 log = logging.getLogger(__name__)
 
 #: The shortest time between two starts of one worker (a worker that dies at once is not started in a loop).
 RESTART_AFTER_S = 5.0
+#: How long the start waits for each worker's answer to its probe (:meth:`IngestWorkers.probe`).
+PROBE_TIMEOUT_S = 10.0
+#: The workers the shipped deploy/acl names (deploy/make_acl.py's default).
+SHIPPED_ACL_WORKERS = 8
+
+
+class IngestRefused(RuntimeError):
+    """An ingest worker cannot do its job on this broker (its user refused, its partition unreadable): the
+    server stops at its start, saying which user and topic."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +159,7 @@ class IngestWorkers:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"ingest workers must be a positive integer, got {count!r}")
         self.count = count
+        self._server_broker = broker
         #: Each worker's share of the cores (the same for all).
         self.threads = plan(Role.INGEST_WORKER, workers=count, override=threads)
         user = broker.username
@@ -169,17 +181,94 @@ class IngestWorkers:
         """The workers' aggregator ids."""
         return [_aid(i) for i in range(self.count)]
 
-    def start(self, timeout: float = 60.0) -> dict[str, Verifier]:
-        """Start the W processes and wait until each is subscribed (at most ``timeout`` s, then it says which are
-        not); returns each one's :class:`Verifier`, by id (for ``Orchestrator(aggregators=)``)."""
+    def start(self, timeout: float = 60.0, probe_timeout: float = PROBE_TIMEOUT_S) -> dict[str, Verifier]:
+        """Start the W processes, wait until each is subscribed, and probe each one's partition (:meth:`probe`);
+        returns each one's :class:`Verifier`, by id (for ``Orchestrator(aggregators=)``).
+
+        Raises :class:`IngestRefused` (the workers stopped) for a worker that exits before it subscribed (the
+        broker refused its user, say), one not subscribed ``timeout`` s after its start, or one whose probe
+        gets no answer."""
         verifiers = {_aid(spec.index): self._start(spec) for spec in self._specs}
-        deadline = time.monotonic() + timeout
-        late = [aid for aid in self.ids if not self._ready[aid].wait(max(0.0, deadline - time.monotonic()))]
-        if late:
-            log.error("ingest worker(s) %s not subscribed %g s after their start (see their log)", late, timeout)
+        try:
+            self._wait_ready(timeout)
+            self.probe(verifiers, probe_timeout)
+        except IngestRefused:
+            self.stop()
+            raise
         log.info("%d ingest worker(s) ready, worker p on the update topics' partition p, each %s: %s", self.count,
                  self.threads.describe(), ", ".join(f"{aid} (pid {p.pid})" for aid, p in self._procs.items()))
         return verifiers
+
+    def _wait_ready(self, timeout: float) -> None:
+        """Wait until every worker said it is subscribed; IngestRefused for one that died or is late."""
+        deadline = time.monotonic() + timeout
+        for spec in self._specs:
+            aid = _aid(spec.index)
+            proc, ready = self._procs[aid], self._ready[aid]
+            while not ready.wait(0.1):
+                if not proc.is_alive():
+                    raise IngestRefused(
+                        f"ingest worker {aid} (broker user {spec.broker.username or '(none)'}) exited with code "
+                        f"{proc.exitcode} before it subscribed; its log above says why (a user the broker does "
+                        f"not know? deploy/make_passwords.sh N FILE PREFIX W adds the W workers' users)")
+                if time.monotonic() > deadline:
+                    raise IngestRefused(f"ingest worker {aid} not subscribed {timeout:g} s after its start "
+                                        f"(broker {spec.broker.url}); see its log")
+
+    def probe(self, verifiers: dict[str, Verifier], timeout: float = PROBE_TIMEOUT_S) -> None:
+        """Check that worker ``p`` reads partition ``p`` of the update topics and that its answers reach the server.
+
+        A broker grants a subscription its ACL forbids and then drops what it may not read (Mosquitto 2.0), so a
+        subscribed worker proves nothing: with the server's credentials, a STATUS with a probe is published on
+        ``clients/probe-ingest-<p>/update/<p>`` (again every second) and the worker must echo it, signed, on its
+        status topic within ``timeout`` s. IngestRefused names the user and the topic of each that does not.
+        """
+        from edge_sdk.transport import MqttTransport
+
+        nonce = secrets.token_hex(6)
+        seen: set[str] = set()
+        done = threading.Event()
+        spec0 = self._specs[0]
+        # one client id for every start: a broker keeps a session for it, not one per start
+        probe = MqttTransport(self._server_broker, f"{self._server_broker.username or 'server'}-ingest-probe",
+                              federation=spec0.federation, root=spec0.root)
+        probe.accept_aggregators(verifiers)
+        topics = probe.topics
+
+        def answered(topic: str, msg: Message) -> None:
+            if msg.kind == Kind.STATUS and msg.meta.get("probe") == f"{nonce}-{msg.sender}":
+                seen.add(msg.sender)
+                if len(seen) == self.count:
+                    done.set()
+
+        probe.subscribe(topics.aggregator("+", "status"), answered)
+        try:
+            probe.connect(timeout=10)
+            deadline = time.monotonic() + timeout
+            while not done.is_set() and time.monotonic() < deadline:
+                for spec in self._specs:
+                    aid = _aid(spec.index)
+                    if aid not in seen:
+                        cid = f"probe-{aid}"
+                        probe.publish(topics.update(cid, spec.index),
+                                      Message(Kind.STATUS, spec.federation, cid, 0, {"probe": f"{nonce}-{aid}"}))
+                done.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+        except (ConnectionError, TimeoutError, OSError) as e:
+            raise IngestRefused(f"could not probe the ingest workers' partitions: {e}") from None
+        finally:
+            probe.unsubscribe(topics.aggregator("+", "status"))
+            probe.close()
+        missing = [spec for spec in self._specs if _aid(spec.index) not in seen]
+        if missing:
+            raise IngestRefused("; ".join(
+                f"ingest worker {_aid(s.index)} (broker user {s.broker.username or '(none)'}) did not answer a "
+                f"probe on {topics.update(f'probe-{_aid(s.index)}', s.index)} within {timeout:g} s: the broker "
+                f"must let it read {topics.partition_updates(s.index)} and write "
+                f"{topics.base}/aggregators/{_aid(s.index)}/#" for s in missing)
+                + f". The shipped deploy/acl names {SHIPPED_ACL_WORKERS} workers; for more: deploy/make_acl.py "
+                  f"--ingest-workers {self.count} (a NATS cluster: deploy/nats/make_users.py --ingest-workers "
+                  f"{self.count})")
+        log.info("ingest workers probed: each reads its partition of the update topics")
 
     def _start(self, spec: WorkerSpec) -> Verifier:
         from cryptography.hazmat.primitives import serialization
