@@ -90,6 +90,7 @@ class MqttRoundPort:
         ingest = None if self._remote is None else self._remote.ingest
         if ingest is not None:
             reasks.receiver_of = lambda cid: partition_of(cid, ingest.partitions)
+            reasks.receiver_name = lambda p: ingest.workers[p]
 
         def claims() -> dict[str, tuple[int, float]]:
             return {cid: w for cid in wait.left if (w := clients[cid].working) is not None}
@@ -114,9 +115,18 @@ class MqttRoundPort:
         if self._remote is not None:
             for cid in self._remote.revive(wait, sent):
                 wait.reasks.lost(cid, again=True)
-        for cid, why in wait.reasks.due(wait.left, sent, ready):
-            log.log(logging.DEBUG if why is ReaskWhy.GO else logging.INFO, "round %d: asking %s for its update%s (%s)",
-                    wait.round, cid, "" if why is ReaskWhy.GO else " again", why.value)
+        reasks = wait.reasks
+        for cid, why in reasks.due(wait.left, sent, ready):
+            receiver = reasks.receiver_of(cid)
+            if why is ReaskWhy.LOST and cid in reasks.unanswered.get(receiver, ()) and cid in sent:
+                log.warning("round %d: %s never took %s's update (said sent %.1f s ago%s): asking %s again",
+                            wait.round, reasks.receiver_name(receiver), cid, time.monotonic() - sent[cid][1],
+                            "" if self._remote is None or self._remote.ingest is None else
+                            f" on partition {receiver}", cid)
+            else:
+                log.log(logging.DEBUG if why is ReaskWhy.GO else logging.INFO,
+                        "round %d: asking %s for its update%s (%s)", wait.round, cid,
+                        "" if why is ReaskWhy.GO else " again", why.value)
             self.link.command(cid, Op.RESEND, round=wait.round)
 
     def remote(self) -> RemoteRound | None:

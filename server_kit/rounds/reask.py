@@ -88,6 +88,11 @@ class Reasks:
     _rng: random.Random = field(default_factory=lambda: random.Random(0))
     #: Requests sent, per reason.
     asked: dict[ReaskWhy, int] = field(default_factory=dict)
+    #: The name of a receiver (``receiver_of``'s value): its ingest worker's id, or "server".
+    receiver_name: Callable[[int], str] = field(default=lambda receiver: "server")
+    #: The devices taken for lost because nothing of their update reached its receiver ``lost_after_s`` after
+    #: they said they sent it, by receiver.
+    unanswered: dict[int, list[str]] = field(default_factory=dict)
 
     def busy(self, cid: str) -> float:
         """The receiver had no room for ``cid``'s update: when (seconds from now) it will be asked again."""
@@ -125,6 +130,7 @@ class Reasks:
             if (rnd == self.round and now - since >= self.lost_after_s and cid in awaited and cid not in self._due
                     and cid not in self._lost):
                 self.lost(cid)
+                self.unanswered.setdefault(self.receiver_of(cid), []).append(cid)
         out = []
         for cid, why in sorted((cid, why) for cid, (at, why) in self._due.items() if at <= now):
             del self._due[cid]
@@ -162,6 +168,10 @@ class Reasks:
                 waiting.append(cid)
         self._queue = waiting
         return out
+
+    def unreceipted(self) -> dict[str, int]:
+        """The updates each receiver never answered (by :attr:`receiver_name`): the round's record."""
+        return {self.receiver_name(r): len(cids) for r, cids in sorted(self.unanswered.items())}
 
     def to_dict(self) -> dict[str, int]:
         """The requests sent, per reason (the round's record)."""

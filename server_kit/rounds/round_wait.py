@@ -289,7 +289,8 @@ class RoundWait(GroupedAwaited):
             reported_s={c: round(s, 3) for c, s in sorted(self.reported_at.items())},
             close=close.reason, close_s=round(close.close_s, 3),
             goal_s=None if close.goal_s is None else round(close.goal_s, 3),
-            extended_by=tuple(sorted(close.extended_by)), reasked=self.reasks.to_dict())
+            extended_by=tuple(sorted(close.extended_by)), reasked=self.reasks.to_dict(),
+            unreceipted=self.reasks.unreceipted())
 
 
 @dataclass(frozen=True)
@@ -324,6 +325,8 @@ class WaitRecord:
     extended_by: tuple[str, ...] = field(default_factory=tuple)
     #: Updates asked for again, per reason (:class:`~.reask.ReaskWhy`'s value).
     reasked: dict[str, int] = field(default_factory=dict)
+    #: Updates said sent that their receiver (an ingest worker's id, or "server") never took, per receiver.
+    unreceipted: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The wait's fields of the round's record in ``results.json``."""
@@ -333,4 +336,5 @@ class WaitRecord:
             "goals": {k: vars(g).copy() for k, g in self.goals.items()}, "reported_s": dict(self.reported_s),
             "close": self.close.value, "close_s": self.close_s, "goal_s": self.goal_s,
             "extended_by": list(self.extended_by), "reasked": dict(self.reasked),
+            "unreceipted": dict(self.unreceipted),
         }

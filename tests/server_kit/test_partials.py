@@ -8,6 +8,7 @@ A worker killed in a round is started again and the updates it held are asked fo
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -17,6 +18,7 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from edge_sdk.client import EdgeClient
+from edge_sdk.protocol import Kind, partition_of
 from edge_sdk.tasks import TrainSettings
 from edge_sdk.transport import BrokerConfig, MqttTransport
 from edge_sdk.worker import LocalWorker
@@ -46,14 +48,17 @@ def digits():
 
 
 def federate(url, clients, *, workers=0, rounds=2, kill_worker_in_round=None, compress=None, round_timeout_s=60,
-             metrics=None):
+             metrics=None, drop_first_update_of=None, reask_lost_s=10.0):
     """The run; with ``metrics`` (a dict), the workers export their metrics from a free port on, scraped after the
     run into ``metrics`` (worker id -> {series name: value summed over labels})."""
     edge, threads = [], []
     for i, c in enumerate(clients):
         cfg = BrokerConfig.from_url(url, reconnect_min_s=0.1, max_payload=MAX_PAYLOAD)
         w = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=i)
-        ec = EdgeClient(MqttTransport(cfg, c.cid, federation=FED), w, federation=FED, seed=i, model_timeout_s=30)
+        t = MqttTransport(cfg, c.cid, federation=FED)
+        if c.cid == drop_first_update_of:
+            _lose_first_update(t)
+        ec = EdgeClient(t, w, federation=FED, seed=i, model_timeout_s=30)
         th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 90}, daemon=True)
         th.start()
         threads.append(th)
@@ -76,7 +81,7 @@ def federate(url, clients, *, workers=0, rounds=2, kill_worker_in_round=None, co
     config = ServerConfig(federation=FED, rounds=rounds, min_clients=len(clients), register_timeout_s=30,
                           sketch_timeout_s=30, round_timeout_s=round_timeout_s, first_round_timeout_s=round_timeout_s,
                           eval_timeout_s=30, encoder="digits_encoder",
-                          architecture=ARCH, seed=0, partial_timeout_s=20)
+                          architecture=ARCH, seed=0, partial_timeout_s=20, reask_lost_s=reask_lost_s)
     orch = Orchestrator(strategy, server, config, on_round=on_round, **kw)
     if kill_worker_in_round is not None:
         _kill_when_training(orch, pool, kill_worker_in_round)
@@ -91,6 +96,19 @@ def federate(url, clients, *, workers=0, rounds=2, kill_worker_in_round=None, co
     for th in threads:
         th.join(timeout=30)
     return result, strategy
+
+
+def _lose_first_update(t):
+    """``t``'s first update never reaches the broker (the device believes it sent it)."""
+    publish, dropped = t.publish, []
+
+    def lossy(topic, msg, **kw):
+        if msg.kind == Kind.UPDATE and not dropped:
+            dropped.append(topic)
+            return 0
+        return publish(topic, msg, **kw)
+
+    t.publish = lossy
 
 
 def _free_ports(n):
@@ -191,3 +209,18 @@ def test_a_killed_worker_is_started_again_and_its_updates_asked_for_again(digits
     assert first["summary"]["summed_remote"] == first["updates"] == len(digits), first
     assert [h["updates"] for h in result.history] == [len(digits)] * 2
     assert result.final["evaluated"] == len(digits)
+
+
+def test_an_update_its_worker_never_took_is_noticed_named_and_asked_for_again(digits, caplog):
+    """c03's first update never reaches its worker: 3 s after c03 said it sent it, the round names the worker that
+    never took it, asks c03 again, counts it in the round's record, and closes with every update summed."""
+    worker = f"ingest-{partition_of('c03', 2)}"
+    with MosquittoBroker() as broker, caplog.at_level(logging.WARNING, logger="server_kit.drivers.round_port"):
+        result, _ = federate(broker.url, digits, workers=2, rounds=1, drop_first_update_of="c03",
+                             reask_lost_s=3.0)
+    r1 = result.history[0]
+    assert r1["unreceipted"] == {worker: 1} and r1["reasked"] == {"lost": 1}, r1
+    assert r1["close"] == "all-answered" and r1["summary"]["summed_remote"] == len(digits), r1
+    said = [r.getMessage() for r in caplog.records if "never took" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"round 1: {worker} never took c03's update (said sent ")
+    assert said[0].endswith(f" s ago on partition {partition_of('c03', 2)}): asking c03 again"), said

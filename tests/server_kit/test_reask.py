@@ -6,6 +6,8 @@ reassembler holds two of them at once, and a device whose first update never rea
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 
@@ -205,9 +207,14 @@ def test_large_updates_are_announced_and_sent_two_at_a_time(six):
     assert meter["rejected"] == {}
 
 
-def test_an_update_lost_on_its_way_is_asked_for_again_and_the_round_closes_without_its_deadline(six):
-    result, _ = run(six, drop_first_update_of="c03")
+def test_an_update_lost_on_its_way_is_asked_for_again_and_the_round_closes_without_its_deadline(six, caplog):
+    with caplog.at_level(logging.WARNING, logger="server_kit.drivers.round_port"):
+        result, _ = run(six, drop_first_update_of="c03")
     r1, r2 = result.history
     assert r1["reasked"] == {"lost": 1} and r1["reported"] == 6 and r1["close"] == "all-answered"
+    assert r1["unreceipted"] == {"server": 1} and r2["unreceipted"] == {}
     assert 2.0 <= r1["reported_s"]["c03"] < 10 and r1["close_s"] < 10
     assert r2["reasked"] == {} and r2["reported"] == 6
+    said = [r.getMessage() for r in caplog.records if "never took" in r.getMessage()]
+    assert len(said) == 1 and re.fullmatch(r"round 1: server never took c03's update \(said sent \d+\.\d s ago\): "
+                                           r"asking c03 again", said[0]), said
