@@ -368,9 +368,9 @@ def _publish(state: DeviceState, ctx: DeviceContext, sent: SentUpdate) -> None:
 def resend(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
     """Send the kept update of the round named: announced, or again (the receiver lost it, or had no room)."""
     r, sent = cmd.fields["round"], state.last_update
-    if sent is None or sent.round != r:
-        log.warning("the server asks for round %d's update again; this device holds %s: nothing sent", r,
-                    "none" if sent is None else f"round {sent.round}'s")
+    if sent is None or sent.round != r:  # still training it (the server lost its link meanwhile), or never tasked
+        log.info("the server asks for round %d's update; this device holds %s: nothing sent now", r,
+                 "none" if sent is None else f"round {sent.round}'s")
         return
     _publish(state, ctx, sent)
     log.info("round %d: update sent, as the server asked (%d bytes)", r, len(sent.body))

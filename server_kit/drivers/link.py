@@ -180,8 +180,8 @@ class ServerLink:
         self.announce(run_id, online=False)
 
     def subscribe_aggregators(self) -> None:
-        """Put every aggregator's receipts and partial sums in the inbox."""
-        for leaf in ("receipt", "partial"):
+        """Put every aggregator's receipts, partial sums and statuses (each (re)connection) in the inbox."""
+        for leaf in ("receipt", "partial", "status"):
             self.transport.subscribe(self.topics.aggregator("+", leaf), self.enqueue)
 
     # -- receiving ----------------------------------------------------------

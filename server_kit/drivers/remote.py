@@ -128,6 +128,21 @@ class RemoteRound:
         #: Partial sums combined, and members refused for want of one (per reason), over the run.
         self.combined = 0
         self.lost: dict[str, int] = {}
+        self._connected: set[str] = set()
+
+    def reconnected(self, wait: RoundWait) -> dict[str, list[str]]:
+        """The aggregators that said they (re)connected since the last call, each with the devices of ``wait``'s
+        round whose update it may have lost in flight: awaited, not receipted, and, for an ingest worker, on its
+        partition (a site aggregator's devices are not known before their receipts: every awaited one)."""
+        aids, self._connected = self._connected, set()
+        out: dict[str, list[str]] = {}
+        for aid in sorted(aids):
+            part = None
+            if self.ingest is not None and aid in self.ingest.workers:
+                part = list(self.ingest.workers).index(aid)
+            out[aid] = [cid for cid in sorted(wait.left) if cid not in self.held_by
+                        and (part is None or partition_of(cid, self.ingest.partitions) == part)]
+        return out
 
     # -- a dead ingest worker -------------------------------------------------------
     def revive(self, wait: RoundWait, sent: Mapping[str, tuple[int, float]]) -> list[str]:
@@ -191,11 +206,17 @@ class RemoteRound:
             self._on_receipt(aid, meta)
         elif msg.kind == Kind.PARTIAL:
             self._on_partial(aid, meta, msg.body)
+        elif msg.kind == Kind.STATUS:
+            if meta.get("state") == "online" and "probe" not in meta:  # it (re)connected: see :meth:`reconnected`
+                self._connected.add(aid)
         else:
             raise ProtocolError("kind", f"unexpected {msg.kind.name} from aggregator {aid}")
 
     def _on_receipt(self, aid: str, meta: Mapping[str, Any]) -> None:
         cid = meta["client"]
+        if self.held_by.get(cid) == aid and meta["round"] == self.intake.round and "refused" not in meta:
+            log.debug("round %d: %s's receipt again from %s (its update was asked for again)", self.round, cid, aid)
+            return
         if "refused" in meta:
             reason = meta["refused"]
             self.link.reject(reason, f"(aggregator {aid}) {meta.get('detail', '')}", cid)

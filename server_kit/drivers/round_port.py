@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 #: How often a waiting round looks for updates to ask for again (seconds).
 REASK_TICK_S = 0.2
+#: After the server reconnects to the broker, how long the round lets the aggregators and devices reconnect and
+#: subscribe again before it asks for the updates it still waits for.
+RECONNECT_SETTLE_S = 2.0
 
 
 class MqttRoundPort:
@@ -55,6 +58,14 @@ class MqttRoundPort:
         self.architecture = architecture
         self.deadline = deadline
         self._remote = remote
+        #: The link's (re)connections to the broker, counted by its network thread, and those acted on.
+        self._connections = self._connections_seen = 0
+        on_connected = getattr(link.transport, "on_connected", None)
+        if on_connected is not None:
+            on_connected(self._count_connection)
+
+    def _count_connection(self) -> None:
+        self._connections += 1
 
     def online_ids(self) -> Collection[str]:
         return self.fleet.online_ids
@@ -115,6 +126,7 @@ class MqttRoundPort:
         if self._remote is not None:
             for cid in self._remote.revive(wait, sent):
                 wait.reasks.lost(cid, again=True)
+        self._after_reconnections(wait)
         reasks = wait.reasks
         for cid, why in reasks.due(wait.left, sent, ready):
             receiver = reasks.receiver_of(cid)
@@ -128,6 +140,24 @@ class MqttRoundPort:
                         "round %d: asking %s for its update%s (%s)", wait.round, cid,
                         "" if why is ReaskWhy.GO else " again", why.value)
             self.link.command(cid, Op.RESEND, round=wait.round)
+
+    def _after_reconnections(self, wait: RoundWait) -> None:
+        """The server's connection, or an aggregator's, came back: ask again, once things settle, for the
+        updates the round still waits for, which may have been in flight then (:attr:`ReaskWhy.RECONNECT`)."""
+        lost: dict[str, tuple[list[str], float]] = {}
+        if self._connections != self._connections_seen:
+            self._connections_seen = self._connections
+            # the aggregators and devices reconnect too, with back-off: their subscriptions may lag the server's
+            lost["the server"] = (sorted(wait.left), RECONNECT_SETTLE_S)
+        if self._remote is not None:
+            lost.update({aid: (cids, 0.0) for aid, cids in self._remote.reconnected(wait).items()})
+        for who, (cids, delay) in lost.items():
+            if cids:
+                log.warning("round %d: %s reconnected to the broker; asking again in %g s for the %d update(s) it "
+                            "still waits for, which may have been in flight: %s", wait.round, who, delay, len(cids),
+                            ", ".join(cids[:10]) + (" ..." if len(cids) > 10 else ""))
+            for cid in cids:
+                wait.reasks.later(cid, delay, ReaskWhy.RECONNECT)
 
     def remote(self) -> RemoteRound | None:
         return self._remote

@@ -58,7 +58,8 @@ class MessageRouter:
     def route(self, topic: str, msg: Message) -> None:
         """The link's handler: one device message, checked against the schema, to whom it concerns."""
         cid = msg.sender
-        if self.remote is not None and msg.kind in (Kind.RECEIPT, Kind.PARTIAL):
+        if self.remote is not None and (msg.kind in (Kind.RECEIPT, Kind.PARTIAL)
+                                        or topic.startswith(f"{self.link.topics.base}/aggregators/")):
             self.remote.on_message(cid, msg)  # the transport took it only on that aggregator's topics, signed
             return
         msg = dataclasses.replace(msg, meta=check_meta(msg))  # every field a handler reads, checked

@@ -82,6 +82,8 @@ class _Held:
     norm: float
     path: Path | None = None
     nbytes: int = 0
+    #: The receipt sent for it (sent again for a second copy: the first may have been lost on its way).
+    receipt: dict[str, Any] | None = None
 
     def load(self) -> dict[str, np.ndarray]:
         if self.weights is not None:
@@ -158,12 +160,22 @@ class PartialAggregator:
         #: Partial sums sent, and the updates they carried.
         self.sent_partials = 0
         self.summed = 0
+        self._connections = 0
 
     def start(self) -> None:
-        """Subscribe (the transport connects, or is connected, separately)."""
+        """Subscribe (the transport connects, or is connected, separately); say so at every reconnection."""
         self.transport.subscribe(self.topics.aggregation(), self._on_server)
         self.transport.subscribe(self.updates_filter, self._on_update)
         self.transport.on_rejected(self._on_transport_refused)
+        self.transport.on_connected(self._on_connected)
+
+    def _on_connected(self) -> None:
+        """After a reconnection (not the first connection): the status ``online`` that tells the server to ask
+        again for the updates said sent to this aggregator and not receipted (they may have been in flight)."""
+        self._connections += 1
+        if self._connections > 1:
+            log.warning("aggregator %s: reconnected to the broker; telling the server", self.aid)
+            self._publish("status", Kind.STATUS, 0, {"state": "online"})
 
     # -- the server's messages ----------------------------------------------
     def _on_server(self, topic: str, msg: Message) -> None:
@@ -203,12 +215,26 @@ class PartialAggregator:
             return
         try:
             meta = check_meta(msg)
+            if self._receipt_again(cid, meta):
+                return
             held = self._take(cid, meta, msg.body)
         except (ProtocolError, ValueError) as e:
             reason = e.reason if isinstance(e, ProtocolError) else "tensors"
             self._refuse(cid, msg.meta.get("round"), reason, str(e))
             return
-        self._send_receipt(cid, meta, held.norm)
+        held.receipt = self._send_receipt(cid, meta, held.norm)
+
+    def _receipt_again(self, cid: str, meta: Mapping[str, Any]) -> bool:
+        """A second copy of an update held for this round (the device was asked again: the server never saw the
+        receipt, lost when a connection dropped): its receipt again, not a refusal; whether it was one."""
+        with self._lock:
+            held, base = self.held.get(cid), self.base
+        if (held is None or held.receipt is None or base is None or meta.get("round") != base.round
+                or meta.get("model_key") != held.key):
+            return False
+        log.info("aggregator %s: a second copy of %s's round %d update; its receipt again", self.aid, cid, base.round)
+        self._publish("receipt", Kind.RECEIPT, base.round, dict(held.receipt))
+        return True
 
     def _answer_probe(self, msg: Message) -> None:
         """Echo the probe of ``msg`` on this aggregator's status topic (what the server waits for at its start)."""
@@ -295,7 +321,7 @@ class PartialAggregator:
         meta = {"round": rnd, "client": cid, "refused": reason[:64], "detail": detail[:300]}
         self._publish("receipt", Kind.RECEIPT, rnd, meta)
 
-    def _send_receipt(self, cid: str, meta: Mapping[str, Any], norm: float) -> None:
+    def _send_receipt(self, cid: str, meta: Mapping[str, Any], norm: float) -> dict[str, Any]:
         out: dict[str, Any] = {"round": meta["round"], "client": cid, "model_key": meta["model_key"],
                                "n_samples": meta["n_samples"], "metrics": meta.get("metrics", {})}
         if "version" in meta:
@@ -307,6 +333,7 @@ class PartialAggregator:
             out["loss"] = loss
         self._publish("receipt", Kind.RECEIPT, meta["round"], out)
         self.receipts += 1
+        return out
 
     # -- the close ------------------------------------------------------------
     def _flush(self, meta: Mapping[str, Any]) -> None:

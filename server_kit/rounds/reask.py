@@ -19,7 +19,13 @@ asks for an update again, while it still waits for the device, in two cases:
   often as it takes;
 - **lost**: the device said it sent its update (its status ``sent``) and,
   ``lost_after_s`` later, nothing of it arrived (asked again once); or the
-  ingest worker that held it, or was to take it, died (asked again then).
+  ingest worker that held it, or was to take it, died (asked again then);
+- **reconnect**: the round still waits for the device's update and the
+  server's connection to the broker, or that of the aggregator the update
+  goes to, dropped and came back: what was in flight then may be gone (its
+  update, its "sent"), so it is asked again once things settle, at each
+  reconnection. A device still training says it has nothing yet and sends
+  its update when done.
 
 :class:`Reasks` only decides; the round's port sends the commands.
 """
@@ -47,6 +53,9 @@ class ReaskWhy(Enum):
     LOST = "lost"
     #: Announced (a large update, ready), and its receiver has room for it now: asked for the first time.
     GO = "go"
+    #: Awaited when the server's or its receiver's connection to the broker dropped and came back: what was in
+    #: flight then may be gone. Asked again once per reconnection.
+    RECONNECT = "reconnect"
 
 
 @dataclass
@@ -102,14 +111,21 @@ class Reasks:
         self._due[cid] = (self.clock() + delay, ReaskWhy.BUSY)
         return delay
 
-    def lost(self, cid: str, *, again: bool = False) -> bool:
+    def lost(self, cid: str, *, again: bool = False, why: ReaskWhy = ReaskWhy.LOST) -> bool:
         """``cid``'s update is known lost: asked again now, unless it was once already (``again``: even so, for an
-        update a dead ingest worker held); whether it will be."""
+        update a dead ingest worker held, or one in flight when a connection dropped: ``why`` RECONNECT);
+        whether it will be."""
         if cid in self._lost and not again:
             return False
         self._lost.add(cid)
-        self._due[cid] = (self.clock(), ReaskWhy.LOST)
+        self._due[cid] = (self.clock(), why)
         return True
+
+    def later(self, cid: str, delay_s: float, why: ReaskWhy) -> None:
+        """Ask ``cid`` again ``delay_s`` from now (or sooner, if it is due sooner already); ``why`` says why."""
+        at = self.clock() + float(delay_s)
+        if cid not in self._due or self._due[cid][0] > at:
+            self._due[cid] = (at, why)
 
     def due(self, awaited: Collection[str], sent: Mapping[str, tuple[int, float]],
             ready: Mapping[str, tuple[int, int]] | None = None) -> list[tuple[str, ReaskWhy]]:
