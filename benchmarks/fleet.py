@@ -287,6 +287,12 @@ def start_broker(kind: str, d: Path, passwords: dict[str, str], server_pw: str,
     return _Broker(broker, [broker.pid])
 
 
+def _device_qos(args: argparse.Namespace) -> int:
+    """The devices' subscriptions' QoS: ``--device-qos``, else 0 on NATS (no JetStream consumer each) and 1 on
+    Mosquitto."""
+    return args.device_qos if args.device_qos is not None else (0 if args.broker == "nats" else 1)
+
+
 def run_size(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """One fleet of ``n`` devices, broker and server; returns its figures."""
     from server_kit.emulate import EmulatedFleet, fleet_partition
@@ -319,7 +325,9 @@ def run_size(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         fleet = EmulatedFleet(broker.url, clients, passwords=passwords, processes=processes,
                               federation=FEDERATION, loops=args.loops, workers=2, steppers=args.steppers,
                               connect_window=args.connect_window, connect_timeout_s=args.connect_timeout,
-                              hello_jitter_s=args.hello_jitter, model_timeout_s=args.timeout, seed=args.seed)
+                              hello_jitter_s=args.hello_jitter, model_timeout_s=args.timeout, seed=args.seed,
+                              subscribe_qos=_device_qos(args))
+        row["device_subscribe_qos"] = _device_qos(args)
         fleet.start()
         row["fleet_connect_s"] = round(fleet.start_s or 0.0, 2)
         emu_watch = _Watch(fleet.pids)
@@ -556,6 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--broker", choices=("mosquitto", "nats"), default="mosquitto",
                    help="Mosquitto (deploy/mosquitto.conf) or the three-node NATS cluster (deploy/nats/), "
                         "devices spread over its nodes")
+    p.add_argument("--device-qos", type=int, choices=(0, 1), default=None,
+                   help="QoS of the devices' subscriptions (fedsketch-client --subscribe-qos; default: 0 on NATS, "
+                        "where a QoS 1 subscription is a JetStream consumer, 1 on Mosquitto)")
     p.add_argument("--connect-window", type=int, default=64,
                    help="devices connecting, and devices subscribing, at once per emulator process")
     p.add_argument("--connect-timeout", type=float, default=120.0,

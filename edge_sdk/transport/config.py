@@ -55,6 +55,14 @@ class BrokerConfig:
         (MQTT 5; for 3.1.1 the broker's configuration decides).
     reconnect_min_s, reconnect_max_s : float
         Exponential reconnect back-off: first and longest wait.
+    subscribe_qos : {1, 0}
+        The QoS of this client's subscriptions. 1: the broker keeps what comes
+        for it while it is away (its session). 0: nothing is kept; on a NATS
+        cluster a QoS 1 subscription is a JetStream consumer replicated on
+        the nodes, which limits how fast a fleet connects, and a QoS 0 one is
+        a plain NATS subscription. The server re-asks the updates a round
+        waits for when a connection comes back; a device that missed its
+        command while away is a straggler of that round.
     chunk_timeout_s : float
         A partial chunked transfer that gets no chunk for this long is dropped
         (checked about once a second, even without traffic).
@@ -93,10 +101,13 @@ class BrokerConfig:
     chunk_pending_per_sender: int = DEFAULT_CHUNK_PENDING_PER_SENDER
     chunk_memory_bytes: int = DEFAULT_CHUNK_MEMORY
     chunk_sender_bytes: int | None = None
+    subscribe_qos: int = 1
 
     def __post_init__(self) -> None:
         self._split_all()  # validates every URL of the list
         check_choice(self.protocol, "protocol", _PROTOCOLS, _PROTOCOLS)
+        if isinstance(self.subscribe_qos, bool) or self.subscribe_qos not in (0, 1):
+            raise ValueError(f"subscribe_qos must be 0 or 1, got {self.subscribe_qos!r}")
         if not self.tls and (self.ca_certs or self.certfile or self.keyfile or self.tls_insecure):
             raise ValueError(
                 f"url {self.url!r} is plain mqtt://: ca_certs, certfile, keyfile and "
@@ -171,6 +182,10 @@ class BrokerConfig:
         parser.add_argument("--protocol", default="3.1.1", choices=["3.1.1", "5"], help="MQTT protocol version" + tail)
         parser.add_argument("--max-payload", type=int, default=1_000_000, metavar="BYTES",
                             help="largest MQTT packet sent, topic included; bigger messages go in chunks" + tail)
+        parser.add_argument("--subscribe-qos", type=int, default=1, choices=[0, 1],
+                            help="QoS of this program's subscriptions: 1 keeps what comes while it is away; 0 keeps "
+                                 "nothing and on a NATS cluster needs no JetStream consumer (a fleet connects "
+                                 "faster)" + tail)
 
     @classmethod
     def from_args(cls, args: Any, url: str, **kw: Any) -> BrokerConfig:
@@ -181,7 +196,7 @@ class BrokerConfig:
                 password = f.read().strip()
         return cls.from_url(url, username=args.username, password=password, ca_certs=args.ca_certs,
                             certfile=args.certfile, keyfile=args.keyfile, protocol=args.protocol,
-                            max_payload=args.max_payload, **kw)
+                            max_payload=args.max_payload, subscribe_qos=getattr(args, "subscribe_qos", 1), **kw)
 
     @classmethod
     def from_url(cls, url: str, **kw: Any) -> BrokerConfig:

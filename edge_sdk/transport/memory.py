@@ -190,10 +190,10 @@ class MemoryTransport(TransportBase):
             self.broker._subscribe(self.client_id, topic_filter)
         self._notify_connected()
 
-    def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None:
+    def subscribe(self, topic_filter: str, handler: Handler, *, qos: int | None = None) -> None:
         """Route messages on ``topic_filter`` to ``handler(topic, message)``."""
         check_filter(topic_filter)
-        self._inbox.add(topic_filter, handler, qos)
+        self._inbox.add(topic_filter, handler, 1 if qos is None else qos)
         if self.is_connected:
             self.broker._subscribe(self.client_id, topic_filter)
 

@@ -343,14 +343,16 @@ class MqttTransport(TransportBase):
             self._started = False
             self._connected.clear()
 
-    def subscribe(self, topic_filter: str, handler: Handler, *, qos: int = 1) -> None:
-        """Route messages on ``topic_filter`` to ``handler(topic, message)``.
+    def subscribe(self, topic_filter: str, handler: Handler, *, qos: int | None = None) -> None:
+        """Route messages on ``topic_filter`` to ``handler(topic, message)`` (``qos``: the config's
+        ``subscribe_qos`` unless given).
 
         May be called before :meth:`connect`; the subscription is (re)made on
         every connect. Avoid overlapping filters: a broker may deliver a
         message once per matching subscription.
         """
         check_filter(topic_filter)
+        qos = self.config.subscribe_qos if qos is None else qos
         if qos not in (0, 1, 2):
             raise ValueError(f"qos must be 0, 1 or 2, got {qos!r}")
         self._inbox.add(topic_filter, handler, qos)

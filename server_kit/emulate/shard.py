@@ -52,6 +52,8 @@ class FleetSettings:
     keepalive: int = 60
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 10.0
+    #: The devices' subscriptions' QoS (BrokerConfig.subscribe_qos: 0 needs no JetStream consumer on NATS).
+    subscribe_qos: int = 1
     seed: int = 0
     quiet: bool = True
 
@@ -151,7 +153,7 @@ class Shard:
             first = i % len(brokers)  # a broker list (a NATS cluster's nodes): devices spread over its brokers
             cfg = BrokerConfig.from_url(",".join(brokers[first:] + brokers[:first]), username=c.cid if pw is not None else None, password=pw,
                                         keepalive=s.keepalive, reconnect_min_s=s.reconnect_min_s,
-                                        reconnect_max_s=s.reconnect_max_s)
+                                        reconnect_max_s=s.reconnect_max_s, subscribe_qos=s.subscribe_qos)
             will = encode_message(Message(Kind.STATUS, s.federation, c.cid, 0, {"state": "offline"}))
             t = MqttTransport(cfg, c.cid, federation=s.federation, root=s.root,
                               will_topic=topics.status(c.cid), will_payload=will, loop=self.loops[i % s.loops])
