@@ -556,3 +556,17 @@ def test_a_dead_first_broker_is_passed_over(mosquitto, caplog, with_loop):
         t.close(timeout=1)
         if loop is not None:
             loop.close()
+
+
+def test_subscribe_qos_is_0_or_1_and_comes_from_the_command_line():
+    import argparse
+
+    for bad in (2, -1, True, "0"):
+        with pytest.raises(ValueError, match=r"^subscribe_qos must be 0 or 1, got "):
+            BrokerConfig(subscribe_qos=bad)
+    p = argparse.ArgumentParser()
+    BrokerConfig.add_arguments(p)
+    assert BrokerConfig.from_args(p.parse_args([]), "mqtt://127.0.0.1:1883").subscribe_qos == 1
+    assert BrokerConfig.from_args(p.parse_args(["--subscribe-qos", "0"]), "mqtt://127.0.0.1:1883").subscribe_qos == 0
+    with pytest.raises(SystemExit):
+        p.parse_args(["--subscribe-qos", "2"])

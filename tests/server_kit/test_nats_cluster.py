@@ -392,9 +392,10 @@ def digits():
     return rotation_partition(images, labels, 12, groups=4, seed=0)
 
 
-def run_federation(cluster, clients, *, rounds: int = 2, on_publish=None):
+def run_federation(cluster, clients, *, rounds: int = 2, on_publish=None, subscribe_qos: int = 1):
     """``test_mqtt_e2e.run_federation`` over a cluster: client ``i`` on node ``i % 3`` (its list starts there),
-    the server on node 1. ``on_publish(topic, msg)`` sees each of the server's messages after it went."""
+    the server on node 1. ``on_publish(topic, msg)`` sees each of the server's messages after it went.
+    ``subscribe_qos``: every subscription's QoS (0: plain NATS subscriptions, no JetStream consumer)."""
     from edge_sdk.client import EdgeClient
     from edge_sdk.tasks import TrainSettings
     from edge_sdk.worker import LocalWorker
@@ -404,15 +405,16 @@ def run_federation(cluster, clients, *, rounds: int = 2, on_publish=None):
     fed = f"run{next(ids)}"  # each run its own federation: the cluster keeps sessions
     threads, edge = [], []
     for i, c in enumerate(clients):
-        cfg = BrokerConfig.from_url(cluster.urls_from(i % cluster.n), reconnect_min_s=0.2, reconnect_max_s=2.0)
+        cfg = BrokerConfig.from_url(cluster.urls_from(i % cluster.n), reconnect_min_s=0.2, reconnect_max_s=2.0,
+                                    subscribe_qos=subscribe_qos)
         w = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=i)
         ec = EdgeClient(MqttTransport(cfg, c.cid, federation=fed), w, federation=fed, seed=i, model_timeout_s=60)
         th = threading.Thread(target=ec.run, kwargs={"max_idle_s": 90}, daemon=True)
         th.start()
         threads.append(th)
         edge.append(ec)
-    server = MqttTransport(BrokerConfig.from_url(cluster.urls_from(0), reconnect_min_s=0.2, reconnect_max_s=2.0),
-                           "server", federation=fed)
+    server = MqttTransport(BrokerConfig.from_url(cluster.urls_from(0), reconnect_min_s=0.2, reconnect_max_s=2.0,
+                                                 subscribe_qos=subscribe_qos), "server", federation=fed)
     server.connect(timeout=10)
     if on_publish is not None:
         publish = server.publish
@@ -457,13 +459,13 @@ def check_accounted(result, clients, rounds: int) -> None:
 
 
 def test_federation_over_three_nats_nodes(digits, caplog):
-    """12 devices, 4 on each node, the server on node 1: the run ends with ARI 1.0, every update in."""
-    # a QoS 1 message not acknowledged comes again after 5 s, not NATS's 30 s (a late copy of an older model
-    # must not replace a newer one: ModelStore's model-stale)
+    """12 devices, 4 on each node, the server on node 1, every subscription at QoS 0 (the layout a NATS cluster
+    carries a fleet with: no JetStream consumer): the run ends with ARI 1.0, every update in. QoS 1 sessions over
+    the cluster: the node-kill test below."""
     with NatsCluster(3, ack_wait_s=5) as cluster:
         urls = cluster.urls
         with caplog.at_level(logging.INFO, logger="edge_sdk.transport.mqtt"):
-            result = run_federation(cluster, digits)
+            result = run_federation(cluster, digits, subscribe_qos=0)
     check_accounted(result, digits, 2)
     assert [h["updates"] for h in result.history] == [12, 12]
     assert result.final["evaluated"] == 12 and result.final["accuracy"] > 0.5
