@@ -315,6 +315,8 @@ def _run_all(labels: list[str], args) -> dict[str, list[dict]]:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
+        print(f"threads: {args.jobs} processes, each with {args.threads or 'torch default'} torch thread(s)",
+              file=sys.stderr, flush=True)
         with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn")) as pool:
             futures = {job: pool.submit(run_one, *job, args) for job in jobs}
             done = {job: f.result() for job, f in futures.items()}

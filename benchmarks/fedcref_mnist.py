@@ -239,6 +239,7 @@ def run_rows(args, out: Path) -> list[dict[str, Any]]:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
+        print(f"threads: {args.jobs} processes, each with 1 torch thread", file=sys.stderr, flush=True)
         with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn")) as pool:
             futures = [pool.submit(_seed_worker, seed, args, args.export and k == 0) for k, seed in enumerate(args.seeds)]
             rows = []

@@ -295,6 +295,7 @@ def _device_qos(args: argparse.Namespace) -> int:
 
 def run_size(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """One fleet of ``n`` devices, broker and server; returns its figures."""
+    from server_kit.cores import Role, plan
     from server_kit.emulate import EmulatedFleet, fleet_partition
 
     d = out / f"n{n}"
@@ -328,6 +329,9 @@ def run_size(n: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
                               hello_jitter_s=args.hello_jitter, model_timeout_s=args.timeout, seed=args.seed,
                               subscribe_qos=_device_qos(args))
         row["device_subscribe_qos"] = _device_qos(args)
+        _progress(n, time.monotonic() - t_setup, f"threads: {processes or 1} emulator process(es), each with 1 "
+                                                  f"pool thread (server_kit.cores); the server: its share, "
+                                                  f"{plan(Role.COORDINATOR).threads} (its log says)")
         fleet.start()
         row["fleet_connect_s"] = round(fleet.start_s or 0.0, 2)
         emu_watch = _Watch(fleet.pids)

@@ -193,6 +193,8 @@ def run_seeds(args) -> list[dict[str, dict]]:
 
     tasks = sorted(((seed, name) for seed in args.seeds for name in args.methods), key=lambda t: -COST[t[1]])
     # spawn: a fresh interpreter per worker (no forked torch thread pools)
+    print(f"threads: {args.jobs} processes, each with {args.threads or 'torch default'} torch thread(s)",
+          file=sys.stderr, flush=True)
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn")) as pool:
         futures = {(seed, name): pool.submit(_worker, name, _with_seed(args, seed))
                    for seed, name in tasks}
