@@ -45,7 +45,7 @@ not summed, over every W: 0 or no rate is reported), ``ingest_lost_by_workers``,
 ``site_uplink_bytes_ratio`` (1 cluster), ``site_uplink_bytes_ratio_2_clusters`` (None with ``--site-devices 0``).
 
 Run: ``.venv/bin/python benchmarks/scale_out.py`` (about 5 minutes on 2 cores;
-``--quick``: 6 devices of a 2 M-parameter model and a site of 10, about 20 s).
+``--quick``: 6 devices of a 2 M-parameter model through 1 and 2 workers, and a site of 10, about 20 s).
 """
 
 from __future__ import annotations
@@ -397,8 +397,8 @@ def _workers(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="6 devices of a 2 M-parameter model; a site of 10")
-    p.add_argument("--workers", type=_workers, default=[1, 2, 3, 4], metavar="W,W,...",
-                   help="the ingest worker counts to run, each a round of its own (default: 1,2,3,4)")
+    p.add_argument("--workers", type=_workers, default=None, metavar="W,W,...",
+                   help="the ingest worker counts to run, each a round of its own (default: 1,2,3,4; --quick: 1,2)")
     p.add_argument("--devices", type=int, default=40, help="updates per ingest round")
     p.add_argument("--params", type=int, default=RESNET18_PARAMS, help="parameters of the ingested model")
     p.add_argument("--site-devices", type=int, default=50, help="devices of the site's uplink run (0: no site run)")
@@ -407,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.devices, args.params, args.site_devices = 6, 2_000_000, 10
         args.timeout = min(args.timeout, 120.0)  # a quick run that waits longer is stuck: say so
+    if args.workers is None:
+        args.workers = [1, 2] if args.quick else [1, 2, 3, 4]
     if args.devices < 1 or args.params < 16 or args.site_devices < 0:
         p.error("--devices must be >= 1, --params >= 16, --site-devices >= 0")
     rows = [ingest(w, args.devices, args.params, args.timeout) for w in args.workers]

@@ -258,7 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         scale_out = ScaleOut.from_args(args, bcfg, config, strategy)
-        limit_threads(plan(Role.COORDINATOR, workers=args.ingest_workers or 0, override=args.worker_threads))
+        workers = args.ingest_workers or 0  # without workers the server takes every core: said at DEBUG only
+        limit_threads(plan(Role.COORDINATOR, workers=workers, override=args.worker_threads),
+                      logging.INFO if workers else logging.DEBUG)
     except (ValueError, OSError) as e:
         print(f"fedsketch-server: error: {e}", file=sys.stderr)
         return 2

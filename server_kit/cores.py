@@ -90,14 +90,14 @@ def plan(role: Role, *, workers: int = 0, override: int | None = None, cores: in
     return ThreadShare(role, stream, n, source)
 
 
-def limit_threads(share: ThreadShare) -> ThreadShare:
+def limit_threads(share: ThreadShare, level: int = logging.INFO) -> ThreadShare:
     """Size this process's BLAS, OpenMP and torch pools to ``share.threads`` (for the rest of its life);
-    logs what it chose and returns ``share``."""
+    logs what it chose (at ``level``) and returns ``share``."""
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=share.threads)  # the pools loaded now; not a context: it holds
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(share.threads)
-    log.info("thread pools: %s", share.describe())
+    log.log(level, "thread pools: %s", share.describe())
     return share

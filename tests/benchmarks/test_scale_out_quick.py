@@ -22,7 +22,10 @@ def test_quick_run_ingests_every_update_and_divides_the_site_uplink():
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["ingest_lost"] == 0  # every update summed, checked by device id and by value
-    assert summary["ingest_updates_per_s_w1"] > 0 and summary["ingest_updates_per_s_w2"] > 0
+    assert summary["ingest_lost_by_workers"] == {"1": 0, "2": 0}
+    assert summary["ingest_updates_per_s"]["1"] > 0 and summary["ingest_updates_per_s"]["2"] > 0
+    cores = summary["cores"]
+    assert summary["worker_threads"] == {w: max(1, min(2, cores // (int(w) + 1))) for w in ("1", "2")}
     # a site of 10 devices: 10 whole updates against one partial sum (plus 10 receipts) per cluster
     assert 9.0 < summary["site_uplink_bytes_ratio"] <= 10.0
     assert 4.5 < summary["site_uplink_bytes_ratio_2_clusters"] <= 5.0
