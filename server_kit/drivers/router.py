@@ -54,12 +54,14 @@ class MessageRouter:
         self.run_models = run_models
         self.remote = remote
         self.hand_over = hand_over
+        #: Where the aggregators' messages come (their statuses go to the remote round too).
+        self._aggregators = f"{link.topics.base}/aggregators/"
 
     def route(self, topic: str, msg: Message) -> None:
         """The link's handler: one device message, checked against the schema, to whom it concerns."""
         cid = msg.sender
         if self.remote is not None and (msg.kind in (Kind.RECEIPT, Kind.PARTIAL)
-                                        or topic.startswith(f"{self.link.topics.base}/aggregators/")):
+                                        or topic.startswith(self._aggregators)):
             self.remote.on_message(cid, msg)  # the transport took it only on that aggregator's topics, signed
             return
         msg = dataclasses.replace(msg, meta=check_meta(msg))  # every field a handler reads, checked
