@@ -81,6 +81,8 @@ from typing import Any
 import numpy as np
 from _cli import add_device_options, csv_list
 
+from server_kit.metrics import SeedSpread
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data"
 SPLITS = ("nonoverlap_balanced", "nonoverlap_imbalanced", "overlap_balanced", "overlap_imbalanced", "rotation")
@@ -397,8 +399,15 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{r['seconds']:7.1f} | {p:>9s}")
 
 
+def print_spread(cells: dict[str, dict[str, float]]) -> None:
+    """ARI over the seeds per (method, dataset, clients, split): mean, 5th percentile, worst, share under 0.95."""
+    print(f"\n{'method dataset clients split':<52s} {'seeds':>5s} {'mean':>6s} {'p5':>6s} {'min':>6s} {'< 0.95':>6s}")
+    for key, c in cells.items():
+        print(f"{key:<52s} {c['seeds']:>5d} {c['mean']:6.3f} {c['p5']:6.3f} {c['min']:6.3f} {c['below_0.95']:>6.0%}")
+
+
 def heatmap(path: Path, rows: list[dict[str, Any]], key: str, *, title: str, log10: bool = False) -> None:
-    """Methods x scenarios grid of ``key`` (ARI, or log10 bytes), values written in the cells."""
+    """Methods x scenarios grid of ``key`` (ARI, or log10 bytes; the mean over seeds), values written in the cells."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -407,11 +416,14 @@ def heatmap(path: Path, rows: list[dict[str, Any]], key: str, *, title: str, log
     methods = list(dict.fromkeys(r["method"] for r in rows))
     scen = list(dict.fromkeys(f"{r['dataset']}-{r['clients']}\n{r['split']}" for r in rows))
     grid = np.full((len(methods), len(scen)), np.nan)
+    values: dict[tuple[int, int], list[float]] = {}
     for r in rows:
-        v = r[key]
-        if v is not None:
-            grid[methods.index(r["method"]), scen.index(f"{r['dataset']}-{r['clients']}\n{r['split']}")] = (
-                math.log10(max(v, 1)) if log10 else v)
+        if r[key] is not None:
+            at = (methods.index(r["method"]), scen.index(f"{r['dataset']}-{r['clients']}\n{r['split']}"))
+            values.setdefault(at, []).append(r[key])
+    for at, vs in values.items():
+        v = float(np.mean(vs))
+        grid[at] = math.log10(max(v, 1)) if log10 else v
     fig, ax = plt.subplots(figsize=(max(6.0, 2.2 + 1.05 * len(scen)), 1.6 + 0.45 * len(methods)))
     im = ax.imshow(grid, cmap="viridis" if log10 else "RdYlGn", vmin=None if log10 else -0.2,
                    vmax=None if log10 else 1.0, aspect="auto")
@@ -438,7 +450,7 @@ def summarize(rows: list[dict[str, Any]], skipped: dict[str, str]) -> dict[str, 
     def pick(method: str, dataset: str, split: str) -> float | None:
         cands = sorted((r["clients"], r["ari"]) for r in rows
                        if r["method"] == method and r["dataset"] == dataset and r["split"] == split)
-        match15 = [a for n, a in cands if n == 15]
+        match15 = [a for n, a in cands if n == 15]  # several seeds: the lowest
         return round(match15[0], 4) if match15 else (round(cands[0][1], 4) if cands else None)
 
     out: dict[str, Any] = {
@@ -456,6 +468,13 @@ def summarize(rows: list[dict[str, Any]], skipped: dict[str, str]) -> dict[str, 
     out["others_min_bytes_until_clustering"] = min(others) if others else None
     if ours_bytes and others:
         out["others_min_over_ours_max_bytes"] = round(min(others) / max(ours_bytes), 1)
+    cells: dict[str, list[float]] = {}
+    for r in rows:
+        cells.setdefault(f"{r['method']} {r['dataset']} {r['clients']} {r['split']}", []).append(r["ari"])
+    out["cells"] = {k: SeedSpread.of(v).as_dict() for k, v in cells.items()}
+    for dataset in ("mnist", "fmnist", "digits"):
+        p5 = [c["p5"] for k, c in out["cells"].items() if k.startswith(f"fedsketch {dataset} ")]
+        out[f"ours_min_p5_ari_{dataset}"] = min(p5) if p5 else None
     out["skipped"] = sorted(skipped)
     return out
 
@@ -487,7 +506,9 @@ def run(args) -> dict[str, Any]:
         print(f"skipped {label}: {why}", flush=True)
     rows: list[dict[str, Any]] = []
     scenarios = [(ds, n, split) for ds in args.datasets for n in args.clients for split in args.splits]
-    bar = _progress(len(scenarios) * len(methods), args.progress)
+    trained = [m for m in methods if m != "fedsketch"]
+    runs = len(args.seeds) * (len(methods) - len(trained)) + min(args.trained_seeds, len(args.seeds)) * len(trained)
+    bar = _progress(len(scenarios) * runs, args.progress)
     for ds in args.datasets:
         x, y, xt, yt = load_dataset(ds, args.data_dir)
         digits = ds == "digits"
@@ -496,24 +517,27 @@ def run(args) -> dict[str, Any]:
 
         encoder = OnnxEncoder("digits_encoder" if digits else args.encoder)
         for n in args.clients:
-            for split in args.splits:
-                clients = build_clients(split, x, y, n, args.samples_per_client, args.seed)
-                aux = aux_set(xt, yt, args.aux_per_class, rotations=3 if split == "rotation" else 1, seed=args.seed)
+            for split, (i, seed) in ((sp, s) for sp in args.splits for s in enumerate(args.seeds)):
+                seed_args = copy.copy(args)
+                seed_args.seed = seed
+                clients = build_clients(split, x, y, n, args.samples_per_client, seed)
+                aux = aux_set(xt, yt, args.aux_per_class, rotations=3 if split == "rotation" else 1, seed=seed)
                 sizes = np.bincount([c.group for c in clients]).tolist()
-                print(f"\n{ds} {n} clients {split}: groups {sizes}, "
+                print(f"\n{ds} {n} clients {split} seed {seed}: groups {sizes}, "
                       f"{sum(len(c.y_train) for c in clients)} training samples", flush=True)
                 shared: dict[tuple, tuple[str, list, dict[str, Any]]] = {}  # OCFL warm-ups, by settings
-                for label in methods:
+                # the sketch method clusters at round 0 and runs on every seed; the others train
+                for label in [m for m in methods if m == "fedsketch" or i < args.trained_seeds]:
                     spec = specs[label]
                     key = ("ocfl", json.dumps({k: v for k, v in spec.get("params", {}).items()
                                                if k in ("max_warmup_rounds", "warmup_fraction")}, sort_keys=True))
                     try:
                         r = None
                         if spec["strategy"] == "ocfl" and args.share_warmup and key in shared:
-                            r = replay_one(label, spec, clients, aux, args, architecture, *shared[key])
+                            r = replay_one(label, spec, clients, aux, seed_args, architecture, *shared[key])
                         if r is None:
                             record = [] if spec["strategy"] == "ocfl" and args.share_warmup else None
-                            r = run_one(label, spec, clients, aux, args, architecture, encoder, record)
+                            r = run_one(label, spec, clients, aux, seed_args, architecture, encoder, record)
                             if record is not None and r["clustered"]:
                                 shared.setdefault(key, (label, record, r))
                     except Exception as e:  # a method's failure is a result, not the end of the benchmark
@@ -523,7 +547,7 @@ def run(args) -> dict[str, Any]:
                         print(f"  {label:15s} FAILED: {e.__class__.__name__}: {e}", flush=True)
                         bar.update(1)
                         continue
-                    r = {"dataset": ds, "clients": n, "split": split, "method": label, **r,
+                    r = {"dataset": ds, "clients": n, "split": split, "method": label, "seed": seed, **r,
                          "truth": {c.cid: int(c.group) for c in clients}}
                     rows.append(r)
                     bar.update(1)
@@ -537,12 +561,14 @@ def run(args) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if rows:
-        heatmap(out / "ari_heatmap.png", rows, "ari", title="ARI against the true groups (method x scenario)")
+        heatmap(out / "ari_heatmap.png", rows, "ari",
+                title="ARI against the true groups (method x scenario, mean over seeds)")
         heatmap(out / "bytes_heatmap.png", rows, "bytes_until_clustering", log10=True,
                 title="Bytes in and out of the server until clustering")
     seconds = time.perf_counter() - t_all
     summary = summarize(rows, skipped)
     summary["seconds"] = round(seconds, 1)
+    print_spread(summary["cells"])
     write_json(out / "results.json", {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                                       "methods": {m: specs[m] for m in methods}, "skipped": skipped,
                                       "rows": rows, "paper_ari": {f"{d}-{n}-{s}": v for (d, n, s), v in
@@ -596,7 +622,11 @@ def main(argv=None) -> int:
     ap.add_argument("--flip-prob", type=float, default=0.1)
     ap.add_argument("--aux-per-class", type=int, default=250, help="FLIS server set, images per class")
     ap.add_argument("--encoder", default="fmnist_fc_encoder", help="sketch encoder for 28x28 images")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=csv_list(int), default=list(range(20)),
+                    help="partitions, sketches and training, one run each (default 0 to 19; --quick: 0, 1, 2)")
+    ap.add_argument("--trained-seeds", type=int, default=1,
+                    help="the methods that train run on this many of the seeds, the first ones (one seed of "
+                         "every method is about 3 hours on 2 cores); the sketch method runs on all")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (LeNet-5 on a CPU: 1 is fastest)")
     ap.add_argument("--out", default="reports/clustering_quality")
     ap.add_argument("--no-share-warmup", dest="share_warmup", action="store_false",
@@ -611,12 +641,15 @@ def main(argv=None) -> int:
         # --splits given: kept (one split for a check that needs no other)
         args.splits = args.splits if args.splits != list(SPLITS) else ["rotation", "nonoverlap_balanced"]
         args.samples_per_client, args.aux_per_class, args.cfl_rounds = 0, 30, 4
+        args.seeds = args.seeds if args.seeds != list(range(20)) else [0, 1, 2]
         args.methods = args.methods or list(QUICK_METHODS)
         args.progress = False
         args.out = args.out if args.out != "reports/clustering_quality" else "reports/clustering_quality_quick"
         # the digits CNN's updates are smaller than LeNet-5's (mean norm about 0.01, largest 0.03 to 0.08)
         args.params = {"cfl": {"eps1": 0.02, "eps2": 0.02, "warmup_rounds": 2}, **args.params}
     args.methods = args.methods or list(METHODS)
+    if args.trained_seeds < 0:
+        ap.error(f"--trained-seeds must be >= 0, got {args.trained_seeds}")
     if args.samples_per_client < 0:
         ap.error(f"--samples-per-client must be >= 0, got {args.samples_per_client}")
     for ds in args.datasets:

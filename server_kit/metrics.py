@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from edge_sdk.protocol import Kind, Message, tensors_body
 
-__all__ = ["CommLedger", "clustering_scores", "final_accuracy", "mean_ci", "message_bytes", "rounds_to_target",
-           "weighted_purity", "weights_message_bytes"]
+__all__ = ["CommLedger", "SeedSpread", "clustering_scores", "final_accuracy", "mean_ci", "message_bytes",
+           "rounds_to_target", "weighted_purity", "weights_message_bytes"]
 
 
 def rounds_to_target(accuracies: Sequence[float | None], target: float) -> int | None:
@@ -47,6 +48,35 @@ def mean_ci(values: Sequence[float | None]) -> tuple[float, float]:
     from scipy.stats import t
 
     return float(v.mean()), float(t.ppf(0.975, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size))
+
+
+@dataclass(frozen=True)
+class SeedSpread:
+    """A figure measured over seeds, as a distribution: its mean, 5th percentile, worst and share under a floor.
+
+    ``p5`` is numpy's linear-interpolation percentile; ``below`` the share of
+    seeds whose value is under ``floor`` (0.95 for ARI).
+    """
+
+    n: int
+    mean: float
+    p5: float
+    worst: float
+    below: float
+    floor: float
+
+    @classmethod
+    def of(cls, values: Sequence[float], floor: float = 0.95) -> SeedSpread:
+        v = np.asarray(list(values), dtype=np.float64)
+        if v.size == 0 or not np.all(np.isfinite(v)):
+            raise ValueError(f"a spread needs finite values, got {v.tolist()}")
+        return cls(int(v.size), round(float(v.mean()), 4), round(float(np.percentile(v, 5)), 4),
+                   round(float(v.min()), 4), round(float(np.mean(v < floor)), 4), float(floor))
+
+    def as_dict(self) -> dict[str, float]:
+        """The JSON form: ``{"seeds", "mean", "p5", "min", "below_<floor>"}``."""
+        return {"seeds": self.n, "mean": self.mean, "p5": self.p5, "min": self.worst,
+                f"below_{self.floor:g}": self.below}
 
 
 def clustering_scores(truth: Sequence[int], labels: Sequence[int]) -> dict[str, float]:

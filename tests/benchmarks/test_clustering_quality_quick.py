@@ -37,7 +37,10 @@ def test_quick_ours_clusters_before_training_for_far_fewer_bytes(quick):
     assert {r["method"] for r in rows} == methods
     assert {(r["dataset"], r["clients"], r["split"]) for r in rows} == {
         ("digits", 12, "rotation"), ("digits", 12, "nonoverlap_balanced")}
-    ours = {r["split"]: r for r in rows if r["method"] == "fedsketch"}
+    # the sketch method on the quick mode's three seeds, the methods that train on the first
+    assert sorted({r["seed"] for r in rows if r["method"] == "fedsketch"}) == [0, 1, 2]
+    assert {r["seed"] for r in rows if r["method"] != "fedsketch"} == {0}
+    ours = {r["split"]: r for r in rows if r["method"] == "fedsketch" and r["seed"] == 0}
     # the sketches, before any training; measured with --quick --methods fedsketch,ocfl-kmeans --seed S: rotation
     # 1.0 (seeds 0-2) and 0.836 (seed 3), disjoint classes 1.0 (seeds 0-3), the same with FPALT (AVX2, 2 threads)
     # on seeds 0 and 3; this run (seed 0) gives 1.0 and 1.0; bounds 0.75 and 0.9
@@ -51,6 +54,12 @@ def test_quick_ours_clusters_before_training_for_far_fewer_bytes(quick):
     assert {f"{m.replace('-', '_')}_mean_ari" for m in methods} <= set(summary)
     assert summary["ocfl_hdbscan_ari_mnist_nonoverlap_balanced"] is None and summary["ours_min_ari_mnist"] is None
     assert summary["others_min_over_ours_max_bytes"] > 100
+    # each cell as a distribution over its seeds
+    spread = summary["cells"]["fedsketch digits 12 nonoverlap_balanced"]
+    assert spread["seeds"] == 3 and spread["min"] <= spread["p5"] <= spread["mean"] <= 1.0
+    assert summary["cells"]["cfl digits 12 rotation"]["seeds"] == 1
+    assert summary["ours_min_p5_ari_digits"] == min(c["p5"] for k, c in summary["cells"].items()
+                                                    if k.startswith("fedsketch digits"))
     # on disjoint class sets the update-based one-shot methods find the groups too (ARI 1.0 in rounds 2-5 over
     # seeds 0-3, 1.0 with FPALT on seeds 0 and 3)
     nonover = {r["method"]: r for r in others if r["split"] == "nonoverlap_balanced"}

@@ -158,3 +158,57 @@ def test_bad_settings_are_refused_with_their_message(param, value, message):
     packed = np.zeros((4, 1), dtype=np.uint8)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         SketchClustering(**{param: value}).fit(packed, 8)
+
+
+# ----------------------------------------------------------------------------- small federations, seeds
+
+
+def _condensed(square):
+    from scipy.spatial.distance import squareform
+
+    return squareform(np.asarray(square), checks=False)
+
+
+def test_small_consolidation_moves_a_client_whose_own_cluster_is_farther_on_average():
+    from server_kit.clustering.refine import consolidate_small
+
+    # clusters {0,1,2} and {3,4,5}; client 2 was put with 0 and 1 but is on average nearer 3, 4 and 5
+    d = np.full((6, 6), 60)
+    d[np.ix_([0, 1], [0, 1])] = 40
+    d[np.ix_([3, 4, 5], [3, 4, 5])] = 40
+    d[2, [0, 1]] = d[[0, 1], 2] = 58
+    d[2, [3, 4, 5]] = d[[3, 4, 5], 2] = 50
+    np.fill_diagonal(d, 0)
+    labels, moved = consolidate_small(_condensed(d), np.array([0, 0, 0, 1, 1, 1]), 10, 2)
+    assert labels.tolist() == [0, 0, 1, 1, 1, 1] and moved == 1
+    # the same move would leave a cluster under min_size 3: not applied
+    labels, moved = consolidate_small(_condensed(d), np.array([0, 0, 0, 1, 1, 1]), 10, 3)
+    assert labels.tolist() == [0, 0, 0, 1, 1, 1] and moved == 0
+    # a tie keeps the client where it is
+    d[2, [3, 4, 5]] = d[[3, 4, 5], 2] = 58
+    labels, moved = consolidate_small(_condensed(d), np.array([0, 0, 0, 1, 1, 1]), 10, 2)
+    assert labels.tolist() == [0, 0, 0, 1, 1, 1] and moved == 0
+
+
+def test_seed_spread_reports_mean_p5_worst_and_share_below():
+    from server_kit.metrics import SeedSpread
+
+    s = SeedSpread.of([1.0] * 18 + [0.9, 0.6])
+    assert (s.n, s.mean, s.worst, s.below) == (20, 0.975, 0.6, 0.1)
+    assert s.p5 == round(float(np.percentile([1.0] * 18 + [0.9, 0.6], 5)), 4) == 0.885
+    assert s.as_dict() == {"seeds": 20, "mean": 0.975, "p5": 0.885, "min": 0.6, "below_0.95": 0.1}
+    with pytest.raises(ValueError, match="a spread needs finite values"):
+        SeedSpread.of([1.0, float("nan")])
+    with pytest.raises(ValueError, match="a spread needs finite values"):
+        SeedSpread.of([])
+
+
+def test_fleet_benchmark_reports_each_cell_over_its_seeds(capsys):
+    from fleet_clustering import cell_table
+
+    rows = [{"scenario": "s", "devices": 15, "seed": i, "reading": "default", "k": 3 if i else 2,
+             "ari": 1.0 if i else 0.7, "seconds": 0.5} for i in range(20)]
+    (cell,) = cell_table(rows)
+    assert cell["seeds"] == 20 and cell["min"] == 0.7 and cell["below_0.95"] == 0.05
+    assert cell["k"] == {"2": 1, "3": 19} and cell["p5"] == 0.985
+    assert "s" in capsys.readouterr().out
