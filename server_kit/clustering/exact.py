@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
 
+from .absorbed import absorbed_cut
 from .dendrogram import CutProfile, cut_profile, relabel, sqrt_float64, square_int32
 from .distances import sketch_pdist
 from .permutation import permutation_test
@@ -65,7 +66,7 @@ def choose_cut(model: Any, bits: np.ndarray, profile: CutProfile,
         model.null_ch_, model.null_observed_ch_, model.null_pvalue_ = permutation_test(
             bits, profile, rs, min_cluster_size=model.min_cluster_size, null_max_clients=model.null_max_clients,
             single_cluster_alpha=model.single_cluster_alpha, n_null=model.n_null, block_bits=model.block_bits,
-            noise_clip=model.noise_clip)
+            noise_clip=model.noise_clip, linkage=model.linkage_, distances=model.distances_)
         log.debug("permutation test %.3f s", time.perf_counter() - t4)
         if model.null_pvalue_ > model.single_cluster_alpha:
             return None, "permutation test: no cluster structure"
@@ -77,14 +78,20 @@ def choose_cut(model: Any, bits: np.ndarray, profile: CutProfile,
                             n_initial_points=int(model.n_initial_points), acq_func=model.acq_func,
                             kappa=float(model.kappa), random_state=rs)
     log.debug("threshold search %.3f s", time.perf_counter() - t3)
-    if best is None:
+    if found is None:  # no cut meets the size rule: the cuts with their stragglers absorbed, if the set is small
+        absorbed = absorbed_cut(model.linkage_, model.distances_, int(model.min_cluster_size))
+        if absorbed is None:
+            return None, "no admissible threshold"
+        model.threshold_ = absorbed.threshold
+        labels = absorbed.labels
+    elif best is None:
         return None, "no admissible threshold probed"
-
-    model.threshold_ = best.threshold
-    labels = relabel(fcluster(model.linkage_, model.threshold_, criterion="distance"))
-    k = int(labels.max()) + 1
-    if k != best.n_clusters:  # pragma: no cover - would be a scipy change
-        raise RuntimeError(f"fcluster gave {k} clusters where the dendrogram gives {best.n_clusters}")
+    else:
+        model.threshold_ = best.threshold
+        labels = relabel(fcluster(model.linkage_, model.threshold_, criterion="distance"))
+        k = int(labels.max()) + 1
+        if k != best.n_clusters:  # pragma: no cover - would be a scipy change
+            raise RuntimeError(f"fcluster gave {k} clusters where the dendrogram gives {best.n_clusters}")
     if model.min_separation and (np.bincount(labels) >= MIN_SIDE).sum() >= 2:  # else nothing to measure
         merged, pairs = merge_inseparable(bits, labels, float(model.min_separation),
                                           np.random.default_rng(rs.randint(2**31 - 1)))

@@ -13,28 +13,41 @@ from typing import Any
 
 import numpy as np
 
+from .absorbed import absorbed_cut
 from .dendrogram import CutProfile, cut_profile, ward_linkage
 from .distances import bits_pdist
 
-__all__ = ["max_valid_ch", "permutation_test"]
+__all__ = ["best_ch", "max_valid_ch", "permutation_test"]
+
+
+def best_ch(profile: CutProfile, linkage: np.ndarray, distances: np.ndarray, min_cluster_size: int) -> float:
+    """The test's statistic: the highest CH over the valid cuts; where no cut is valid, the absorbed cut's
+    (:func:`~.absorbed.absorbed_cut`, small sets only); 0 if neither exists."""
+    if profile.valid.any():
+        return profile.best()[1]
+    found = absorbed_cut(linkage, distances, min_cluster_size)
+    return 0.0 if found is None else found.ch
 
 
 def max_valid_ch(bits: np.ndarray, n_bits: int, min_cluster_size: int, block_bits: int | None = None,
                  noise_clip: int | None = None) -> float:
-    """Highest CH over the valid cuts of the Ward dendrogram of 0/1 rows (0 if none), on the fit's distances."""
+    """:func:`best_ch` of the Ward dendrogram of 0/1 rows, on the fit's distances."""
     d = bits_pdist(bits, n_bits, block_bits, noise_clip)
-    return cut_profile(ward_linkage(d), min_cluster_size).best()[1]
+    z = ward_linkage(d)
+    return best_ch(cut_profile(z, min_cluster_size), z, d, min_cluster_size)
 
 
 def permutation_test(bits: np.ndarray, profile: CutProfile, rs: np.random.RandomState, *,
                      min_cluster_size: Any, null_max_clients: Any, single_cluster_alpha: Any,
-                     n_null: Any, block_bits: int | None = None,
-                     noise_clip: int | None = None) -> tuple[np.ndarray, float, float]:
+                     n_null: Any, block_bits: int | None = None, noise_clip: int | None = None,
+                     linkage: np.ndarray | None = None,
+                     distances: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
     """Permutation test of "no grouping": ``(null_ch, observed_ch, pvalue)``.
 
     Above ``null_max_clients`` clients it runs on a random subset of that
     size, with ``min_cluster_size`` scaled by the subset fraction; else the
-    observed statistic is read off ``profile``.
+    observed statistic is read off ``profile`` (and, where it has no valid
+    cut, off ``linkage`` and ``distances``, the data's dendrogram).
     """
     n, n_bits = bits.shape
     rng = np.random.default_rng(rs.randint(0, 2**32 - 1, size=4, dtype=np.uint64))
@@ -46,7 +59,10 @@ def permutation_test(bits: np.ndarray, profile: CutProfile, rs: np.random.Random
         observed = max_valid_ch(sample, n_bits, mcs, block_bits, noise_clip)
     else:
         sample = bits
-        observed = profile.best()[1]
+        if linkage is None or distances is None:
+            observed = profile.best()[1]
+        else:
+            observed = best_ch(profile, linkage, distances, mcs)
     # Sequential Monte Carlo (Besag & Clifford 1991): the decision p <= alpha
     # tolerates at most `allowed` null values >= observed; once more have
     # been seen it cannot change, so the remaining permutations are skipped.

@@ -16,7 +16,7 @@ import numpy as np
 from .dendrogram import cluster_sums, relabel
 
 __all__ = ["MEAN_DISTANCE_MAX_CLIENTS", "QuietLogger", "REFINE_NULL_MAX_CLIENTS", "child_params", "consolidate",
-           "consolidate_small"]
+           "consolidate_small", "hartigan_moves"]
 
 #: Clients a refinement's permutation test looks at, at most (a random subset
 #: of a larger cluster): enough power for real structure, and ten clusters of
@@ -87,39 +87,61 @@ def consolidate(bits: np.ndarray, labels: np.ndarray, passes: int) -> tuple[np.n
 
 def consolidate_small(distances: np.ndarray, labels: np.ndarray, passes: int,
                       min_size: int) -> tuple[np.ndarray, int]:
-    """Move every client to the cluster whose other members are nearest on average, repeatedly.
+    """Hartigan's moves on Ward's own objective, in the fit's own distances (:func:`hartigan_moves`).
 
     The consolidation of partitions with a cluster under ``MIN_SIDE`` (20)
-    clients, where :func:`consolidate`'s bit means are a poor guide. It works
-    in the fit's own geometry: ``distances`` are the condensed distances the
-    dendrogram was built on (block-clipped Hamming by default), and a client's
-    distance to a cluster is its mean distance to that cluster's members,
-    itself left out (average linkage's rule). Ward's greedy merges leave a
-    boundary client in the farther group when its first merge partner was
-    there (one of 30 OCFL clients on 3 of 100 seeds, ``benchmarks/RESULTS.md``);
-    this moves it. A pass that would leave a cluster with fewer than
-    ``min_size`` clients is not applied. Returns the labels and the clients
-    moved in all.
+    clients, where :func:`consolidate`'s bit means are a poor guide.
+    ``distances`` are the condensed distances the dendrogram was built on
+    (block-clipped Hamming by default). Returns the labels and the moves made.
     """
     from scipy.spatial.distance import squareform
 
-    d = squareform(np.asarray(distances)).astype(np.float64)
+    return hartigan_moves(squareform(np.asarray(distances)).astype(np.float64), labels, passes, min_size)
+
+
+def hartigan_moves(d: np.ndarray, labels: np.ndarray, passes: int, min_size: int) -> tuple[np.ndarray, int]:
+    """Move one client at a time to the cluster where it lowers Ward's within-cluster sum of squares most.
+
+    ``d``: the square matrix of Ward's squared Euclidean distances, in which a
+    cluster's centroid is implicit (``|x - c_A|^2`` is the mean distance of
+    ``x`` to ``A``'s members less half their mean pairwise distance). Ward's
+    merges greedily lower the within-cluster sum of squares, and a client
+    merged early stays where its first partner was. A client moves from ``A``
+    to ``B`` when that lowers the same sum (Hartigan and Wong's rule:
+    ``|B| / (|B| + 1) |x - c_B|^2 < |A| / (|A| - 1) |x - c_A|^2``), so each
+    move is exact, not a guess from a mean that holds the client itself. A
+    cluster never drops below ``min_size``. Passes over every client until
+    none moves, at most ``passes``. Returns the labels (0..k-1) and the moves made.
+    """
+    lab = np.asarray(labels).copy()
+    n, k = lab.size, int(lab.max()) + 1
+    member = np.zeros((n, k))
+    member[np.arange(n), lab] = 1.0
+    near = d @ member  # near[i, c]: the sum of i's distances to c's members
+    size = member.sum(axis=0)
+    pairs = np.einsum("ic,ic->c", near, member)  # per cluster, the sum over its ordered pairs
     moved = 0
-    labels = np.asarray(labels).copy()
-    n = labels.size
     for _ in range(passes):
-        k = int(labels.max()) + 1
-        member = np.zeros((n, k))
-        member[np.arange(n), labels] = 1.0
-        sums = d @ member  # a client's distance to itself is 0
-        others = np.broadcast_to(member.sum(axis=0), (n, k)) - member
-        with np.errstate(divide="ignore", invalid="ignore"):
-            mean = np.where(others > 0, sums / np.maximum(others, 1), np.inf)
-        new = labels.copy()
-        better = mean.min(axis=1) < mean[np.arange(n), labels]  # ties keep the cluster
-        new[better] = np.argmin(mean[better], axis=1)
-        changed = int(better.sum())
-        if changed == 0 or np.bincount(new, minlength=k).min() < max(1, int(min_size)):
+        before = moved
+        for i in range(n):
+            a = int(lab[i])
+            if size[a] - 1 < max(1, int(min_size)):
+                continue
+            with np.errstate(divide="ignore", invalid="ignore"):
+                sq = near[i] / size - 0.5 * pairs / size**2  # |x_i - c|^2 for every cluster
+            cost = np.where(size > 0, sq * size / (size + 1), np.inf)
+            cost[a] = sq[a] * size[a] / (size[a] - 1)
+            b = int(np.argmin(cost))
+            if b == a or not cost[b] < cost[a]:
+                continue
+            pairs[a] -= 2 * near[i, a]
+            near[:, a] -= d[:, i]
+            pairs[b] += 2 * near[i, b]
+            near[:, b] += d[:, i]
+            size[a] -= 1
+            size[b] += 1
+            lab[i] = b
+            moved += 1
+        if moved == before:
             break
-        labels, moved = new, moved + changed
-    return relabel(labels), moved
+    return relabel(lab), moved

@@ -105,13 +105,14 @@ class SketchClustering(NearestCentroids):
         nearest first (see Notes). None or 0 keeps every cut as chosen; with
         ``refine=False`` and ``n_null=0`` that is the paper's method.
     consolidate : int, default 10
-        After the final partition, k-means passes from it: every client moves
-        to its nearest cluster mean until none moves (at most this many
-        passes; 0 keeps Ward's assignment). Ward's greedy merges leave a few
-        boundary clients in the farther cluster; this moves them. Like the
-        separation check, it applies only where every cluster (for the check:
-        both of a pair) holds at least 20 clients; smaller ones are left to
-        the permutation test and Ward.
+        After the final partition, passes that move clients Ward's greedy
+        merges left in the farther cluster (at most this many passes; 0 keeps
+        Ward's assignment). Where every cluster holds at least 20 clients:
+        k-means passes on the bit means (every client to its nearest cluster
+        mean). Where one is smaller (up to 2,000 clients): Hartigan's moves
+        on Ward's own objective in the fit's distances
+        (:func:`~server_kit.clustering.refine.hartigan_moves`), one client at
+        a time, no cluster under ``min_cluster_size``.
     block_bits, noise_clip : int or None, default None
         Bits per class block (the latent size) and the clip of each block's
         Hamming distance (:mod:`server_kit.clustering.distances`), for the
@@ -202,6 +203,13 @@ class SketchClustering(NearestCentroids):
     Clients also form one cluster when there are fewer than
     ``2 * min_cluster_size`` of them, when all sketches are identical, or
     when no probed threshold is admissible.
+
+    **No admissible cut.** On a few clients whose group sizes sit at
+    ``min_cluster_size`` (15 OCFL clients, a group of 3, the rule at 3), one
+    far client merges last and every cut of the dendrogram has a cluster of 1
+    or 2. The statistic of the test and the partition then come from the
+    cuts with their stragglers absorbed (:mod:`server_kit.clustering.absorbed`,
+    up to 200 clients), for the data and every permuted copy alike.
 
     The partition chosen is the best probe actually evaluated (the objective
     is exact and cheap), not the surrogate's arg-max as in the paper's

@@ -212,3 +212,49 @@ def test_fleet_benchmark_reports_each_cell_over_its_seeds(capsys):
     assert cell["seeds"] == 20 and cell["min"] == 0.7 and cell["below_0.95"] == 0.05
     assert cell["k"] == {"2": 1, "3": 19} and cell["p5"] == 0.985
     assert "s" in capsys.readouterr().out
+
+
+def test_ch_from_distances_is_calinski_harabasz_on_points():
+    from scipy.spatial.distance import pdist, squareform
+    from sklearn.metrics import calinski_harabasz_score
+
+    from server_kit.clustering.absorbed import ch_from_distances
+
+    x = np.random.default_rng(3).normal(size=(30, 4))
+    labels = np.arange(30) % 3
+    d = squareform(pdist(x, "sqeuclidean"))
+    assert ch_from_distances(d, labels) == pytest.approx(calinski_harabasz_score(x, labels), rel=1e-9)
+
+
+def test_hartigan_moves_lower_wards_objective_and_keep_the_size_rule():
+    from scipy.spatial.distance import pdist, squareform
+
+    from server_kit.clustering.refine import hartigan_moves
+
+    x = np.array([[0.0], [1.0], [3.5], [5.0], [5.6], [6.2], [6.8], [7.4]])
+    d = squareform(pdist(x, "sqeuclidean"))
+    # the client at 3.5 put with the right-hand group: moving it left lowers the within sum of squares
+    labels, moved = hartigan_moves(d, np.array([0, 0, 1, 1, 1, 1, 1, 1]), 10, 1)
+    assert labels.tolist() == [0, 0, 0, 1, 1, 1, 1, 1] and moved == 1
+    # no cluster goes under min_size, and a singleton is never emptied (its own cost is 0)
+    labels, moved = hartigan_moves(d, np.array([0, 0, 1, 1, 1, 1, 1, 1]), 10, 6)
+    assert labels.tolist() == [0, 0, 1, 1, 1, 1, 1, 1] and moved == 0
+    labels, _ = hartigan_moves(d, np.array([0, 0, 2, 1, 1, 1, 1, 1]), 10, 1)
+    assert len(set(labels.tolist())) == 3 and labels[2] != labels[0]  # (the client at 5.0 joins it)
+
+
+def test_no_admissible_cut_the_absorbed_cut_finds_the_two_groups():
+    from scipy.spatial.distance import pdist
+
+    from server_kit.clustering.absorbed import absorbed_cut
+    from server_kit.clustering.dendrogram import cut_profile, ward_linkage
+
+    # 3 + 5 clients and min_cluster_size 3: Ward merges the client at 3.5 into the right-hand group early,
+    # so every cut has a cluster of 1 or 2 and none is admissible
+    x = np.array([[0.0], [1.0], [3.5], [5.0], [5.6], [6.2], [6.8], [7.4]])
+    d = pdist(x, "sqeuclidean")
+    z = ward_linkage(d)
+    assert not cut_profile(z, 3).valid.any()
+    found = absorbed_cut(z, d, 3)
+    assert found.labels.tolist() == [0, 0, 0, 1, 1, 1, 1, 1] and found.ch > 0
+    assert absorbed_cut(z, d, 5) is None  # 8 clients cannot hold two clusters of 5
