@@ -15,7 +15,7 @@ import numpy as np
 
 from .dendrogram import cluster_sums, relabel
 
-__all__ = ["MEAN_DISTANCE_MAX_CLIENTS", "QuietLogger", "REFINE_NULL_MAX_CLIENTS", "child_params", "consolidate",
+__all__ = ["HARTIGAN_MAX_CLIENTS", "QuietLogger", "REFINE_NULL_MAX_CLIENTS", "child_params", "consolidate",
            "consolidate_small", "hartigan_moves"]
 
 #: Clients a refinement's permutation test looks at, at most (a random subset
@@ -24,9 +24,9 @@ __all__ = ["MEAN_DISTANCE_MAX_CLIENTS", "QuietLogger", "REFINE_NULL_MAX_CLIENTS"
 REFINE_NULL_MAX_CLIENTS = 200
 
 
-#: Clients at most for :func:`consolidate_small`, which holds the square matrix of the fit's distances
-#: (4 bytes per pair: 16 MB at this size).
-MEAN_DISTANCE_MAX_CLIENTS = 2000
+#: Clients at most for :func:`consolidate_small` (Hartigan's moves), which holds the square matrix of the fit's distances
+#: (float64, both halves: 32 MB at this size).
+HARTIGAN_MAX_CLIENTS = 2000
 
 
 class QuietLogger:

@@ -44,7 +44,7 @@ from .dendrogram import relabel
 from .exact import build_dendrogram, choose_cut
 from .fitted import finish_several, finish_single, log_fit, start_fit
 from .params import PARAM_NAMES, check_packed, check_params
-from .refine import MEAN_DISTANCE_MAX_CLIENTS, QuietLogger, child_params, consolidate, consolidate_small
+from .refine import HARTIGAN_MAX_CLIENTS, QuietLogger, child_params, consolidate, consolidate_small
 from .sampled import MAX_EXACT_CLIENTS, adopt_sample_fit, draw_sample, sample_params
 from .separation import MIN_SEPARATION, MIN_SIDE
 
@@ -347,7 +347,7 @@ class SketchClustering(NearestCentroids):
         if self._depth == 0 and self.consolidate:
             if np.bincount(labels).min() >= MIN_SIDE:
                 labels, self.consolidated_ = consolidate(bits, labels, int(self.consolidate))
-            elif labels.size <= MEAN_DISTANCE_MAX_CLIENTS:
+            elif labels.size <= HARTIGAN_MAX_CLIENTS:
                 labels, self.consolidated_ = consolidate_small(self.distances_, labels, int(self.consolidate),
                                                                int(self.min_cluster_size))
         return finish_several(self, bits, labels, t0)
