@@ -38,7 +38,15 @@ the others are fed its recorded updates round by round (their
 ``_combine``, FedAvg included, so their state is exactly what a run of
 their own would reach) and only cluster (``--no-share-warmup`` trains each).
 
-For each (dataset, clients, split, method) it records ARI (the paper's
+Seeds: the sketch method runs on each of ``--seeds`` (default 0 to 19;
+``--quick``: 0 to 2), the methods that train on the first ``--trained-seeds``
+of them (default 1: one seed of every method takes hours). Each cell is then
+reported as a distribution over its seeds (mean, 5th percentile, worst,
+share under 0.95: :class:`server_kit.metrics.SeedSpread`), in a table and in
+the JSON's ``cells``; ``ours_min_p5_ari_<dataset>`` is the sketch method's
+lowest 5th percentile.
+
+For each (dataset, clients, split, method, seed) it records ARI (the paper's
 "RAND"), AMI and completeness against the true groups, the round whose
 updates decided the clusters, the bytes in and out of the server until the
 end of that round (the simulator's wire-exact ledger; round 0 = sketches
