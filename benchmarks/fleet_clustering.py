@@ -52,7 +52,8 @@ percentile, worst and share of fits under 0.95
 over the cells run.
 
 Run: ``.venv/bin/python benchmarks/fleet_clustering.py --data-dir ../shared/data``
-(the whole sweep, 20 seeds: about 2 hours on 2 cores;
+(the whole sweep, 23 cells x 5 readings x 20 seeds: about 3 hours on 2
+cores, estimated from 653 s for 2 readings and 3 seeds;
 ``--scenarios fmnist-ocfl --readings default``: about 4 minutes;
 ``--quick`` for digits at 100 and 300 devices over seeds 0 to 2, no data
 directory needed). Prints a table per scenario; the last line is JSON.
