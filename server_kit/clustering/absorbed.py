@@ -32,7 +32,7 @@ from scipy.cluster.hierarchy import fcluster
 from scipy.spatial.distance import squareform
 
 from .dendrogram import relabel
-from .refine import hartigan_moves
+from .refine import hartigan_moves, join_cost
 
 __all__ = ["ABSORBED_MAX_CLIENTS", "AbsorbedCut", "absorbed_cut", "ch_from_distances"]
 
@@ -71,11 +71,8 @@ def _absorb(d: np.ndarray, labels: np.ndarray, keep: np.ndarray) -> np.ndarray:
     """Every client of a cluster not in ``keep`` joins the kept cluster it costs least (Ward's increase)."""
     kept = np.flatnonzero(keep)
     member = (labels[:, None] == kept[None, :]).astype(np.float64)
-    size = member.sum(axis=0)
     near = d @ member
-    pairs = np.einsum("ic,ic->c", near, member)
-    sq = near / size - 0.5 * pairs / size**2
-    cost = sq * size / (size + 1)
+    cost = join_cost(near, np.einsum("ic,ic->c", near, member), member.sum(axis=0))
     out = labels.copy()
     loose = ~np.isin(labels, kept)
     out[loose] = kept[np.argmin(cost[loose], axis=1)]

@@ -59,34 +59,35 @@ def choose_cut(model: Any, bits: np.ndarray, profile: CutProfile,
 
     Returns the labels of the chosen cut, or None and why the clients form one cluster.
     """
+    # no cut meets the size rule: the cuts with their stragglers absorbed (small sets), for the test and the partition
+    absorbed = None if profile.valid.any() else absorbed_cut(model.linkage_, model.distances_,
+                                                             int(model.min_cluster_size))
     if model.n_null:
         # the test reads every admissible cut of the dendrogram, not the
         # search's result, so it runs first: a homogeneous set skips the search
         t4 = time.perf_counter()
+        observed = profile.best()[1] if absorbed is None else absorbed.ch
         model.null_ch_, model.null_observed_ch_, model.null_pvalue_ = permutation_test(
-            bits, profile, rs, min_cluster_size=model.min_cluster_size, null_max_clients=model.null_max_clients,
+            bits, observed, rs, min_cluster_size=model.min_cluster_size, null_max_clients=model.null_max_clients,
             single_cluster_alpha=model.single_cluster_alpha, n_null=model.n_null, block_bits=model.block_bits,
-            noise_clip=model.noise_clip, linkage=model.linkage_, distances=model.distances_)
+            noise_clip=model.noise_clip)
         log.debug("permutation test %.3f s", time.perf_counter() - t4)
         if model.null_pvalue_ > model.single_cluster_alpha:
             return None, "permutation test: no cluster structure"
-    t3 = time.perf_counter()
-    best, found = None, search_range(profile, model.threshold_range)
-    if found is not None:
-        model.threshold_range_ = found
-        best = bayes_search(profile, *found, model.search_, n_calls=int(model.n_calls),
-                            n_initial_points=int(model.n_initial_points), acq_func=model.acq_func,
-                            kappa=float(model.kappa), random_state=rs)
-    log.debug("threshold search %.3f s", time.perf_counter() - t3)
-    if found is None:  # no cut meets the size rule: the cuts with their stragglers absorbed, if the set is small
-        absorbed = absorbed_cut(model.linkage_, model.distances_, int(model.min_cluster_size))
-        if absorbed is None:
-            return None, "no admissible threshold"
+    if absorbed is not None:
         model.threshold_ = absorbed.threshold
         labels = absorbed.labels
-    elif best is None:
-        return None, "no admissible threshold probed"
     else:
+        t3 = time.perf_counter()
+        best, found = None, search_range(profile, model.threshold_range)
+        if found is not None:
+            model.threshold_range_ = found
+            best = bayes_search(profile, *found, model.search_, n_calls=int(model.n_calls),
+                                n_initial_points=int(model.n_initial_points), acq_func=model.acq_func,
+                                kappa=float(model.kappa), random_state=rs)
+        log.debug("threshold search %.3f s", time.perf_counter() - t3)
+        if best is None:
+            return None, "no admissible threshold probed"
         model.threshold_ = best.threshold
         labels = relabel(fcluster(model.linkage_, model.threshold_, criterion="distance"))
         k = int(labels.max()) + 1

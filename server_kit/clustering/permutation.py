@@ -37,17 +37,16 @@ def max_valid_ch(bits: np.ndarray, n_bits: int, min_cluster_size: int, block_bit
     return best_ch(cut_profile(z, min_cluster_size), z, d, min_cluster_size)
 
 
-def permutation_test(bits: np.ndarray, profile: CutProfile, rs: np.random.RandomState, *,
+def permutation_test(bits: np.ndarray, observed: float, rs: np.random.RandomState, *,
                      min_cluster_size: Any, null_max_clients: Any, single_cluster_alpha: Any,
-                     n_null: Any, block_bits: int | None = None, noise_clip: int | None = None,
-                     linkage: np.ndarray | None = None,
-                     distances: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
+                     n_null: Any, block_bits: int | None = None,
+                     noise_clip: int | None = None) -> tuple[np.ndarray, float, float]:
     """Permutation test of "no grouping": ``(null_ch, observed_ch, pvalue)``.
 
-    Above ``null_max_clients`` clients it runs on a random subset of that
-    size, with ``min_cluster_size`` scaled by the subset fraction; else the
-    observed statistic is read off ``profile`` (and, where it has no valid
-    cut, off ``linkage`` and ``distances``, the data's dendrogram).
+    ``observed``: :func:`best_ch` of the data's own dendrogram, which the
+    caller has. Above ``null_max_clients`` clients the test runs on a random
+    subset of that size, with ``min_cluster_size`` scaled by the subset
+    fraction, and the statistic is taken on that subset instead.
     """
     n, n_bits = bits.shape
     rng = np.random.default_rng(rs.randint(0, 2**32 - 1, size=4, dtype=np.uint64))
@@ -59,10 +58,6 @@ def permutation_test(bits: np.ndarray, profile: CutProfile, rs: np.random.Random
         observed = max_valid_ch(sample, n_bits, mcs, block_bits, noise_clip)
     else:
         sample = bits
-        if linkage is None or distances is None:
-            observed = profile.best()[1]
-        else:
-            observed = best_ch(profile, linkage, distances, mcs)
     # Sequential Monte Carlo (Besag & Clifford 1991): the decision p <= alpha
     # tolerates at most `allowed` null values >= observed; once more have
     # been seen it cannot change, so the remaining permutations are skipped.

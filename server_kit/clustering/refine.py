@@ -16,7 +16,7 @@ import numpy as np
 from .dendrogram import cluster_sums, relabel
 
 __all__ = ["HARTIGAN_MAX_CLIENTS", "QuietLogger", "REFINE_NULL_MAX_CLIENTS", "child_params", "consolidate",
-           "consolidate_small", "hartigan_moves"]
+           "consolidate_small", "hartigan_moves", "join_cost"]
 
 #: Clients a refinement's permutation test looks at, at most (a random subset
 #: of a larger cluster): enough power for real structure, and ten clusters of
@@ -99,6 +99,20 @@ def consolidate_small(distances: np.ndarray, labels: np.ndarray, passes: int,
     return hartigan_moves(squareform(np.asarray(distances)).astype(np.float64), labels, passes, min_size)
 
 
+def join_cost(near: np.ndarray, pairs: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """What adding a client to each cluster adds to Ward's within-cluster sum of squares.
+
+    ``near[..., c]``: the sum of the client's distances to ``c``'s members;
+    ``pairs[c]``: the sum of ``c``'s distances over its ordered pairs; ``size[c]``
+    its members (Ward's squared Euclidean distances). ``|c| / (|c| + 1) |x - c|^2``,
+    where ``|x - c|^2`` is the mean distance to the members less half their mean
+    pairwise distance; infinite for an empty cluster.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sq = near / size - 0.5 * pairs / size**2
+        return np.where(size > 0, sq * size / (size + 1), np.inf)
+
+
 def hartigan_moves(d: np.ndarray, labels: np.ndarray, passes: int, min_size: int) -> tuple[np.ndarray, int]:
     """Move one client at a time to the cluster where it lowers Ward's within-cluster sum of squares most.
 
@@ -127,10 +141,9 @@ def hartigan_moves(d: np.ndarray, labels: np.ndarray, passes: int, min_size: int
             a = int(lab[i])
             if size[a] - 1 < max(1, int(min_size)):
                 continue
-            with np.errstate(divide="ignore", invalid="ignore"):
-                sq = near[i] / size - 0.5 * pairs / size**2  # |x_i - c|^2 for every cluster
-            cost = np.where(size > 0, sq * size / (size + 1), np.inf)
-            cost[a] = sq[a] * size[a] / (size[a] - 1)
+            cost = join_cost(near[i], pairs, size)
+            # leaving a, which holds it: what its removal takes off, |a| / (|a| - 1) |x_i - c_a|^2
+            cost[a] = (near[i, a] / size[a] - 0.5 * pairs[a] / size[a] ** 2) * size[a] / (size[a] - 1)
             b = int(np.argmin(cost))
             if b == a or not cost[b] < cost[a]:
                 continue
