@@ -342,7 +342,8 @@ def main(argv=None) -> int:
         scale_child(args.scale_child, args.seed, args.exact)
         return 0
     if args.quick:
-        args.scenarios, args.sizes, args.readings, args.seeds = ["digits-rotation"], [100, 300], ["default"], [0, 1, 2]
+        args.scenarios, args.sizes, args.readings = ["digits-rotation"], [100, 300], ["default"]
+        args.seeds = args.seeds if args.seeds != list(range(20)) else [0, 1, 2]  # --seeds given: kept
     rows: list[dict] = []
     if args.scale_only:
         args.scale, args.scenarios = True, []
