@@ -22,6 +22,7 @@ __all__ = [
     "association_matrix",
     "association_statistic",
     "check_normalization",
+    "community_check_matrix",
     "minmax_normalize",
     "node_key",
     "normalized_differences",
@@ -166,3 +167,61 @@ def association_matrix(labels: Any, own_errors: Mapping[int, np.ndarray], extern
             if mask.any():
                 stat[i, j] = association_statistic(own_errors[q][mask], e_ext[mask], alpha, normalization)
     return stat
+
+
+def community_check_matrix(cid: str, labels: Any, members: Mapping[str, Sequence[str]],
+                           community_errors: Mapping[int, np.ndarray], alpha: float = 75.0,
+                           normalization: str = "relative") -> tuple[np.ndarray, list[str]]:
+    """A client's side of the community check: each member cluster's own community model against the others.
+
+    For own cluster ``q`` in community ``g`` (``node_key(cid, q)`` listed in
+    ``members[str(g)]``), entry ``[i, j]`` is
+    :func:`association_statistic` on ``q``'s samples with the errors of its
+    own community's model in place of the cluster's own model and those of
+    the ``j``-th community (sorted ids) as the external ones: the association
+    test run between two community models, on the samples of one member.
+    Both models were trained by FedAvg for the same rounds, so neither has the
+    advantage a cluster's own model has on the samples it was fitted to.
+
+    Parameters
+    ----------
+    cid : str
+        The client; member nodes of other clients are ignored.
+    labels : numpy.ndarray of int, shape (n,)
+        The client's local cluster of each sample.
+    members : mapping of str to sequence of str
+        Member nodes per community id (``{"<g>": ["<cid>:<q>", ...]}``).
+    community_errors : mapping of int to numpy.ndarray
+        Per community, its model's errors on all ``n`` samples.
+    alpha, normalization
+        As for :func:`association_statistic`.
+
+    Returns
+    -------
+    stat : numpy.ndarray of float32, shape (member clusters, len(community_errors))
+        Rows in sorted cluster order, columns in sorted community order; 0
+        against the cluster's own community, 1.0 for an empty cluster (never
+        linking).
+    clusters : list of str
+        The node ids of the rows.
+    """
+    member_of: dict[int, int] = {}
+    for g, keys in members.items():
+        for k in keys:
+            owner, _, q = str(k).rpartition(":")
+            if owner == cid:
+                member_of[int(q)] = int(g)
+    gs = sorted(community_errors)
+    qs = sorted(member_of)
+    stat = np.ones((len(qs), len(gs)), dtype=np.float32)
+    for i, q in enumerate(qs):
+        mask = labels == q
+        home = int(member_of[q])
+        if home not in community_errors:
+            raise ValueError(f"cluster {q} is in community {home}, whose model is missing")
+        if not mask.any():
+            continue
+        for j, g in enumerate(gs):
+            stat[i, j] = 0.0 if g == home else association_statistic(
+                community_errors[home][mask], community_errors[g][mask], alpha, normalization)
+    return stat, [node_key(cid, q) for q in qs]

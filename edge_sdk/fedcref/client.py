@@ -14,7 +14,7 @@ import numpy as np
 
 from ..training.torch_support import using_threads
 from ..validation import check_int, check_positive
-from .association import association_matrix, check_normalization, node_key
+from .association import association_matrix, check_normalization, community_check_matrix, node_key
 from .checks import check_alpha, check_cid, check_dirtiness, check_k_range, check_samples
 from .clustering import (
     candidate_groups,
@@ -23,12 +23,12 @@ from .clustering import (
     initial_clustering,
     refine_candidates,
 )
+from .errors import ErrorTable
 from .models import (
     check_architecture,
     import_torch,
     initial_ae_weights,
     join_models,
-    reconstruction_errors,
     split_models,
     train_cluster_ae,
 )
@@ -127,8 +127,10 @@ class FedCRefClient:
     stability_ : float or None
         Hungarian-matched agreement of the labels before and after the last
         refinement.
-    train_seconds_, eval_seconds_ : float
-        Time spent training autoencoders and computing reconstruction errors.
+    train_seconds_ : float
+        Time spent training autoencoders.
+    errors_ : ErrorTable
+        Every model's errors on the samples (``errors_.seconds``: time spent computing them).
 
     Notes
     -----
@@ -203,34 +205,18 @@ class FedCRefClient:
         self.models_: dict[int, dict[str, np.ndarray]] = {}
         self.stability_: Optional[float] = None
         self.train_seconds_ = 0.0
-        self.eval_seconds_ = 0.0
         self._own_versions: dict[int, str] = {}  # cluster -> id of the model now representing it
         self._published: Optional[tuple[str, ...]] = None
         self._defining: dict[int, dict[str, np.ndarray]] = {}  # cluster -> model that defined it (warm start)
         self._ext: dict[str, tuple[str, dict[str, np.ndarray]]] = {}  # node -> (version, weights)
-        self._err: dict[str, tuple[str, np.ndarray]] = {}  # model id -> (version, errors on all samples)
+        self.errors_ = ErrorTable(self.architecture, self.x, self.threads)
         self._counter = 0
         self._adopted = False  # a community model now stands for one of the clusters
-
-    # ------------------------------------------------------------------ helpers
 
     def _check_ready(self) -> np.ndarray:
         if self.labels_ is None:
             raise RuntimeError(f"client {self.cid}: call initialize() first")
         return self.labels_
-
-    def _errors(self, model_id: str, version: str, weights: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Errors of a model on all local samples, cached by (model id, version)."""
-        hit = self._err.get(model_id)
-        if hit is not None and hit[0] == version:
-            return hit[1]
-        t0 = time.perf_counter()
-        torch = import_torch()
-        with using_threads(torch, self.threads):
-            e = reconstruction_errors(self.architecture, weights, self.x)
-        self.eval_seconds_ += time.perf_counter() - t0
-        self._err[model_id] = (version, e)
-        return e
 
     def _new_version(self) -> str:
         self._counter += 1
@@ -337,7 +323,7 @@ class FedCRefClient:
         models = split_models(tensors)
         for key in [k for k in self._ext if k.rsplit(":", 1)[0] == owner]:
             del self._ext[key]
-            self._err.pop(key, None)
+            self.errors_.drop(key)
         for c in meta["clusters"]:
             q = int(c["q"])
             if str(q) not in models:
@@ -362,8 +348,8 @@ class FedCRefClient:
         it = int((command or {}).get("iteration", 0))
         own = sorted(self.models_)
         ext = sorted(self._ext)
-        own_err = {q: self._errors(f"own:{q}", self._own_versions[q], self.models_[q]) for q in own}
-        ext_err = [self._errors(key, *self._ext[key]) for key in ext]
+        own_err = {q: self.errors_.of(f"own:{q}", self._own_versions[q], self.models_[q]) for q in own}
+        ext_err = [self.errors_.of(key, *self._ext[key]) for key in ext]
         stat = association_matrix(labels, own_err, ext_err, self.alpha, self.normalization)
         meta = {"type": "association", "cid": self.cid, "iteration": it,
                 "clusters": [node_key(self.cid, q) for q in own], "external": ext, "alpha": self.alpha,
@@ -412,6 +398,20 @@ class FedCRefClient:
         self.train_seconds_ += time.perf_counter() - t0
         out = {"type": "community_update", "cid": self.cid, "community": g, "round": rnd, "n": int(mask.sum())}
         return out, weights
+
+    def community_check(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> Payload:
+        """Phase 3b: the member clusters test the other community models against their own community's.
+
+        ``meta``: ``{"type": "community_check", "iteration", "communities": [g, ...], "members": {"<g>":
+        [own node ids]}}``; ``tensors``: ``{"<g>/<param>": array}``. Returns ``{"type", "cid", "iteration",
+        "clusters", "communities"}`` and ``{"stat": float32}`` (:func:`community_check_matrix`).
+        """
+        labels, comm, it = self._check_ready(), split_models(tensors), int(meta.get("iteration", 0))
+        errors = {int(g): self.errors_.of(f"community:{g}", f"check:{it}.{g}", comm[str(g)]) for g in meta["communities"]}
+        stat, nodes = community_check_matrix(self.cid, labels, meta.get("members", {}), errors, self.alpha,
+                                             self.normalization)
+        return ({"type": "community_check", "cid": self.cid, "iteration": it, "communities": sorted(errors),
+                 "clusters": nodes}, {"stat": stat})
 
     # ------------------------------------------------------------------ phase 4: refinement
 
@@ -464,11 +464,11 @@ class FedCRefClient:
     def _candidate_errors(self, own: Sequence[int], gs: Sequence[int], versions: Sequence[str],
                           comm: Mapping[str, Mapping[str, np.ndarray]]) -> np.ndarray:
         """Errors on all local samples of the own models, then of the community models, one column each."""
-        errs = [self._errors(f"own:{q}", self._own_versions[q], self.models_[q]) for q in own]
+        errs = [self.errors_.of(f"own:{q}", self._own_versions[q], self.models_[q]) for q in own]
         for g, v in zip(gs, versions):
             if str(g) not in comm:
                 raise ValueError(f"client {self.cid}: community model {g} is missing")
-            errs.append(self._errors(f"community:{g}", f"community:{v}", comm[str(g)]))
+            errs.append(self.errors_.of(f"community:{g}", f"community:{v}", comm[str(g)]))
         return np.stack(errs, axis=1)
 
     def _adopt(self, own: Sequence[int], cols: Sequence[int], chosen: Sequence[Sequence[int]],
@@ -479,7 +479,7 @@ class FedCRefClient:
         own_versions: dict[int, str] = {}
         described = []
         for q in own:
-            self._err.pop(f"own:{q}", None)
+            self.errors_.drop(f"own:{q}")
         for p, (col, grp) in enumerate(zip(cols, chosen)):
             kind, ident = columns[col]
             linked = [columns[j][1] for j in grp if columns[j][0] == "community"]
@@ -492,7 +492,7 @@ class FedCRefClient:
                 own_versions[p] = self._new_version()
                 described.append({"kind": "community", "g": int(ident), "community": int(ident)})
             # the model's errors on the local samples are known: keep them under the new index
-            self._err[f"own:{p}"] = (own_versions[p], err[:, col])
+            self.errors_.put(f"own:{p}", own_versions[p], err[:, col])
         self.models_ = models
         self._own_versions = own_versions
         self._defining = dict(models)

@@ -16,8 +16,8 @@ import numpy as np
 
 from edge_sdk.fedcref import check_theta
 
-__all__ = ["AssociationAudit", "association_audit", "association_edges", "connected_components", "stop_rule_met",
-           "wrong_associations"]
+__all__ = ["AssociationAudit", "association_audit", "association_edges", "community_links", "connected_components",
+           "stop_rule_met", "wrong_associations", "wrong_community_links"]
 
 
 def association_edges(stats: Mapping[str, Mapping[str, float]], theta: float) -> list[tuple[str, str]]:
@@ -77,6 +77,41 @@ def connected_components(nodes: Sequence[str], edges: Sequence[tuple[str, str]])
     return sorted((sorted(g) for g in groups.values()), key=lambda g: g[0])
 
 
+def community_links(check: Mapping[str, Mapping[int, float]], communities: Sequence[Sequence[str]],
+                    theta: float) -> list[tuple[int, int]]:
+    """Pairs of communities whose models pass the community check both ways.
+
+    Community ``g`` accepts community ``h`` when at least half of ``g``'s
+    member clusters that reported find ``h``'s model within ``theta``
+    (``check[node][h] <= theta``, the association statistic with ``g``'s
+    model as the own one, :func:`edge_sdk.fedcref.association.community_check_matrix`);
+    two communities link when each accepts the other. A vote of the members
+    rather than one pair: a single impure member cannot join two categories.
+
+    Parameters
+    ----------
+    check : mapping of node -> (mapping of community -> float)
+        Each member cluster's statistics against the community models.
+    communities : sequence of sequence of str
+        Member nodes of each community (index = community id).
+    theta : float
+        Association threshold in (0, 1].
+
+    Returns
+    -------
+    list of (int, int)
+        Sorted pairs ``(g, h)`` with ``g < h``.
+    """
+    t = check_theta(theta)
+
+    def accepts(g: int, h: int) -> bool:
+        votes = [check[k][h] <= t for k in communities[g] if k in check and h in check[k]]
+        return bool(votes) and 2 * sum(votes) >= len(votes)
+
+    n = len(communities)
+    return [(g, h) for g in range(n) for h in range(g + 1, n) if accepts(g, h) and accepts(h, g)]
+
+
 def stop_rule_met(communities: Sequence[int], isolated: Sequence[int], *, tolerance: float = 0.1,
                   patience: int = 3) -> bool:
     """The paper's global stopping rule.
@@ -100,6 +135,20 @@ def stop_rule_met(communities: Sequence[int], isolated: Sequence[int], *, tolera
 def wrong_associations(edges: Sequence[tuple[str, str]], node_class: Mapping[str, int]) -> int:
     """Edges joining clusters whose majority true classes differ (evaluation only)."""
     return int(sum(node_class[a] != node_class[b] for a, b in edges))
+
+
+def wrong_community_links(links: Sequence[tuple[int, int]], communities: Sequence[Sequence[str]],
+                          node_class: Mapping[str, int]) -> int:
+    """Community links joining communities whose majority true classes differ (evaluation only).
+
+    A community's class is the most common majority class of its member
+    clusters (ties: the smallest class).
+    """
+    def majority(g: int) -> int:
+        classes = [node_class[k] for k in communities[g] if k in node_class]
+        return int(np.bincount(classes).argmax()) if classes else -1
+
+    return int(sum(majority(a) != majority(b) for a, b in links))
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from edge_sdk.protocol import SERVER_ID, Kind, ProtocolError
 from ..metrics import CommLedger
 from ..report import progress_bar
 from .export import export_communities
-from .graph import association_audit, wrong_associations
+from .graph import association_audit, wrong_associations, wrong_community_links
 from .server import FedCRefServer
 from .wire import Wire
 
@@ -60,6 +60,7 @@ class FedCRefResult:
         Per iteration: communities, isolated, clusters, edges, active,
         bytes_total, seconds, and with true labels acc (mean per-client
         Hungarian accuracy), client_acc (per client), wrong (wrong edges),
+        wrong_links (community links joining different classes),
         classes_covered, pure_communities.
     iterations : int
         Iterations run.
@@ -196,6 +197,8 @@ class _InProcessRun:
         nodes = _node_classes(self.clients, self.truth) if self.truth else None
         communities = self._associate(commands, it)
         self._train_communities(len(communities), it)
+        self._check_communities(it)
+        communities = server.communities_
         self._refine(it)
         stop = server.end_iteration()
         return self._record(communities, nodes, t_it), stop
@@ -245,6 +248,15 @@ class _InProcessRun:
                     weights = server.community_aggregate(g, updates)
             server.set_community_model(g, weights)
 
+    def _check_communities(self, it: int) -> None:
+        """Phase 3b: the member clients test the community models against each other; linked ones merge."""
+        for cid, payload in self.server.community_check_payloads().items():
+            meta, tensors = self.wire.send(Kind.MODEL, payload, sender=SERVER_ID, direction="down", round=it)
+            report = self.by_id[cid].community_check(meta, tensors)
+            self.server.receive_community_check(*self.wire.send(Kind.FEATURES, report, sender=cid, direction="up",
+                                                                round=it))
+        self.server.merge_checked()
+
     def _refine(self, it: int) -> None:
         """Phase 4: refinement by the active clients."""
         refining = [c for c in self.clients if c.cid in self.server.active_]
@@ -270,6 +282,8 @@ class _InProcessRun:
             record["client_acc"] = {c.cid: hungarian_accuracy(truth[c.cid], c.labels_) for c in clients}
             record["acc"] = float(np.mean(list(record["client_acc"].values())))
             record["wrong"] = wrong_associations(server.edges_, node_class)
+            record["wrong_links"] = wrong_community_links(server.community_links_, server.graph_communities_,
+                                                          node_class)
             record["classes_covered"] = len({node_class[c[0]] for c in communities})
             record["pure_communities"] = sum(len({node_class[k] for k in c}) == 1 for c in communities)
         server.history_[-1] = record
@@ -298,8 +312,9 @@ class _InProcessRun:
         if export_dir is not None and server.community_models_:
             exported = export_communities(server.community_models_, server.architecture, export_dir,
                                           members=dict(enumerate(final_communities)))
-        wrong = server.history_[-1].get("wrong") if truth else None
-        edges = server.history_[-1]["edges"]
+        last = server.history_[-1]
+        wrong = last.get("wrong", 0) + last.get("wrong_links", 0) if truth else None
+        edges = last["edges"] + last.get("community_links", 0)
         return FedCRefResult(
             labels={c.cid: c.labels_.copy() for c in clients},
             initial_labels=self.initial_labels,
@@ -345,7 +360,7 @@ def run_fedcref(
     theta: float = 0.2,
     tau: float = 0.8, epochs: int = 20, lr: float = 1e-3, batch_size: int = 32, community_rounds: int = 15,
     community_epochs: int = 1, max_iterations: int = 30, stop_tolerance: float = 0.1, stop_patience: int = 3,
-    warm_start: bool = False, seed: int = 0, threads: Optional[int] = None,
+    merge_communities: bool = True, warm_start: bool = False, seed: int = 0, threads: Optional[int] = None,
     export_dir: Optional[str | os.PathLike[str]] = None, max_payload: int = 1_000_000, progress: bool = False,
     callback: Any = None,
 ) -> FedCRefResult:
@@ -369,7 +384,7 @@ def run_fedcref(
     batch_size, community_epochs, warm_start, threads
         Client options (:class:`~edge_sdk.fedcref.FedCRefClient`); ``latents``
         like ``clients_data``.
-    theta, tau, community_rounds, max_iterations, stop_tolerance, stop_patience
+    theta, tau, community_rounds, max_iterations, stop_tolerance, stop_patience, merge_communities
         Server options (:class:`FedCRefServer`).
     seed : int
         Client ``i`` uses ``seed * 1000 + i``; the autoencoders' common
@@ -389,7 +404,8 @@ def run_fedcref(
     """
     t_start = time.perf_counter()
     server = FedCRefServer(theta=theta, tau=tau, community_rounds=community_rounds, max_iterations=max_iterations,
-                           stop_tolerance=stop_tolerance, stop_patience=stop_patience)
+                           stop_tolerance=stop_tolerance, stop_patience=stop_patience,
+                           merge_communities=merge_communities)
     options = dict(k_range=k_range, init=init, encoder=encoder, dirtiness=dirtiness, epochs=epochs, lr=lr,
                    batch_size=batch_size, community_epochs=community_epochs, alpha=alpha, normalization=normalization,
                    link_communities=link_communities, own_models=own_models, warm_start=warm_start, threads=threads)

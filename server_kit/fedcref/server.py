@@ -26,7 +26,7 @@ from edge_sdk.fedcref.client import Payload
 from edge_sdk.validation import check_int
 
 from ..aggregate import fedavg
-from .graph import association_edges, connected_components, stop_rule_met
+from .graph import association_edges, community_links, connected_components, stop_rule_met
 
 __all__ = ["FedCRefServer"]
 
@@ -55,6 +55,13 @@ class FedCRefServer:
         Iterations the stopping rule looks at (paper: 3).
     min_community_size : int
         Fewest clusters in a community (paper: 2).
+    merge_communities : bool
+        After each iteration's community training, run the community check
+        (:meth:`community_check_payloads`, :meth:`merge_checked`): two
+        communities whose models pass the association test against each
+        other, on the samples of a majority of each one's members, become
+        one. The paper has no such step (False): there a category that the
+        cluster-level test splits in two stays two communities.
 
     Attributes
     ----------
@@ -100,6 +107,7 @@ class FedCRefServer:
         stop_tolerance: float = 0.1,
         stop_patience: int = 3,
         min_community_size: int = 2,
+        merge_communities: bool = True,
     ) -> None:
         self.theta = check_theta(theta)
         self.tau = check_tau(tau)
@@ -111,6 +119,12 @@ class FedCRefServer:
         self.stop_tolerance = float(stop_tolerance)
         self.stop_patience = check_int(stop_patience, "stop_patience", 1)
         self.min_community_size = check_int(min_community_size, "min_community_size", 2)
+        if not isinstance(merge_communities, bool):
+            raise ValueError(f"merge_communities must be true or false, got {merge_communities!r}")
+        self.merge_communities = merge_communities
+        self.check_stats_: dict[str, dict[int, float]] = {}
+        self.graph_communities_: list[list[str]] = []
+        self.community_links_: list[tuple[int, int]] = []
         self.clients_: dict[str, dict[str, Any]] = {}
         self.active_: set[str] = set()
         self.models_: dict[str, tuple[str, dict[str, np.ndarray], int]] = {}
@@ -199,6 +213,9 @@ class FedCRefServer:
         self.isolated_ = [c[0] for c in comps if len(c) == 1]
         self.community_models_ = {}
         self.community_sizes_ = {g: sum(self.models_[k][2] for k in c) for g, c in enumerate(self.communities_)}
+        self.graph_communities_ = [list(c) for c in self.communities_]
+        self.check_stats_ = {}
+        self.community_links_ = []
         return self.communities_
 
     # ------------------------------------------------------------------ phase 3: community FedAvg
@@ -248,6 +265,70 @@ class FedCRefServer:
                 "members": {str(g): list(self.communities_[g]) for g in gs}}
         return meta, join_models({str(g): self.community_models_[g] for g in gs})
 
+    # ------------------------------------------------------------------ phase 3b: community check
+
+    def community_check_payloads(self) -> dict[str, Payload]:
+        """The community check's object for each member client: every community model, its own members.
+
+        Empty when the check is off or there are fewer than two trained
+        communities. A client learns which of its own clusters are in which
+        community, never the other members.
+        """
+        gs = sorted(self.community_models_)
+        if not self.merge_communities or len(gs) < 2:
+            return {}
+        tensors = join_models({str(g): self.community_models_[g] for g in gs})
+        out: dict[str, Payload] = {}
+        for g in gs:
+            for cid, keys in self.community_members(g).items():
+                meta = out.setdefault(cid, ({"type": "community_check", "iteration": self.iteration_,
+                                             "communities": gs, "members": {}}, tensors))[0]
+                meta["members"][str(g)] = keys
+        return dict(sorted(out.items()))
+
+    def receive_community_check(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
+        """Store a client's community check (its member clusters against every community model)."""
+        cid = str(meta["cid"])
+        nodes = [str(k) for k in meta["clusters"]]
+        gs = [int(g) for g in meta["communities"]]
+        stat = np.asarray(tensors.get("stat"), dtype=np.float64) if nodes and gs else np.zeros((len(nodes), 0))
+        if stat.shape != (len(nodes), len(gs)):
+            raise ValueError(f"client {cid}: community check of shape {stat.shape}, expected {(len(nodes), len(gs))}")
+        if any(k.rsplit(":", 1)[0] != cid for k in nodes) or not set(gs) <= set(self.community_models_):
+            raise ValueError(f"client {cid} reported a community check for clusters or communities not its own")
+        if not np.isfinite(stat).all():
+            raise ValueError(f"client {cid}: community check has NaN or Inf")
+        for i, k in enumerate(nodes):
+            self.check_stats_[k] = {g: float(stat[i, j]) for j, g in enumerate(gs)}
+
+    def merge_checked(self) -> list[tuple[int, int]]:
+        """Merge the communities linked by the check (:func:`~server_kit.fedcref.graph.community_links`).
+
+        A merged community keeps the model of its largest part (by samples);
+        communities are renumbered in the order of their first node. Returns
+        the links, as indices of the communities before the merge
+        (:attr:`graph_communities_`).
+        """
+        before = [list(c) for c in self.communities_]
+        links = community_links(self.check_stats_, before, self.theta) if self.merge_communities else []
+        self.community_links_ = links
+        if not links:
+            return links
+        groups = connected_components([str(g) for g in range(len(before))], [(str(a), str(b)) for a, b in links])
+        merged = []
+        for grp in groups:
+            parts = [int(g) for g in grp]
+            lead = max(parts, key=lambda g: (self.community_sizes_[g], -g))
+            merged.append((sorted(k for g in parts for k in before[g]), lead, parts))
+        merged.sort(key=lambda m: m[0][0])
+        models, sizes = self.community_models_, self.community_sizes_
+        self.communities_ = [m[0] for m in merged]
+        self.community_models_ = {i: models[m[1]] for i, m in enumerate(merged)}
+        self.community_sizes_ = {i: sum(sizes[g] for g in m[2]) for i, m in enumerate(merged)}
+        log.info("FedCRef iteration %d: community check merged %d communities into %d (%d links)", self.iteration_,
+                 len(before), len(self.communities_), len(links))
+        return links
+
     # ------------------------------------------------------------------ phase 4: stability and stopping
 
     def receive_refined(self, meta: Mapping[str, Any]) -> None:
@@ -270,6 +351,7 @@ class FedCRefServer:
             "isolated": len(self.isolated_),
             "clusters": len(self.models_),
             "edges": len(self.edges_),
+            "community_links": len(self.community_links_),
             "active": len(self.active_),
             "stability": dict(self._stability),
         })
