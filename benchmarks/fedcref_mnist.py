@@ -159,7 +159,7 @@ def run_seed(seed: int, x: np.ndarray, y: np.ndarray, args, encoder, export_dir:
         "bytes_by_kind": res.ledger.as_dict(),
         "wall_seconds": wall,
         "client_train_seconds": float(sum(c.train_seconds_ for c in clients)),
-        "client_eval_seconds": float(sum(c.errors_.seconds for c in clients)),
+        "client_eval_seconds": float(sum(c.error_table_.seconds for c in clients)),
         "history": [{k: v for k, v in h.items() if k not in ("stability", "client_acc")} for h in res.history],
         "client_acc_final": res.history[-1].get("client_acc"),
     }

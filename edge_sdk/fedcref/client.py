@@ -129,8 +129,8 @@ class FedCRefClient:
         refinement.
     train_seconds_ : float
         Time spent training autoencoders.
-    errors_ : ErrorTable
-        Every model's errors on the samples (``errors_.seconds``: time spent computing them).
+    error_table_ : ErrorTable
+        Every model's errors on the samples (``error_table_.seconds``: time spent computing them).
 
     Notes
     -----
@@ -209,7 +209,7 @@ class FedCRefClient:
         self._published: Optional[tuple[str, ...]] = None
         self._defining: dict[int, dict[str, np.ndarray]] = {}  # cluster -> model that defined it (warm start)
         self._ext: dict[str, tuple[str, dict[str, np.ndarray]]] = {}  # node -> (version, weights)
-        self.errors_ = ErrorTable(self.architecture, self.x, self.threads)
+        self.error_table_ = ErrorTable(self.architecture, self.x, self.threads)
         self._counter = 0
         self._adopted = False  # a community model now stands for one of the clusters
 
@@ -323,7 +323,7 @@ class FedCRefClient:
         models = split_models(tensors)
         for key in [k for k in self._ext if k.rsplit(":", 1)[0] == owner]:
             del self._ext[key]
-            self.errors_.drop(key)
+            self.error_table_.drop(key)
         for c in meta["clusters"]:
             q = int(c["q"])
             if str(q) not in models:
@@ -348,8 +348,8 @@ class FedCRefClient:
         it = int((command or {}).get("iteration", 0))
         own = sorted(self.models_)
         ext = sorted(self._ext)
-        own_err = {q: self.errors_.of(f"own:{q}", self._own_versions[q], self.models_[q]) for q in own}
-        ext_err = [self.errors_.of(key, *self._ext[key]) for key in ext]
+        own_err = {q: self.error_table_.of(f"own:{q}", self._own_versions[q], self.models_[q]) for q in own}
+        ext_err = [self.error_table_.of(key, *self._ext[key]) for key in ext]
         stat = association_matrix(labels, own_err, ext_err, self.alpha, self.normalization)
         meta = {"type": "association", "cid": self.cid, "iteration": it,
                 "clusters": [node_key(self.cid, q) for q in own], "external": ext, "alpha": self.alpha,
@@ -402,12 +402,12 @@ class FedCRefClient:
     def community_check(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> Payload:
         """Phase 3b: the member clusters test the other community models against their own community's.
 
-        ``meta``: ``{"type": "community_check", "iteration", "communities": [g, ...], "members": {"<g>":
-        [own node ids]}}``; ``tensors``: ``{"<g>/<param>": array}``. Returns ``{"type", "cid", "iteration",
-        "clusters", "communities"}`` and ``{"stat": float32}`` (:func:`community_check_matrix`).
+        ``meta``: ``{"type": "community_check", "iteration", "communities", "members": {"<g>": [own nodes]}}``,
+        ``tensors``: the models. Returns ``{"type", "cid", "iteration", "clusters", "communities"}``, ``{"stat"}``.
         """
         labels, comm, it = self._check_ready(), split_models(tensors), int(meta.get("iteration", 0))
-        errors = {int(g): self.errors_.of(f"community:{g}", f"check:{it}.{g}", comm[str(g)]) for g in meta["communities"]}
+        errors = {int(g): self.error_table_.of(f"community:{g}", f"check:{it}.{g}", comm[str(g)])
+                  for g in meta["communities"]}
         stat, nodes = community_check_matrix(self.cid, labels, meta.get("members", {}), errors, self.alpha,
                                              self.normalization)
         return ({"type": "community_check", "cid": self.cid, "iteration": it, "communities": sorted(errors),
@@ -464,11 +464,11 @@ class FedCRefClient:
     def _candidate_errors(self, own: Sequence[int], gs: Sequence[int], versions: Sequence[str],
                           comm: Mapping[str, Mapping[str, np.ndarray]]) -> np.ndarray:
         """Errors on all local samples of the own models, then of the community models, one column each."""
-        errs = [self.errors_.of(f"own:{q}", self._own_versions[q], self.models_[q]) for q in own]
+        errs = [self.error_table_.of(f"own:{q}", self._own_versions[q], self.models_[q]) for q in own]
         for g, v in zip(gs, versions):
             if str(g) not in comm:
                 raise ValueError(f"client {self.cid}: community model {g} is missing")
-            errs.append(self.errors_.of(f"community:{g}", f"community:{v}", comm[str(g)]))
+            errs.append(self.error_table_.of(f"community:{g}", f"community:{v}", comm[str(g)]))
         return np.stack(errs, axis=1)
 
     def _adopt(self, own: Sequence[int], cols: Sequence[int], chosen: Sequence[Sequence[int]],
@@ -479,7 +479,7 @@ class FedCRefClient:
         own_versions: dict[int, str] = {}
         described = []
         for q in own:
-            self.errors_.drop(f"own:{q}")
+            self.error_table_.drop(f"own:{q}")
         for p, (col, grp) in enumerate(zip(cols, chosen)):
             kind, ident = columns[col]
             linked = [columns[j][1] for j in grp if columns[j][0] == "community"]
@@ -492,7 +492,7 @@ class FedCRefClient:
                 own_versions[p] = self._new_version()
                 described.append({"kind": "community", "g": int(ident), "community": int(ident)})
             # the model's errors on the local samples are known: keep them under the new index
-            self.errors_.put(f"own:{p}", own_versions[p], err[:, col])
+            self.error_table_.put(f"own:{p}", own_versions[p], err[:, col])
         self.models_ = models
         self._own_versions = own_versions
         self._defining = dict(models)

@@ -176,6 +176,10 @@ class FedCRefEdge:
                     meta, weights = self.client.community_update(own, tensors)
                 meta = dict(meta, iteration=int(m.get("iteration", 0)))
                 self._send(self.topics.update(self.cid), Kind.UPDATE, (meta, weights), msg.round)
+            elif msg.kind == Kind.MODEL and what == "community_check":
+                with self.lock:
+                    report = self.client.community_check(m, tensors)
+                self._send(self.topics.sketch(self.cid), Kind.FEATURES, report, msg.round)
             elif msg.kind == Kind.MODEL and what == "community_models":
                 with self.lock:
                     report = self.client.refine(m, tensors)

@@ -19,9 +19,14 @@ Each iteration makes the calls of the in-process driver, in its order:
    clusters), the members answer ``community_update``
    on their update topic; updates are averaged in client-id order, as in
    process, so the floats agree;
-4. the community models go to each active client's command topic; the
+4. the community check (with ``merge_communities``, two or more
+   communities): every community model, with the client's own members, to
+   each member client's command topic (``community_check``, MODEL); the
+   statistics come back as FEATURES on ``clients/<id>/sketch``; then the
+   linked communities merge;
+5. the community models go to each active client's command topic; the
    ``refined`` reports come back as METRICS on ``clients/<id>/metrics``;
-5. the stopping rule; at the end a ``stop`` command to every client.
+6. the stopping rule; at the end a ``stop`` command to every client.
 
 Devices write only under their own ``clients/<id>/`` and read their command
 topic and broadcasts: the shipped ``deploy/acl`` holds. Every incoming message is checked (kind against topic, sender
@@ -69,6 +74,7 @@ _EXPECTED = {
     "cluster_models": (Kind.UPDATE, "update"),
     "association": (Kind.FEATURES, "sketch"),
     "community_update": (Kind.UPDATE, "update"),
+    "community_check": (Kind.FEATURES, "sketch"),
     "refined": (Kind.METRICS, "metrics"),
 }
 
@@ -284,7 +290,7 @@ class FedCRefCoordinator:
         if it != self.server.iteration_:
             raise _Reject("stale", f"{what} from {cid} for iteration {it!r} (current {self.server.iteration_})")
         phase_of = {"cluster_models": "models", "association": "associate", "community_update": "community",
-                    "refined": "refine"}
+                    "community_check": "check", "refined": "refine"}
         if phase_of[what] != self._phase or cid not in self._waiting:
             raise _Reject("unexpected", f"{what} from {cid} in phase {self._phase} "
                                         f"(awaited: {cid in self._waiting})")
@@ -346,6 +352,13 @@ class FedCRefCoordinator:
         tensors = self._tensors(body, "community_update", cid)
         self._check_models({"update": tensors}, cid)
         self._updates[cid] = (dict(m), tensors)
+
+    def _on_community_check(self, cid: str, m: Mapping[str, Any], body: bytes) -> None:
+        tensors = parse_tensors(body) if body else {}
+        try:
+            self.server.receive_community_check(m, tensors)
+        except (KeyError, TypeError, ValueError) as e:
+            raise _Reject("meta", f"community check of {cid}: {e}") from None
 
     def _on_refined(self, cid: str, m: Mapping[str, Any], body: bytes) -> None:
         s, k = m.get("stability"), m.get("n_clusters")
@@ -419,6 +432,13 @@ class FedCRefCoordinator:
         # phase 3: FedAvg per community
         for g in range(len(communities)):
             self._community_phase(g)
+        # phase 3b: the community check, then the linked communities merge
+        checks = {cid: p for cid, p in srv.community_check_payloads().items() if cid in set(self._alive())}
+        if checks:
+            for cid, payload in checks.items():
+                self._publish(self.topics.cmd(cid), Kind.MODEL, payload)
+            self._wait("check", sorted(checks), self.timeout_s)
+            srv.merge_checked()
         # phase 4: refinement by the active clients
         refining = [c for c in self._alive() if c in srv.active_]
         if refining:

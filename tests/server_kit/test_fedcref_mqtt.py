@@ -69,7 +69,7 @@ def check_same_as_in_process(got, clients, reference):
     assert got.graph_communities == ref.graph_communities
     assert got.communities == ref.communities
     assert got.iterations == ref.iterations and got.stopped == ref.stopped
-    keys = ("communities", "isolated", "clusters", "edges", "active", "stability")
+    keys = ("communities", "isolated", "clusters", "edges", "community_links", "active", "stability")
     assert [{k: h[k] for k in keys} for h in got.history] == [{k: h[k] for k in keys} for h in ref.history]
     for c, rc in zip(clients, ref_clients):  # bit-identical: same seeds, same float order (FedAvg by client id)
         np.testing.assert_array_equal(c.labels_, rc.labels_)
@@ -115,6 +115,12 @@ def test_memory_broker_run_matches_in_process_and_rejects_hostile_messages(data,
     community = [(t, decode_message(p)) for t, p in broker.log if t.endswith("/cmd") and p[:2] == b"FS"]
     community = [(t, m) for t, m in community if m.kind == Kind.MODEL and m.meta.get("type") == "community_model"]
     assert community and all(list(m.meta["members"]) == [t.split("/")[-2]] for t, m in community)
+    # the community check: every community model to each member, naming only that member's own clusters
+    checks = [(t, decode_message(p)) for t, p in broker.log if t.endswith("/cmd") and p[:2] == b"FS"]
+    checks = [(t, m) for t, m in checks if m.kind == Kind.MODEL and m.meta.get("type") == "community_check"]
+    assert checks and all(k.startswith(t.split("/")[-2] + ":") for t, m in checks
+                          for keys in m.meta["members"].values() for k in keys)
+    assert edges[0].handled_.get("community_check", 0) >= 1
 
 
 @pytest.mark.broker
