@@ -41,7 +41,7 @@ MNIST's train and test splits are pooled (70,000 images) so that 25 clients
 x 3.5 classes x 500 samples rarely ask more of a digit than exists; a draw
 that does is redrawn (:func:`server_kit.fedcref.class_subset_partition`).
 
-``--quick`` runs on scikit-learn's 8x8 digits (no data folder needed): 8
+``--quick`` runs on scikit-learn's 8x8 digits (no data folder needed; Ward on pixels too): 8
 clients with 2 or 3 classes, 60 samples each, the 64-48-32-16 autoencoder
 (60 epochs, batch 16), theta 0.3, 5 community rounds of 2 epochs, 2 seeds.
 
@@ -319,8 +319,6 @@ def run(args) -> dict[str, Any]:
     from server_kit.report import write_json
 
     t_all = time.perf_counter()
-    if args.encoder is None:
-        args.encoder = "digits_encoder" if args.quick else "none"
     print(f"FedCRef on {'digits (8x8)' if args.quick else 'MNIST'}: {args.clients} clients x "
           f"{args.classes_per_client[0]}-{args.classes_per_client[1]} classes x {args.samples_per_class} samples, "
           f"init {args.init}{' (K estimated)' if args.estimate_k else ''} on "
@@ -382,9 +380,9 @@ def main(argv=None) -> int:
     ap.add_argument("--init", choices=[m for m in INIT_METHODS if m != "given"], default="ward",
                     help="the devices' initial clustering: K-means or Ward's hierarchical clustering on pixels "
                          "(or --encoder latents), or the paper's simulated dirty labels")
-    ap.add_argument("--encoder", default=None,
+    ap.add_argument("--encoder", default="none",
                     help="ONNX encoder whose latents K-means (and the baseline) cluster; 'none': raw pixels "
-                         "(default: none; digits_encoder with --quick; fmnist_fc_encoder: the shipped "
+                         "(default: none; digits_encoder: the shipped digits encoder; fmnist_fc_encoder: the shipped "
                          "Fashion-MNIST encoder)")
     ap.add_argument("--estimate-k", action="store_true", help="choose K_i by silhouette (default: given)")
     ap.add_argument("--dirtiness", type=float, default=0.3)

@@ -14,15 +14,17 @@ import numpy as np
 
 from ..training.torch_support import using_threads
 from ..validation import check_int, check_positive
-from .association import association_matrix, check_normalization, community_check_matrix, node_key
+from .association import (
+    association_matrix,
+    check_normalization,
+    node_key,
+)
 from .checks import check_alpha, check_cid, check_dirtiness, check_k_range, check_samples
 from .clustering import (
-    candidate_groups,
     check_init,
-    hungarian_accuracy,
     initial_clustering,
-    refine_candidates,
 )
+from .community import CommunityPhases, Payload
 from .errors import ErrorTable
 from .models import (
     check_architecture,
@@ -37,11 +39,8 @@ __all__ = ["FedCRefClient", "Payload"]
 
 log = logging.getLogger(__name__)
 
-#: Every exchanged object: a JSON-able ``meta`` dict and a dict of numpy arrays.
-Payload = tuple[dict[str, Any], dict[str, np.ndarray]]
 
-
-class FedCRefClient:
+class FedCRefClient(CommunityPhases):
     """One device of a FedCRef federation: its data, clusters and cluster models.
 
     The server drives it through the methods below, each taking and returning :data:`Payload` objects.
@@ -218,6 +217,13 @@ class FedCRefClient:
             raise RuntimeError(f"client {self.cid}: call initialize() first")
         return self.labels_
 
+    def _node_errors(self, key: str) -> np.ndarray:
+        """Errors on the local samples of the model of node ``key`` (an own cluster's or a received one)."""
+        owner, _, q = key.rpartition(":")
+        if owner != self.cid:
+            return self.error_table_.of(key, *self._ext[key])
+        return self.error_table_.of(f"own:{q}", self._own_versions[int(q)], self.models_[int(q)])
+
     def _new_version(self) -> str:
         self._counter += 1
         return f"{self.cid}.{self._counter}"
@@ -348,153 +354,9 @@ class FedCRefClient:
         it = int((command or {}).get("iteration", 0))
         own = sorted(self.models_)
         ext = sorted(self._ext)
-        own_err = {q: self.error_table_.of(f"own:{q}", self._own_versions[q], self.models_[q]) for q in own}
-        ext_err = [self.error_table_.of(key, *self._ext[key]) for key in ext]
-        stat = association_matrix(labels, own_err, ext_err, self.alpha, self.normalization)
+        own_err = {q: self._node_errors(node_key(self.cid, q)) for q in own}
+        stat = association_matrix(labels, own_err, [self._node_errors(k) for k in ext], self.alpha, self.normalization)
         meta = {"type": "association", "cid": self.cid, "iteration": it,
                 "clusters": [node_key(self.cid, q) for q in own], "external": ext, "alpha": self.alpha,
                 "normalization": self.normalization}
         return meta, {"stat": stat}
-
-    # ------------------------------------------------------------------ phase 3: community FedAvg
-
-    def community_update(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> Payload:
-        """Train a community model on the member clusters' samples (one FedAvg round).
-
-        Parameters
-        ----------
-        meta : mapping
-            ``{"type": "community_model", "community": g, "round": r,
-            "iteration": t, "members": [node ids of this client]}``.
-        tensors : mapping
-            The community model.
-
-        Returns
-        -------
-        (dict, dict)
-            ``meta`` = ``{"type": "community_update", "cid", "community",
-            "round", "n"}`` and the trained weights.
-        """
-        labels = self._check_ready()
-        g = int(meta["community"])
-        rnd = int(meta.get("round", 0))
-        it = int(meta.get("iteration", 0))
-        qs = []
-        for key in meta["members"]:
-            owner, _, q = str(key).rpartition(":")
-            if owner != self.cid:
-                raise ValueError(f"client {self.cid} got community {g} training for {key}")
-            qs.append(int(q))
-        mask = np.isin(labels, qs)
-        if not mask.any():
-            raise ValueError(f"client {self.cid}: member clusters {qs} of community {g} are empty")
-        torch = import_torch()
-        t0 = time.perf_counter()
-        with using_threads(torch, self.threads):
-            weights, _ = train_cluster_ae(
-                self.architecture, tensors, self.x[mask], epochs=self.community_epochs, lr=self.lr,
-                batch_size=self.batch_size, seed=self.seed * 7919 + it * 131 + g * 17 + rnd + 1_000_003,
-            )
-        self.train_seconds_ += time.perf_counter() - t0
-        out = {"type": "community_update", "cid": self.cid, "community": g, "round": rnd, "n": int(mask.sum())}
-        return out, weights
-
-    def community_check(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> Payload:
-        """Phase 3b: the member clusters test the other community models against their own community's.
-
-        ``meta``: ``{"type": "community_check", "iteration", "communities", "members": {"<g>": [own nodes]}}``,
-        ``tensors``: the models. Returns ``{"type", "cid", "iteration", "clusters", "communities"}``, ``{"stat"}``.
-        """
-        labels, comm, it = self._check_ready(), split_models(tensors), int(meta.get("iteration", 0))
-        errors = {int(g): self.error_table_.of(f"community:{g}", f"check:{it}.{g}", comm[str(g)])
-                  for g in meta["communities"]}
-        stat, nodes = community_check_matrix(self.cid, labels, meta.get("members", {}), errors, self.alpha,
-                                             self.normalization)
-        return ({"type": "community_check", "cid": self.cid, "iteration": it, "communities": sorted(errors),
-                 "clusters": nodes}, {"stat": stat})
-
-    # ------------------------------------------------------------------ phase 4: refinement
-
-    def refine(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> Payload:
-        """Algorithm 2 over the own models and the received community models.
-
-        Each own and each community model is a candidate of
-        :func:`refine_labels`; with ``link_communities`` an own cluster's
-        model and its communities' models form one candidate (the lowest of
-        their errors), as separate candidates they would split one category.
-
-        Parameters
-        ----------
-        meta : mapping
-            ``{"type": "community_models", "iteration": t, "communities":
-            [g, ...], "versions": [...], "members": {"<g>": [node ids]}}``.
-        tensors : mapping
-            The community models as ``{"<g>/<param>": array}`` (may be empty).
-
-        Returns
-        -------
-        (dict, dict)
-            ``meta`` = ``{"type": "refined", "cid", "iteration",
-            "stability", "n_clusters", "selected": [...]}``, no tensors.
-            ``stability`` is the Hungarian-matched agreement of the labels
-            before and after; ``selected[p]`` describes the model now
-            representing new cluster ``p`` (``{"kind": "local", "q"}`` or
-            ``{"kind": "community", "g"}``) and ``"community"``, the community
-            its candidate stands for (-1 for none).
-        """
-        labels = self._check_ready()
-        it = int(meta.get("iteration", 0))
-        comm = split_models(tensors) if tensors else {}
-        gs = [int(g) for g in meta.get("communities", [])]
-        versions = [str(v) for v in meta.get("versions", [f"{it}.{g}" for g in gs])]
-        own = sorted(self.models_)
-        columns: list[tuple[str, int]] = [("local", q) for q in own] + [("community", g) for g in gs]
-        err = self._candidate_errors(own, gs, versions, comm)
-        groups = candidate_groups(self.cid, own, gs, meta.get("members", {}) if self.link_communities else {})
-        new, cols, chosen = refine_candidates(err, groups, self.n_clusters_)
-        self.stability_ = hungarian_accuracy(labels, new)
-        described = self._adopt(own, cols, chosen, columns, err, comm)
-        if len(chosen) < self.n_clusters_:
-            log.info("client %s: refinement formed %d of %d clusters", self.cid, len(chosen), self.n_clusters_)
-        self._set_labels(new)
-        out = {"type": "refined", "cid": self.cid, "iteration": it, "stability": float(self.stability_),
-               "n_clusters": self.n_clusters_, "selected": described}
-        return out, {}
-
-    def _candidate_errors(self, own: Sequence[int], gs: Sequence[int], versions: Sequence[str],
-                          comm: Mapping[str, Mapping[str, np.ndarray]]) -> np.ndarray:
-        """Errors on all local samples of the own models, then of the community models, one column each."""
-        errs = [self.error_table_.of(f"own:{q}", self._own_versions[q], self.models_[q]) for q in own]
-        for g, v in zip(gs, versions):
-            if str(g) not in comm:
-                raise ValueError(f"client {self.cid}: community model {g} is missing")
-            errs.append(self.error_table_.of(f"community:{g}", f"community:{v}", comm[str(g)]))
-        return np.stack(errs, axis=1)
-
-    def _adopt(self, own: Sequence[int], cols: Sequence[int], chosen: Sequence[Sequence[int]],
-               columns: Sequence[tuple[str, int]], err: np.ndarray,
-               comm: Mapping[str, Mapping[str, np.ndarray]]) -> list[dict[str, Any]]:
-        """Make column ``cols[p]`` (of candidate ``chosen[p]``) the model of new cluster ``p``; describe each."""
-        models: dict[int, dict[str, np.ndarray]] = {}
-        own_versions: dict[int, str] = {}
-        described = []
-        for q in own:
-            self.error_table_.drop(f"own:{q}")
-        for p, (col, grp) in enumerate(zip(cols, chosen)):
-            kind, ident = columns[col]
-            linked = [columns[j][1] for j in grp if columns[j][0] == "community"]
-            if kind == "local":
-                models[p] = self.models_[ident]
-                own_versions[p] = self._own_versions[ident]
-                described.append({"kind": "local", "q": int(ident), "community": min(linked, default=-1)})
-            else:
-                models[p] = comm[str(ident)]
-                own_versions[p] = self._new_version()
-                described.append({"kind": "community", "g": int(ident), "community": int(ident)})
-            # the model's errors on the local samples are known: keep them under the new index
-            self.error_table_.put(f"own:{p}", own_versions[p], err[:, col])
-        self.models_ = models
-        self._own_versions = own_versions
-        self._defining = dict(models)
-        self._adopted = any(d["kind"] == "community" for d in described)
-        return described

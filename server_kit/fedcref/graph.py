@@ -77,39 +77,44 @@ def connected_components(nodes: Sequence[str], edges: Sequence[tuple[str, str]])
     return sorted((sorted(g) for g in groups.values()), key=lambda g: g[0])
 
 
-def community_links(check: Mapping[str, Mapping[int, float]], communities: Sequence[Sequence[str]],
-                    theta: float) -> list[tuple[int, int]]:
-    """Pairs of communities whose models pass the community check both ways.
+def community_links(check: Mapping[str, Mapping[str, float]], groups: Mapping[str, Sequence[str]],
+                    theta: float) -> list[tuple[str, str]]:
+    """Pairs of groups whose models pass the community check both ways.
 
-    Community ``g`` accepts community ``h`` when at least half of ``g``'s
-    member clusters that reported find ``h``'s model within ``theta``
-    (``check[node][h] <= theta``, the association statistic with ``g``'s
-    model as the own one, :func:`edge_sdk.fedcref.association.community_check_matrix`);
-    two communities link when each accepts the other. A vote of the members
-    rather than one pair: a single impure member cannot join two categories.
+    The groups are the communities (ids ``"<g>"``) and the isolated clusters
+    (their node ids). Group ``a`` accepts group ``b`` when at least half of
+    ``a``'s member clusters that reported find ``b``'s model within
+    ``theta`` (``check[node][b] <= theta``: the association statistic with
+    ``a``'s model as the own one,
+    :func:`edge_sdk.fedcref.association.community_check_matrix`); two groups
+    link when each accepts the other. A vote of the members rather than one
+    pair: a single impure member cannot join two categories. Two isolated
+    clusters are not paired: the association test already compared their
+    models.
 
     Parameters
     ----------
-    check : mapping of node -> (mapping of community -> float)
-        Each member cluster's statistics against the community models.
-    communities : sequence of sequence of str
-        Member nodes of each community (index = community id).
+    check : mapping of node -> (mapping of group id -> float)
+        Each cluster's statistics against the group models.
+    groups : mapping of str to sequence of str
+        Member nodes of each group.
     theta : float
         Association threshold in (0, 1].
 
     Returns
     -------
-    list of (int, int)
-        Sorted pairs ``(g, h)`` with ``g < h``.
+    list of (str, str)
+        Sorted pairs ``(a, b)`` with ``a < b``.
     """
     t = check_theta(theta)
 
-    def accepts(g: int, h: int) -> bool:
-        votes = [check[k][h] <= t for k in communities[g] if k in check and h in check[k]]
+    def accepts(a: str, b: str) -> bool:
+        votes = [check[k][b] <= t for k in groups[a] if k in check and b in check[k]]
         return bool(votes) and 2 * sum(votes) >= len(votes)
 
-    n = len(communities)
-    return [(g, h) for g in range(n) for h in range(g + 1, n) if accepts(g, h) and accepts(h, g)]
+    ids = sorted(groups)
+    return [(a, b) for i, a in enumerate(ids) for b in ids[i + 1:]
+            if not (":" in a and ":" in b) and accepts(a, b) and accepts(b, a)]
 
 
 def stop_rule_met(communities: Sequence[int], isolated: Sequence[int], *, tolerance: float = 0.1,
@@ -137,15 +142,15 @@ def wrong_associations(edges: Sequence[tuple[str, str]], node_class: Mapping[str
     return int(sum(node_class[a] != node_class[b] for a, b in edges))
 
 
-def wrong_community_links(links: Sequence[tuple[int, int]], communities: Sequence[Sequence[str]],
+def wrong_community_links(links: Sequence[tuple[str, str]], groups: Mapping[str, Sequence[str]],
                           node_class: Mapping[str, int]) -> int:
-    """Community links joining communities whose majority true classes differ (evaluation only).
+    """Community-check links joining groups whose majority true classes differ (evaluation only).
 
-    A community's class is the most common majority class of its member
-    clusters (ties: the smallest class).
+    A group's class is the most common majority class of its member clusters
+    (ties: the smallest class).
     """
-    def majority(g: int) -> int:
-        classes = [node_class[k] for k in communities[g] if k in node_class]
+    def majority(g: str) -> int:
+        classes = [node_class[k] for k in groups[g] if k in node_class]
         return int(np.bincount(classes).argmax()) if classes else -1
 
     return int(sum(majority(a) != majority(b) for a, b in links))

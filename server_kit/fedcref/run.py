@@ -282,8 +282,7 @@ class _InProcessRun:
             record["client_acc"] = {c.cid: hungarian_accuracy(truth[c.cid], c.labels_) for c in clients}
             record["acc"] = float(np.mean(list(record["client_acc"].values())))
             record["wrong"] = wrong_associations(server.edges_, node_class)
-            record["wrong_links"] = wrong_community_links(server.community_links_, server.graph_communities_,
-                                                          node_class)
+            record["wrong_links"] = wrong_community_links(server.community_links_, server.check_groups_, node_class)
             record["classes_covered"] = len({node_class[c[0]] for c in communities})
             record["pure_communities"] = sum(len({node_class[k] for k in c}) == 1 for c in communities)
         server.history_[-1] = record

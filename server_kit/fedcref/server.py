@@ -60,8 +60,10 @@ class FedCRefServer:
         (:meth:`community_check_payloads`, :meth:`merge_checked`): two
         communities whose models pass the association test against each
         other, on the samples of a majority of each one's members, become
-        one. The paper has no such step (False): there a category that the
-        cluster-level test splits in two stays two communities.
+        one, and an isolated cluster whose model passes it against a
+        community's joins it. The paper has no such step (False): there a
+        category that the cluster-level test splits in two stays two
+        communities.
 
     Attributes
     ----------
@@ -122,9 +124,10 @@ class FedCRefServer:
         if not isinstance(merge_communities, bool):
             raise ValueError(f"merge_communities must be true or false, got {merge_communities!r}")
         self.merge_communities = merge_communities
-        self.check_stats_: dict[str, dict[int, float]] = {}
+        self.check_stats_: dict[str, dict[str, float]] = {}
         self.graph_communities_: list[list[str]] = []
-        self.community_links_: list[tuple[int, int]] = []
+        self.community_links_: list[tuple[str, str]] = []
+        self.check_groups_: dict[str, list[str]] = {}
         self.clients_: dict[str, dict[str, Any]] = {}
         self.active_: set[str] = set()
         self.models_: dict[str, tuple[str, dict[str, np.ndarray], int]] = {}
@@ -216,6 +219,7 @@ class FedCRefServer:
         self.graph_communities_ = [list(c) for c in self.communities_]
         self.check_stats_ = {}
         self.community_links_ = []
+        self.check_groups_ = {}
         return self.communities_
 
     # ------------------------------------------------------------------ phase 3: community FedAvg
@@ -267,66 +271,81 @@ class FedCRefServer:
 
     # ------------------------------------------------------------------ phase 3b: community check
 
-    def community_check_payloads(self) -> dict[str, Payload]:
-        """The community check's object for each member client: every community model, its own members.
+    def check_groups(self) -> dict[str, list[str]]:
+        """The groups of the community check: each community (``"<g>"``) and each isolated cluster (its node id)."""
+        groups = {str(g): list(self.communities_[g]) for g in sorted(self.community_models_)}
+        return groups | {k: [k] for k in self.isolated_}
 
-        Empty when the check is off or there are fewer than two trained
-        communities. A client learns which of its own clusters are in which
+    def community_check_payloads(self) -> dict[str, Payload]:
+        """The community check's object for each client with a cluster in a group.
+
+        Every community model goes to each client that has a member cluster
+        or an isolated one, with its own members and the isolated nodes (whose
+        models every client already holds). Empty when the check is off or no
+        two groups can be compared (fewer than one community and one other
+        group). A client learns which of its own clusters are in which
         community, never the other members.
         """
         gs = sorted(self.community_models_)
-        if not self.merge_communities or len(gs) < 2:
+        if not self.merge_communities or not gs or len(gs) + len(self.isolated_) < 2:
             return {}
         tensors = join_models({str(g): self.community_models_[g] for g in gs})
-        out: dict[str, Payload] = {}
+        owners = {k.rsplit(":", 1)[0]: {} for k in self.isolated_}
         for g in gs:
             for cid, keys in self.community_members(g).items():
-                meta = out.setdefault(cid, ({"type": "community_check", "iteration": self.iteration_,
-                                             "communities": gs, "members": {}}, tensors))[0]
-                meta["members"][str(g)] = keys
-        return dict(sorted(out.items()))
+                owners.setdefault(cid, {})[str(g)] = keys
+        return {cid: ({"type": "community_check", "iteration": self.iteration_, "communities": gs,
+                       "members": members, "isolated": list(self.isolated_)}, tensors)
+                for cid, members in sorted(owners.items())}
 
     def receive_community_check(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
-        """Store a client's community check (its member clusters against every community model)."""
+        """Store a client's community check (its clusters against every group model)."""
         cid = str(meta["cid"])
         nodes = [str(k) for k in meta["clusters"]]
-        gs = [int(g) for g in meta["communities"]]
-        stat = np.asarray(tensors.get("stat"), dtype=np.float64) if nodes and gs else np.zeros((len(nodes), 0))
-        if stat.shape != (len(nodes), len(gs)):
-            raise ValueError(f"client {cid}: community check of shape {stat.shape}, expected {(len(nodes), len(gs))}")
-        if any(k.rsplit(":", 1)[0] != cid for k in nodes) or not set(gs) <= set(self.community_models_):
-            raise ValueError(f"client {cid} reported a community check for clusters or communities not its own")
+        groups = [str(g) for g in meta["groups"]]
+        stat = np.asarray(tensors.get("stat"), dtype=np.float64) if nodes and groups else np.zeros((len(nodes), 0))
+        if stat.shape != (len(nodes), len(groups)):
+            raise ValueError(f"client {cid}: community check of shape {stat.shape}, expected {(len(nodes), len(groups))}")
+        if any(k.rsplit(":", 1)[0] != cid for k in nodes) or not set(groups) <= set(self.check_groups()):
+            raise ValueError(f"client {cid} reported a community check for clusters or groups not its own")
         if not np.isfinite(stat).all():
             raise ValueError(f"client {cid}: community check has NaN or Inf")
         for i, k in enumerate(nodes):
-            self.check_stats_[k] = {g: float(stat[i, j]) for j, g in enumerate(gs)}
+            self.check_stats_[k] = {g: float(stat[i, j]) for j, g in enumerate(groups)}
 
-    def merge_checked(self) -> list[tuple[int, int]]:
-        """Merge the communities linked by the check (:func:`~server_kit.fedcref.graph.community_links`).
+    def merge_checked(self) -> list[tuple[str, str]]:
+        """Merge the groups linked by the check (:func:`~server_kit.fedcref.graph.community_links`).
 
-        A merged community keeps the model of its largest part (by samples);
-        communities are renumbered in the order of their first node. Returns
-        the links, as indices of the communities before the merge
-        (:attr:`graph_communities_`).
+        An isolated cluster linked to a community joins it; linked communities
+        become one, with the model of its largest community part (by
+        samples). Communities are renumbered in the order of their first
+        node. Returns the links, as group ids of :meth:`check_groups` before
+        the merge (kept in :attr:`check_groups_` for the audit).
         """
-        before = [list(c) for c in self.communities_]
-        links = community_links(self.check_stats_, before, self.theta) if self.merge_communities else []
+        groups = self.check_groups()
+        self.check_groups_ = groups
+        links = community_links(self.check_stats_, groups, self.theta) if self.merge_communities else []
         self.community_links_ = links
         if not links:
             return links
-        groups = connected_components([str(g) for g in range(len(before))], [(str(a), str(b)) for a, b in links])
-        merged = []
-        for grp in groups:
-            parts = [int(g) for g in grp]
-            lead = max(parts, key=lambda g: (self.community_sizes_[g], -g))
-            merged.append((sorted(k for g in parts for k in before[g]), lead, parts))
-        merged.sort(key=lambda m: m[0][0])
         models, sizes = self.community_models_, self.community_sizes_
+        merged = []
+        for comp in connected_components(sorted(groups), links):
+            parts = [int(g) for g in comp if ":" not in g]
+            if not parts:  # an isolated cluster that joined nothing
+                continue
+            lead = max(parts, key=lambda g: (sizes[g], -g))
+            size = sum(sizes[g] for g in parts) + sum(self.models_[k][2] for k in comp if ":" in k)
+            merged.append((sorted(k for g in comp for k in groups[g]), models[lead], size))
+        merged.sort(key=lambda m: m[0][0])
+        joined = {k for m in merged for k in m[0]}
+        log.info("FedCRef iteration %d: community check linked %d pairs: %d communities and %d isolated clusters "
+                 "became %d communities", self.iteration_, len(links), len(self.communities_), len(self.isolated_),
+                 len(merged))
         self.communities_ = [m[0] for m in merged]
-        self.community_models_ = {i: models[m[1]] for i, m in enumerate(merged)}
-        self.community_sizes_ = {i: sum(sizes[g] for g in m[2]) for i, m in enumerate(merged)}
-        log.info("FedCRef iteration %d: community check merged %d communities into %d (%d links)", self.iteration_,
-                 len(before), len(self.communities_), len(links))
+        self.community_models_ = {i: m[1] for i, m in enumerate(merged)}
+        self.community_sizes_ = {i: m[2] for i, m in enumerate(merged)}
+        self.isolated_ = [k for k in self.isolated_ if k not in joined]
         return links
 
     # ------------------------------------------------------------------ phase 4: stability and stopping
