@@ -26,7 +26,11 @@ What a device does (Algorithm 1 and 2 of the paper):
    min-max scaled); the server keeps the pairs where both sides are at most
    ``theta``.
 4. FedAvg rounds for the communities its clusters belong to (local epochs on
-   the member clusters' samples).
+   the member clusters' samples), then the community check: each of its
+   clusters in a community (or isolated) tests the other community models
+   against its community's model (or its own) with the same statistic
+   (:func:`~edge_sdk.fedcref.association.community_check_matrix`); the server
+   merges what passes both ways.
 5. Refinement by lowest reconstruction error over its own and the
    community models (:func:`refine_labels`, Algorithm 2; an own cluster's
    model and its communities' models count as one candidate, see
@@ -48,9 +52,15 @@ Where each job lives:
 * :mod:`~edge_sdk.fedcref.clustering`: the initial clustering, refinement
   (Algorithm 2) and the Hungarian-matched accuracy;
 * :mod:`~edge_sdk.fedcref.models`: the cluster autoencoders (torch);
-* :mod:`~edge_sdk.fedcref.association`: the association test;
-* :mod:`~edge_sdk.fedcref.client`: :class:`FedCRefClient`, the device's state
-  across the phases;
+* :mod:`~edge_sdk.fedcref.association`: the association test and the
+  community check's statistics;
+* :mod:`~edge_sdk.fedcref.errors`: :class:`~edge_sdk.fedcref.errors.ErrorTable`,
+  each model's errors on the device's samples;
+* :mod:`~edge_sdk.fedcref.client`: :class:`FedCRefClient`, the device's state,
+  initial clustering, cluster models and association test;
+* :mod:`~edge_sdk.fedcref.community`: what the device does with community
+  models (FedAvg rounds, the community check, refinement), inherited by
+  :class:`FedCRefClient`;
 * :mod:`~edge_sdk.fedcref.labeler`: :class:`OnnxCommunityLabeler`;
 * :mod:`~edge_sdk.fedcref.mqtt`: :class:`~edge_sdk.fedcref.mqtt.FedCRefEdge`, the
   device's loop behind a broker (imported on its own).

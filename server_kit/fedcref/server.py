@@ -95,8 +95,10 @@ class FedCRefServer:
     changed) uploads its ``K_i`` models once and the server relays them to
     the ``N - 1`` others; every client uploads ``K_i x sum_j K_j`` float32
     statistics; each community round sends the model to and receives an
-    update from every member client; the ``|G|`` community models go to each
-    active client. Clients: see :class:`edge_sdk.fedcref.FedCRefClient`.
+    update from every member client; the community check sends the ``|G|``
+    community models to each client with a cluster in a community or
+    isolated and gets back ``K_i x (|G| + |I|)`` float32 statistics; the
+    ``|G|`` community models go to each active client. Clients: see :class:`edge_sdk.fedcref.FedCRefClient`.
     """
 
     def __init__(
