@@ -267,6 +267,7 @@ def plot_trends(path: Path, rows: list[dict[str, Any]], title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     panels = [("acc", "mean client accuracy"), ("communities", "communities"), ("isolated", "isolated clusters"),
               ("wrong_pct", "wrong associations (% edges)"), ("active", "active clients"),
@@ -299,8 +300,10 @@ def plot_trends(path: Path, rows: list[dict[str, Any]], title: str) -> None:
         if key == "isolated":
             start = np.mean([r["isolated_start"] for r in rows])
             its, mean, half = np.concatenate([[0], its]), np.concatenate([[start], mean]), np.concatenate([[0], half])
+        lo, hi = (0.0, 1.0) if key == "acc" else (0.0, 100.0) if key == "wrong_pct" else (0.0, np.inf)
         ax.plot(its, mean, marker="o", ms=3)
-        ax.fill_between(its, mean - half, mean + half, alpha=0.25)
+        ax.fill_between(its, np.clip(mean - half, lo, hi), np.clip(mean + half, lo, hi), alpha=0.25)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         if key == "communities":
             ax.axhline(10, color="grey", ls="--", lw=1, label="10 digits")
             ax.axhline(np.mean([r["classes_shared"] for r in rows]), color="grey", ls=":", lw=1,
@@ -338,7 +341,7 @@ def run(args) -> dict[str, Any]:
               f"that have a community, with the {len(rows[0]['onnx_files'])} community models ({rows[0]['onnx_bytes'] / 1e6:.1f} "
               f"MB): accuracy {rows[0]['onnx_heldout_acc']:.3f}")
     plot_trends(out / "trends.png", rows, f"FedCRef on {'digits' if args.quick else 'MNIST'}, {args.clients} "
-                f"clients, {len(rows)} seed(s): mean and 95 % CI per iteration")
+                f"clients, {len(rows)} seed(s): mean and 95 % CI per iteration, clipped to possible values")
     seconds = time.perf_counter() - t_all
     write_json(out / "results.json", {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                                       "paper": PAPER, "rows": rows,
