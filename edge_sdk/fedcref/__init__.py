@@ -27,8 +27,8 @@ What a device does (Algorithm 1 and 2 of the paper):
    ``theta``.
 4. FedAvg rounds for the communities its clusters belong to (local epochs on
    the member clusters' samples), then the community check: each of its
-   clusters in a community (or isolated) tests the other community models
-   against its community's model (or its own) with the same statistic
+   clusters in a community tests the other community models against its
+   community's model with the same statistic
    (:func:`~edge_sdk.fedcref.association.community_check_matrix`); the server
    merges what passes both ways.
 5. Refinement by lowest reconstruction error over its own and the

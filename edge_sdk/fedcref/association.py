@@ -170,8 +170,8 @@ def association_matrix(labels: Any, own_errors: Mapping[int, np.ndarray], extern
     return stat
 
 
-def check_homes(cid: str, members: Mapping[str, Sequence[str]], isolated: Sequence[str]) -> dict[int, str]:
-    """The group of each own cluster in the community check: its community's id, or its own node id when isolated.
+def check_homes(cid: str, members: Mapping[str, Sequence[str]]) -> dict[int, str]:
+    """The community of each own cluster in the community check (``{q: "<g>"}``).
 
     Parameters
     ----------
@@ -179,11 +179,9 @@ def check_homes(cid: str, members: Mapping[str, Sequence[str]], isolated: Sequen
         The client; nodes of other clients are skipped.
     members : mapping of str to sequence of str
         Member nodes per community id (``{"<g>": ["<cid>:<q>", ...]}``).
-    isolated : sequence of str
-        The isolated nodes of the association graph.
     """
     home: dict[int, str] = {}
-    for g, keys in [*members.items(), *((k, [k]) for k in isolated)]:
+    for g, keys in members.items():
         for k in keys:
             owner, _, q = str(k).rpartition(":")
             if owner == cid:
@@ -191,20 +189,17 @@ def check_homes(cid: str, members: Mapping[str, Sequence[str]], isolated: Sequen
     return home
 
 
-def community_check_matrix(cid: str, labels: Any, home: Mapping[int, str], group_errors: Mapping[str, np.ndarray],
+def community_check_matrix(cid: str, labels: Any, home: Mapping[int, str], community_errors: Mapping[str, np.ndarray],
                            alpha: float = 75.0, normalization: str = "relative") -> tuple[np.ndarray, list[str]]:
-    """A client's side of the community check: each own cluster's group model against the other groups' models.
+    """A client's side of the community check: each member cluster's community model against the others.
 
-    The groups are the communities (their FedAvg models) and the isolated
-    clusters (their own models). For own cluster ``q`` of group ``home[q]``,
-    entry ``[i, j]`` is :func:`association_statistic` on ``q``'s samples with
-    the errors of its group's model in place of the cluster's own model and
-    those of the ``j``-th group (sorted ids) as the external ones: the
-    association test run between two group models, on the samples of one
-    member. Two community models were trained by FedAvg for the same rounds,
-    so neither has the advantage a cluster's own model has on the samples it
-    was fitted to. Two isolated clusters are not tested again (1.0): the
-    association test compared the same two models.
+    For own cluster ``q`` in community ``home[q]``, entry ``[i, j]`` is
+    :func:`association_statistic` on ``q``'s samples with the errors of its
+    community's model in place of the cluster's own model and those of the
+    ``j``-th community (sorted ids) as the external ones: the association
+    test run between two community models, on the samples of one member.
+    Both models were trained by FedAvg for the same rounds, so neither has
+    the advantage a cluster's own model has on the samples it was fitted to.
 
     Parameters
     ----------
@@ -213,35 +208,32 @@ def community_check_matrix(cid: str, labels: Any, home: Mapping[int, str], group
     labels : numpy.ndarray of int, shape (n,)
         The client's local cluster of each sample.
     home : mapping of int to str
-        Group of each own cluster that takes part (:func:`check_homes`).
-    group_errors : mapping of str to numpy.ndarray
-        Per group, its model's errors on all ``n`` samples.
+        Community of each own member cluster (:func:`check_homes`).
+    community_errors : mapping of str to numpy.ndarray
+        Per community id, its model's errors on all ``n`` samples.
     alpha, normalization
         As for :func:`association_statistic`.
 
     Returns
     -------
-    stat : numpy.ndarray of float32, shape (len(home), len(group_errors))
-        Rows in sorted cluster order, columns in sorted group order; 0
-        against the cluster's own group, 1.0 for an empty cluster (never
+    stat : numpy.ndarray of float32, shape (len(home), len(community_errors))
+        Rows in sorted cluster order, columns in sorted community order; 0
+        against the cluster's own community, 1.0 for an empty cluster (never
         linking).
     clusters : list of str
         The node ids of the rows.
     """
-    gs = sorted(group_errors)
+    gs = sorted(community_errors)
     qs = sorted(home)
     stat = np.ones((len(qs), len(gs)), dtype=np.float32)
     for i, q in enumerate(qs):
         mask = labels == q
         own = home[q]
-        if own not in group_errors:
-            raise ValueError(f"cluster {q} is in group {own}, whose model is missing")
+        if own not in community_errors:
+            raise ValueError(f"cluster {q} is in community {own}, whose model is missing")
         if not mask.any():
             continue
         for j, g in enumerate(gs):
-            if g == own:
-                stat[i, j] = 0.0
-            elif ":" not in own or ":" not in g:  # not two isolated clusters
-                stat[i, j] = association_statistic(group_errors[own][mask], group_errors[g][mask], alpha,
-                                                   normalization)
+            stat[i, j] = 0.0 if g == own else association_statistic(
+                community_errors[own][mask], community_errors[g][mask], alpha, normalization)
     return stat, [node_key(cid, q) for q in qs]

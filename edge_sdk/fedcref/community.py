@@ -100,18 +100,27 @@ class CommunityPhases:
         return out, weights
 
     def community_check(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> Payload:
-        """Phase 3b: own clusters test the other groups' models against their group's (community or own) model.
+        """Phase 3b: the member clusters test the other community models against their own community's.
 
-        ``meta``: ``{"type": "community_check", "iteration", "communities", "members": {"<g>": [own nodes]},
-        "isolated": [nodes]}``, ``tensors``: the community models. Returns ``{"type", "cid", "iteration",
-        "clusters", "groups"}``, ``{"stat"}`` (:func:`community_check_matrix`).
+        Parameters
+        ----------
+        meta : mapping
+            ``{"type": "community_check", "iteration": t, "communities": [g, ...],
+            "members": {"<g>": [node ids of this client]}}``.
+        tensors : mapping
+            The community models as ``{"<g>/<param>": array}``.
+
+        Returns
+        -------
+        (dict, dict)
+            ``meta`` = ``{"type": "community_check", "cid", "iteration",
+            "clusters": [node ids], "groups": ["<g>", ...]}`` and ``{"stat":
+            float32 (clusters, groups)}`` (:func:`community_check_matrix`).
         """
         labels, comm, it = self._check_ready(), split_models(tensors), int(meta.get("iteration", 0))
-        isolated = [str(k) for k in meta.get("isolated", [])]
-        home = check_homes(self.cid, meta.get("members", {}), isolated)
+        home = check_homes(self.cid, meta.get("members", {}))
         errors = {str(g): self.error_table_.of(f"community:{g}", f"check:{it}.{g}", comm[str(g)])
                   for g in meta["communities"]}
-        errors |= {k: self._node_errors(k) for k in isolated if k in self._ext or k.rpartition(":")[0] == self.cid}
         stat, nodes = community_check_matrix(self.cid, labels, home, errors, self.alpha, self.normalization)
         return ({"type": "community_check", "cid": self.cid, "iteration": it, "groups": sorted(errors),
                  "clusters": nodes}, {"stat": stat})

@@ -13,9 +13,8 @@ package holds the coordinator and its drivers:
   clusters as communities, trains one autoencoder per community by FedAvg
   (:func:`server_kit.aggregate.fedavg`) for ``community_rounds`` rounds,
   runs the community check (the member clients test the other community
-  models against their own community's; two communities, or an isolated
-  cluster and a community, whose models pass it both ways by a majority of
-  each side's clusters merge), sends the community models to the active
+  models against their own community's; two communities whose models pass
+  it both ways, by a majority of each one's member clusters, merge), sends the community models to the active
   clients for refinement, removes
   the clients whose clustering is stable (agreement at least ``tau``) from
   the active set, and stops when no client is active, when the numbers of

@@ -79,25 +79,22 @@ def connected_components(nodes: Sequence[str], edges: Sequence[tuple[str, str]])
 
 def community_links(check: Mapping[str, Mapping[str, float]], groups: Mapping[str, Sequence[str]],
                     theta: float) -> list[tuple[str, str]]:
-    """Pairs of groups whose models pass the community check both ways.
+    """Pairs of communities whose models pass the community check both ways.
 
-    The groups are the communities (ids ``"<g>"``) and the isolated clusters
-    (their node ids). Group ``a`` accepts group ``b`` when at least half of
-    ``a``'s member clusters that reported find ``b``'s model within
-    ``theta`` (``check[node][b] <= theta``: the association statistic with
-    ``a``'s model as the own one,
-    :func:`edge_sdk.fedcref.association.community_check_matrix`); two groups
-    link when each accepts the other. A vote of the members rather than one
-    pair: a single impure member cannot join two categories. Two isolated
-    clusters are not paired: the association test already compared their
-    models.
+    Community ``a`` accepts community ``b`` when at least half of ``a``'s
+    member clusters that reported find ``b``'s model within ``theta``
+    (``check[node][b] <= theta``: the association statistic with ``a``'s
+    model as the own one,
+    :func:`edge_sdk.fedcref.association.community_check_matrix`); two
+    communities link when each accepts the other. A vote of the members
+    rather than one pair: a single impure member cannot join two categories.
 
     Parameters
     ----------
-    check : mapping of node -> (mapping of group id -> float)
-        Each cluster's statistics against the group models.
+    check : mapping of node -> (mapping of community id -> float)
+        Each member cluster's statistics against the community models.
     groups : mapping of str to sequence of str
-        Member nodes of each group.
+        Member nodes of each community, by id ``"<g>"``.
     theta : float
         Association threshold in (0, 1].
 
@@ -113,8 +110,7 @@ def community_links(check: Mapping[str, Mapping[str, float]], groups: Mapping[st
         return bool(votes) and 2 * sum(votes) >= len(votes)
 
     ids = sorted(groups)
-    return [(a, b) for i, a in enumerate(ids) for b in ids[i + 1:]
-            if not (":" in a and ":" in b) and accepts(a, b) and accepts(b, a)]
+    return [(a, b) for i, a in enumerate(ids) for b in ids[i + 1:] if accepts(a, b) and accepts(b, a)]
 
 
 def stop_rule_met(communities: Sequence[int], isolated: Sequence[int], *, tolerance: float = 0.1,
@@ -144,10 +140,10 @@ def wrong_associations(edges: Sequence[tuple[str, str]], node_class: Mapping[str
 
 def wrong_community_links(links: Sequence[tuple[str, str]], groups: Mapping[str, Sequence[str]],
                           node_class: Mapping[str, int]) -> int:
-    """Community-check links joining groups whose majority true classes differ (evaluation only).
+    """Community-check links joining communities whose majority true classes differ (evaluation only).
 
-    A group's class is the most common majority class of its member clusters
-    (ties: the smallest class).
+    A community's class is the most common majority class of its member
+    clusters (ties: the smallest class).
     """
     def majority(g: str) -> int:
         classes = [node_class[k] for k in groups[g] if k in node_class]

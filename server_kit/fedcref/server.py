@@ -60,10 +60,8 @@ class FedCRefServer:
         (:meth:`community_check_payloads`, :meth:`merge_checked`): two
         communities whose models pass the association test against each
         other, on the samples of a majority of each one's members, become
-        one, and an isolated cluster whose model passes it against a
-        community's joins it. The paper has no such step (False): there a
-        category that the cluster-level test splits in two stays two
-        communities.
+        one. The paper has no such step (False): there a category that the
+        cluster-level test splits in two stays two communities.
 
     Attributes
     ----------
@@ -96,8 +94,8 @@ class FedCRefServer:
     the ``N - 1`` others; every client uploads ``K_i x sum_j K_j`` float32
     statistics; each community round sends the model to and receives an
     update from every member client; the community check sends the ``|G|``
-    community models to each client with a cluster in a community or
-    isolated and gets back ``K_i x (|G| + |I|)`` float32 statistics; the
+    community models to each member client and gets back ``|G|`` float32
+    statistics per member cluster; the
     ``|G|`` community models go to each active client. Clients: see :class:`edge_sdk.fedcref.FedCRefClient`.
     """
 
@@ -274,34 +272,30 @@ class FedCRefServer:
     # ------------------------------------------------------------------ phase 3b: community check
 
     def check_groups(self) -> dict[str, list[str]]:
-        """The groups of the community check: each community (``"<g>"``) and each isolated cluster (its node id)."""
-        groups = {str(g): list(self.communities_[g]) for g in sorted(self.community_models_)}
-        return groups | {k: [k] for k in self.isolated_}
+        """The groups of the community check: the members of each trained community, by id ``"<g>"``."""
+        return {str(g): list(self.communities_[g]) for g in sorted(self.community_models_)}
 
     def community_check_payloads(self) -> dict[str, Payload]:
-        """The community check's object for each client with a cluster in a group.
+        """The community check's object for each member client: every community model, its own members.
 
-        Every community model goes to each client that has a member cluster
-        or an isolated one, with its own members and the isolated nodes (whose
-        models every client already holds). Empty when the check is off or no
-        two groups can be compared (fewer than one community and one other
-        group). A client learns which of its own clusters are in which
+        Empty when the check is off or there are fewer than two trained
+        communities. A client learns which of its own clusters are in which
         community, never the other members.
         """
         gs = sorted(self.community_models_)
-        if not self.merge_communities or not gs or len(gs) + len(self.isolated_) < 2:
+        if not self.merge_communities or len(gs) < 2:
             return {}
         tensors = join_models({str(g): self.community_models_[g] for g in gs})
-        owners = {k.rsplit(":", 1)[0]: {} for k in self.isolated_}
+        owners: dict[str, dict[str, list[str]]] = {}
         for g in gs:
             for cid, keys in self.community_members(g).items():
                 owners.setdefault(cid, {})[str(g)] = keys
         return {cid: ({"type": "community_check", "iteration": self.iteration_, "communities": gs,
-                       "members": members, "isolated": list(self.isolated_)}, tensors)
+                       "members": members}, tensors)
                 for cid, members in sorted(owners.items())}
 
     def receive_community_check(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
-        """Store a client's community check (its clusters against every group model)."""
+        """Store a client's community check (its member clusters against every community model)."""
         cid = str(meta["cid"])
         nodes = [str(k) for k in meta["clusters"]]
         groups = [str(g) for g in meta["groups"]]
@@ -309,20 +303,19 @@ class FedCRefServer:
         if stat.shape != (len(nodes), len(groups)):
             raise ValueError(f"client {cid}: community check of shape {stat.shape}, expected {(len(nodes), len(groups))}")
         if any(k.rsplit(":", 1)[0] != cid for k in nodes) or not set(groups) <= set(self.check_groups()):
-            raise ValueError(f"client {cid} reported a community check for clusters or groups not its own")
+            raise ValueError(f"client {cid} reported a community check for clusters or communities not its own")
         if not np.isfinite(stat).all():
             raise ValueError(f"client {cid}: community check has NaN or Inf")
         for i, k in enumerate(nodes):
             self.check_stats_[k] = {g: float(stat[i, j]) for j, g in enumerate(groups)}
 
     def merge_checked(self) -> list[tuple[str, str]]:
-        """Merge the groups linked by the check (:func:`~server_kit.fedcref.graph.community_links`).
+        """Merge the communities linked by the check (:func:`~server_kit.fedcref.graph.community_links`).
 
-        An isolated cluster linked to a community joins it; linked communities
-        become one, with the model of its largest community part (by
-        samples). Communities are renumbered in the order of their first
-        node. Returns the links, as group ids of :meth:`check_groups` before
-        the merge (kept in :attr:`check_groups_` for the audit).
+        Linked communities become one, with the model of its largest part (by
+        samples); communities are renumbered in the order of their first
+        node. Returns the links, as community ids of :meth:`check_groups`
+        before the merge (kept in :attr:`check_groups_` for the audit).
         """
         groups = self.check_groups()
         self.check_groups_ = groups
@@ -333,21 +326,15 @@ class FedCRefServer:
         models, sizes = self.community_models_, self.community_sizes_
         merged = []
         for comp in connected_components(sorted(groups), links):
-            parts = [int(g) for g in comp if ":" not in g]
-            if not parts:  # an isolated cluster that joined nothing
-                continue
+            parts = [int(g) for g in comp]
             lead = max(parts, key=lambda g: (sizes[g], -g))
-            size = sum(sizes[g] for g in parts) + sum(self.models_[k][2] for k in comp if ":" in k)
-            merged.append((sorted(k for g in comp for k in groups[g]), models[lead], size))
+            merged.append((sorted(k for g in comp for k in groups[g]), models[lead], sum(sizes[g] for g in parts)))
         merged.sort(key=lambda m: m[0][0])
-        joined = {k for m in merged for k in m[0]}
-        log.info("FedCRef iteration %d: community check linked %d pairs: %d communities and %d isolated clusters "
-                 "became %d communities", self.iteration_, len(links), len(self.communities_), len(self.isolated_),
-                 len(merged))
+        log.info("FedCRef iteration %d: the community check linked %d pairs: %d communities became %d",
+                 self.iteration_, len(links), len(self.communities_), len(merged))
         self.communities_ = [m[0] for m in merged]
         self.community_models_ = {i: m[1] for i, m in enumerate(merged)}
         self.community_sizes_ = {i: m[2] for i, m in enumerate(merged)}
-        self.isolated_ = [k for k in self.isolated_ if k not in joined]
         return links
 
     # ------------------------------------------------------------------ phase 4: stability and stopping

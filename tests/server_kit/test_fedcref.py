@@ -254,40 +254,35 @@ def test_exported_community_models_label_new_data_with_onnx_runtime(federation):
 
 
 def test_community_links_need_a_majority_of_members_both_ways():
-    groups = {"0": ["a:0", "b:0", "c:0"], "1": ["d:0", "e:0"], "2": ["f:0", "g:0"], "h:0": ["h:0"], "i:0": ["i:0"]}
+    groups = {"0": ["a:0", "b:0", "c:0"], "1": ["d:0", "e:0"], "2": ["f:0", "g:0"]}
     check = {
         # community 0 -> 1: 2 of 3 members within theta (a majority); 0 -> 2: 1 of 3
-        "a:0": {"1": 0.1, "2": 0.1, "h:0": 0.1}, "b:0": {"1": 0.15, "2": 0.5, "h:0": 0.1},
-        "c:0": {"1": 0.9, "2": 0.5, "h:0": 0.5},
+        "a:0": {"1": 0.1, "2": 0.1}, "b:0": {"1": 0.15, "2": 0.5}, "c:0": {"1": 0.9, "2": 0.5},
         # community 1 -> 0: 1 of 2 (half counts); 1 -> 2: both
         "d:0": {"0": 0.2, "2": 0.05}, "e:0": {"0": 0.3, "2": 0.05},
         # community 2 -> 0 and 2 -> 1: both members
         "f:0": {"0": 0.1, "1": 0.1}, "g:0": {"0": 0.1, "1": 0.1},
-        # isolated h finds community 0 (its one vote); two isolated clusters are never paired
-        "h:0": {"0": 0.1, "i:0": 0.0}, "i:0": {"h:0": 0.0},
     }
-    assert community_links(check, groups, 0.2) == [("0", "1"), ("0", "h:0"), ("1", "2")]
+    assert community_links(check, groups, 0.2) == [("0", "1"), ("1", "2")]
     assert community_links(check, groups, 0.09) == []
-    # a group with no report accepts nothing
-    assert community_links({k: v for k, v in check.items() if k[0] not in "fgh"}, groups, 0.2) == [("0", "1")]
+    # a community with no report accepts nothing
+    assert community_links({k: v for k, v in check.items() if k[0] not in "fg"}, groups, 0.2) == [("0", "1")]
 
 
 def test_wrong_community_links_compare_majority_classes():
     from server_kit.fedcref.graph import wrong_community_links
 
-    groups = {"0": ["a:0", "b:0", "c:0"], "1": ["d:0", "e:0"], "f:0": ["f:0"]}
+    groups = {"0": ["a:0", "b:0", "c:0"], "1": ["d:0", "e:0"], "2": ["f:0"]}
     node_class = {"a:0": 4, "b:0": 4, "c:0": 9, "d:0": 4, "e:0": 4, "f:0": 9}
     assert wrong_community_links([("0", "1")], groups, node_class) == 0
-    assert wrong_community_links([("0", "1"), ("0", "f:0"), ("1", "f:0")], groups, node_class) == 2
+    assert wrong_community_links([("0", "1"), ("0", "2"), ("1", "2")], groups, node_class) == 2
 
 
 def _checked_server():
-    """A server with three trained communities (two of them one category) and one isolated cluster, after phase 3."""
+    """A server with three trained communities (two of them one category), as after phase 3."""
     server = FedCRefServer(theta=0.2)
     server.iteration_ = 1
     server.communities_ = [["a:0", "b:0"], ["c:0", "d:0", "e:0"], ["f:0", "g:0"]]
-    server.isolated_ = ["h:0"]
-    server.models_ = {"h:0": ("h.1", {"w": np.zeros(2, dtype=np.float32)}, 50)}
     server.graph_communities_ = [list(c) for c in server.communities_]
     server.community_sizes_ = {0: 100, 1: 300, 2: 200}
     server.community_models_ = {g: {"w": np.full(2, float(g), dtype=np.float32)} for g in range(3)}
@@ -297,30 +292,26 @@ def _checked_server():
 def test_community_check_payloads_name_each_clients_own_members_only():
     server = _checked_server()
     payloads = server.community_check_payloads()
-    assert sorted(payloads) == ["a", "b", "c", "d", "e", "f", "g", "h"]
+    assert sorted(payloads) == ["a", "b", "c", "d", "e", "f", "g"]
     meta, tensors = payloads["c"]
-    assert meta == {"type": "community_check", "iteration": 1, "communities": [0, 1, 2], "members": {"1": ["c:0"]},
-                    "isolated": ["h:0"]}
+    assert meta == {"type": "community_check", "iteration": 1, "communities": [0, 1, 2], "members": {"1": ["c:0"]}}
     assert sorted(tensors) == ["0/w", "1/w", "2/w"]
-    assert payloads["h"][0]["members"] == {}
     server.merge_communities = False
     assert server.community_check_payloads() == {}
 
 
-def test_merge_checked_joins_linked_groups_and_keeps_the_largest_model():
+def test_merge_checked_joins_linked_communities_and_keeps_the_largest_model():
     server = _checked_server()
-    groups = ["0", "1", "2", "h:0"]
-    homes = dict(zip("abcdefgh", ["0", "0", "1", "1", "1", "2", "2", "h:0"]))
-    for cid, home in homes.items():
-        # communities 0 and 1 and the isolated h find each other within theta; 2 is far from all
-        row = [0.0 if g == home else 0.1 if {home, g} <= {"0", "1", "h:0"} else 0.6 for g in groups]
+    groups = ["0", "1", "2"]
+    for cid, home in zip("abcdefg", ["0", "0", "1", "1", "1", "2", "2"]):
+        # communities 0 and 1 find each other within theta; 2 is far from both
+        row = [0.0 if g == home else 0.1 if {home, g} == {"0", "1"} else 0.6 for g in groups]
         server.receive_community_check({"cid": cid, "clusters": [f"{cid}:0"], "groups": groups},
                                        {"stat": np.array([row], dtype=np.float32)})
-    assert server.merge_checked() == [("0", "1"), ("0", "h:0"), ("1", "h:0")]
-    assert server.communities_ == [["a:0", "b:0", "c:0", "d:0", "e:0", "h:0"], ["f:0", "g:0"]]
-    assert server.isolated_ == []
-    assert server.community_sizes_ == {0: 450, 1: 200}
-    assert float(server.community_models_[0]["w"][0]) == 1.0  # community 1 held 300 of the 450 samples
+    assert server.merge_checked() == [("0", "1")]
+    assert server.communities_ == [["a:0", "b:0", "c:0", "d:0", "e:0"], ["f:0", "g:0"]]
+    assert server.community_sizes_ == {0: 400, 1: 200}
+    assert float(server.community_models_[0]["w"][0]) == 1.0  # community 1 held 300 of the 400 samples
     assert float(server.community_models_[1]["w"][0]) == 2.0
     assert server.graph_communities_[0] == ["a:0", "b:0"]  # the graph's communities stay for the audit
 
@@ -329,9 +320,9 @@ def test_merge_checked_joins_linked_groups_and_keeps_the_largest_model():
     ({"cid": "a", "clusters": ["a:0"], "groups": ["0", "1", "2"]}, np.zeros((1, 2)),
      r"client a: community check of shape \(1, 2\), expected \(1, 3\)"),
     ({"cid": "a", "clusters": ["b:0"], "groups": ["0", "1", "2"]}, np.zeros((1, 3)),
-     "client a reported a community check for clusters or groups not its own"),
+     "client a reported a community check for clusters or communities not its own"),
     ({"cid": "a", "clusters": ["a:0"], "groups": ["0", "7"]}, np.zeros((1, 2)),
-     "client a reported a community check for clusters or groups not its own"),
+     "client a reported a community check for clusters or communities not its own"),
     ({"cid": "a", "clusters": ["a:0"], "groups": ["0", "1", "2"]}, np.array([[0.0, np.nan, 0.1]]),
      "client a: community check has NaN or Inf"),
 ])
