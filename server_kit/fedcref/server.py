@@ -33,6 +33,17 @@ __all__ = ["FedCRefServer"]
 log = logging.getLogger(__name__)
 
 
+def _report_matrix(cid: str, tensors: Mapping[str, np.ndarray], rows: Sequence[str], cols: Sequence[str],
+                   what: str) -> np.ndarray:
+    """A client's ``stat`` matrix (one row per own cluster ``rows``, one column per ``cols``), checked."""
+    stat = np.asarray(tensors.get("stat"), dtype=np.float64) if rows and cols else np.zeros((len(rows), 0))
+    if stat.shape != (len(rows), len(cols)):
+        raise ValueError(f"client {cid}: {what} of shape {stat.shape}, expected {(len(rows), len(cols))}")
+    if any(k.rsplit(":", 1)[0] != cid for k in rows):
+        raise ValueError(f"client {cid} reported {what} for clusters it does not own")
+    return stat
+
+
 class FedCRefServer:
     """The coordinator of a FedCRef federation (Algorithm 1 of the paper, server side).
 
@@ -195,11 +206,7 @@ class FedCRefServer:
         cid = str(meta["cid"])
         own = [str(k) for k in meta["clusters"]]
         ext = [str(k) for k in meta["external"]]
-        stat = np.asarray(tensors.get("stat"), dtype=np.float64) if own and ext else np.zeros((len(own), 0))
-        if stat.shape != (len(own), len(ext)):
-            raise ValueError(f"client {cid}: statistics of shape {stat.shape}, expected {(len(own), len(ext))}")
-        if any(k.rsplit(":", 1)[0] != cid for k in own):
-            raise ValueError(f"client {cid} reported statistics for clusters it does not own")
+        stat = _report_matrix(cid, tensors, own, ext, "statistics")
         for key in [k for k in self.stats_ if k.rsplit(":", 1)[0] == cid]:
             del self.stats_[key]
         for i, a in enumerate(own):
@@ -299,11 +306,11 @@ class FedCRefServer:
         cid = str(meta["cid"])
         nodes = [str(k) for k in meta["clusters"]]
         groups = [str(g) for g in meta["groups"]]
-        stat = np.asarray(tensors.get("stat"), dtype=np.float64) if nodes and groups else np.zeros((len(nodes), 0))
-        if stat.shape != (len(nodes), len(groups)):
-            raise ValueError(f"client {cid}: community check of shape {stat.shape}, expected {(len(nodes), len(groups))}")
-        if any(k.rsplit(":", 1)[0] != cid for k in nodes) or not set(groups) <= set(self.check_groups()):
-            raise ValueError(f"client {cid} reported a community check for clusters or communities not its own")
+        stat = _report_matrix(cid, tensors, nodes, groups, "community check statistics")
+        unknown = sorted(set(groups) - set(self.check_groups()))
+        if unknown:
+            raise ValueError(f"client {cid} reported a community check against communities that are not trained: "
+                             f"{unknown}")
         if not np.isfinite(stat).all():
             raise ValueError(f"client {cid}: community check has NaN or Inf")
         for i, k in enumerate(nodes):

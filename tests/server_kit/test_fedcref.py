@@ -318,11 +318,11 @@ def test_merge_checked_joins_linked_communities_and_keeps_the_largest_model():
 
 @pytest.mark.parametrize("meta, stat, match", [
     ({"cid": "a", "clusters": ["a:0"], "groups": ["0", "1", "2"]}, np.zeros((1, 2)),
-     r"client a: community check of shape \(1, 2\), expected \(1, 3\)"),
+     r"client a: community check statistics of shape \(1, 2\), expected \(1, 3\)"),
     ({"cid": "a", "clusters": ["b:0"], "groups": ["0", "1", "2"]}, np.zeros((1, 3)),
-     "client a reported a community check for clusters or communities not its own"),
+     "client a reported community check statistics for clusters it does not own"),
     ({"cid": "a", "clusters": ["a:0"], "groups": ["0", "7"]}, np.zeros((1, 2)),
-     "client a reported a community check for clusters or communities not its own"),
+     r"client a reported a community check against communities that are not trained: \['7'\]"),
     ({"cid": "a", "clusters": ["a:0"], "groups": ["0", "1", "2"]}, np.array([[0.0, np.nan, 0.1]]),
      "client a: community check has NaN or Inf"),
 ])
