@@ -451,8 +451,9 @@ class FedCRefCoordinator:
             srv.stopped_reason_ = "every client gone"
         record = dict(srv.history_[-1], seconds=time.perf_counter() - t_it, gone=sorted(self.gone_))
         srv.history_[-1] = record
-        log.info("FedCRef iteration %d: %d communities, %d isolated, %d edges, %d active", it,
-                 record["communities"], record["isolated"], record["edges"], record["active"])
+        log.info("FedCRef iteration %d: %d communities (%d links of the community check), %d isolated, %d edges, "
+                 "%d active", it, record["communities"], record["community_links"], record["isolated"], record["edges"],
+                 record["active"])
         if self.callback is not None:
             self.callback(record)
         return stop

@@ -286,9 +286,9 @@ class _InProcessRun:
             record["classes_covered"] = len({node_class[c[0]] for c in communities})
             record["pure_communities"] = sum(len({node_class[k] for k in c}) == 1 for c in communities)
         server.history_[-1] = record
-        log.info("FedCRef iteration %d: %d communities, %d isolated, %d edges, %d active%s", server.iteration_,
-                 record["communities"], record["isolated"], record["edges"], record["active"],
-                 f", acc {record['acc']:.3f}" if truth else "")
+        log.info("FedCRef iteration %d: %d communities (%d links of the community check), %d isolated, %d edges, "
+                 "%d active%s", server.iteration_, record["communities"], record["community_links"],
+                 record["isolated"], record["edges"], record["active"], f", acc {record['acc']:.3f}" if truth else "")
         return record
 
     def final_communities(self) -> tuple[dict[str, np.ndarray], list[list[str]]]:
