@@ -30,7 +30,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edge_sdk.compress import Compression
+
 from .cli_options import COMPRESS_FORMS, DEFAULT_COMPRESS_DOWN, DEFAULT_COMPRESS_UP, device_name
+from .strategies.base import check_compression_pair
 
 if TYPE_CHECKING:
     from edge_sdk.tasks import TrainSettings
@@ -318,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.compress_up = args.compress_up or args.compress or DEFAULT_COMPRESS_UP
     args.compress_down = args.compress_down or args.compress or DEFAULT_COMPRESS_DOWN
+    try:  # a pair the strategy would refuse, refused before any process starts
+        check_compression_pair(Compression.parse(args.compress_up), Compression.parse(args.compress_down), "the demo")
+    except ValueError as e:
+        ap.error(str(e))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     summary = run_demo(args)

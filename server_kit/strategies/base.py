@@ -52,7 +52,7 @@ from ..rounds.judging import Aggregation, Screening, screen_round
 from .capabilities import Capabilities
 from .drift import DriftReport
 
-__all__ = ["RESKETCH_SALT", "ClientInfo", "Strategy", "Weights", "add_updates", "copy_weights"]
+__all__ = ["RESKETCH_SALT", "ClientInfo", "Strategy", "Weights", "add_updates", "check_compression_pair", "copy_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,20 @@ def _compression(value: Compression | str | None, default: Compression | None = 
     if value is None:
         return default if default is not None else Compression()
     return Compression.parse(value)
+
+
+def check_compression_pair(up: Compression, down: Compression, who: str) -> None:
+    """Refuse compressed updates with whole models down.
+
+    A compressed update is the change from a model version the server keeps,
+    and versions are kept only when models go down compressed
+    (:class:`~server_kit.downstream.ModelVersions`).
+    """
+    if up.enabled and not down.enabled:
+        raise ValueError(
+            f"{who} cannot send updates as {up} while models go down whole (none): a compressed update is the "
+            "change from a model version the server keeps, and versions are kept only when models go down "
+            "compressed; set --compress-down too (int8, int4, sign, topk or stc), or --compress-up none")
 
 
 class Strategy(ABC):
@@ -183,6 +197,7 @@ class Strategy(ABC):
         self.compress_up = compression_for(_compression(compress_up, both), refusal, who)
         #: The models' versions and their compressed changes (nothing tracked with downstream compression off).
         self.versions = ModelVersions(compression_for(_compression(compress_down, both), refusal, who))
+        check_compression_pair(self.compress_up, self.versions.compression, who)
         self.robust = RobustConfig(aggregator=aggregator, norm_bound=norm_bound, trim_fraction=trim_fraction,
                                    refuse_above=refuse_above)
         self.settings = settings or TrainSettings()

@@ -258,3 +258,14 @@ def test_the_server_options_set_each_direction_and_refuse_what_a_method_cannot_t
         settled("fedcref", "--compress-up", "sign")
     with pytest.raises(ValueError, match=r"^compression must be 'none', 'int8', 'int4', 'sign'"):
         settled("fedsketch", "--compress-up", "gzip")
+
+
+def test_compressed_updates_with_whole_models_down_are_refused_at_the_start():
+    """A compressed update is a change from a version the server keeps; with whole models down none is kept."""
+    for up in ("int4", "sign", "topk:0.05"):
+        with pytest.raises(ValueError, match=rf"strategy 'fedsketch' cannot send updates as {up} while models go "
+                                             r"down whole \(none\): .*set --compress-down too"):
+            make_strategy("fedsketch", compress_up=up, compress_down="none", architecture=ARCH)
+    # whole updates with compressed models, and compression both ways, stay allowed
+    assert make_strategy("fedsketch", compress_up="none", compress_down="int4", architecture=ARCH).versions.enabled
+    assert make_strategy("ifca", compress_up="int4", compress_down="sign", architecture=ARCH).compress_up.enabled
