@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge_sdk.compress import Compression
+from edge_sdk.compress.update_codec import check_compression_pair
 
 from .cli_options import COMPRESS_FORMS, DEFAULT_COMPRESS_DOWN, DEFAULT_COMPRESS_UP, device_name
-from .strategies.base import check_compression_pair
 
 if TYPE_CHECKING:
     from edge_sdk.tasks import TrainSettings

@@ -32,7 +32,7 @@ from .codec import Compression, decode_delta
 from .feedback import ErrorFeedback
 
 __all__ = ["CompressedDelta", "DecodedUpdate", "DeviceFeedback", "InMemoryFeedback", "UpdateCodec", "WholeWeights",
-           "compression_for", "device_feedback", "update_codec", "with_delta"]
+           "check_compression_pair", "compression_for", "device_feedback", "update_codec", "with_delta"]
 
 #: A tensor's shape and dtype by name: what the receiver expects (:func:`edge_sdk.protocol.parse_tensors`).
 Spec = Mapping[str, tuple[tuple[int, ...], str]]
@@ -205,6 +205,20 @@ def compression_for(comp: Compression, refusal: str | None, who: str, *, asked: 
     if asked:
         raise ValueError(f"{who} cannot use --compress {comp}: {refusal}")
     return Compression()
+
+
+def check_compression_pair(up: Compression, down: Compression, who: str) -> None:
+    """Refuse compressed updates with whole models down.
+
+    A compressed update is the change from a model version the server keeps,
+    and versions are kept only when models go down compressed
+    (``server_kit.downstream.ModelVersions``).
+    """
+    if up.enabled and not down.enabled:
+        raise ValueError(
+            f"{who} cannot send updates as {up} while models go down whole (none): a compressed update is the "
+            "change from a model version the server keeps, and versions are kept only when models go down "
+            "compressed; set --compress-down too (int8, int4, sign, topk or stc), or --compress-up none")
 
 
 def update_codec(compression: Compression | str | None) -> UpdateCodec:

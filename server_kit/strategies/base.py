@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from edge_sdk.compress import Compression
-from edge_sdk.compress.update_codec import compression_for
+from edge_sdk.compress.update_codec import check_compression_pair, compression_for
 from edge_sdk.sketch import Sketch
 from edge_sdk.tasks import Task, TrainSettings, Update
 
@@ -52,7 +52,7 @@ from ..rounds.judging import Aggregation, Screening, screen_round
 from .capabilities import Capabilities
 from .drift import DriftReport
 
-__all__ = ["RESKETCH_SALT", "ClientInfo", "Strategy", "Weights", "add_updates", "check_compression_pair", "copy_weights"]
+__all__ = ["RESKETCH_SALT", "ClientInfo", "Strategy", "Weights", "add_updates", "copy_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -112,20 +112,6 @@ def _compression(value: Compression | str | None, default: Compression | None = 
     if value is None:
         return default if default is not None else Compression()
     return Compression.parse(value)
-
-
-def check_compression_pair(up: Compression, down: Compression, who: str) -> None:
-    """Refuse compressed updates with whole models down.
-
-    A compressed update is the change from a model version the server keeps,
-    and versions are kept only when models go down compressed
-    (:class:`~server_kit.downstream.ModelVersions`).
-    """
-    if up.enabled and not down.enabled:
-        raise ValueError(
-            f"{who} cannot send updates as {up} while models go down whole (none): a compressed update is the "
-            "change from a model version the server keeps, and versions are kept only when models go down "
-            "compressed; set --compress-down too (int8, int4, sign, topk or stc), or --compress-up none")
 
 
 class Strategy(ABC):
