@@ -240,10 +240,11 @@ class NetworkLoop:
         def forget() -> None:
             with self._conns_lock:
                 conn = self._conns.pop(id(client), None)
-            if conn is not None and conn.sock is not None:
-                self._unwatch(conn)
+            sock = None if conn is None else conn.sock
+            if sock is not None:
+                self._unwatch(conn)  # forgets conn.sock: close the socket held here
                 try:
-                    conn.sock.close()
+                    sock.close()
                 except OSError:
                     pass
         if self.in_loop():

@@ -240,6 +240,28 @@ def test_a_publish_racing_the_write_flag_is_still_written(loop):
     b.close()
 
 
+def test_detach_closes_the_socket_it_still_watches(loop, caplog):
+    """Detaching a client whose socket is open unwatches it and closes it, with no error logged."""
+    import socket
+
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    fake = FakePaho(a)
+    loop.attach(None, fake)
+    opened = threading.Event()
+    loop.call_soon(lambda: (fake.on_socket_open(fake, None, a), opened.set()))
+    assert opened.wait(2)
+    errors = loop.stats()["errors"]
+    loop.detach(fake)
+    deadline = time.monotonic() + 2
+    while a.fileno() != -1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert a.fileno() == -1  # closed by the loop
+    assert "operation failed" not in caplog.text
+    assert loop.stats()["errors"] == errors
+    b.close()
+
+
 @needs_mosquitto
 def test_sockets_past_descriptor_1024(broker, loop):
     """select() cannot watch a descriptor >= 1024 (paho's own loop); the shared loop's epoll can."""
