@@ -78,6 +78,7 @@ from ..validation import check_choice, check_int, check_number
 from .blocks import CHUNK, decode_int4, decode_sign, encode_int4, encode_sign
 from .reader import Reader as _Reader
 from .reader import read_scalar as _read_scalar
+from .rotated import decode_rotated, encode_rotated
 from .sparse import SPARSE_VERSION, decode_sparse, encode_sparse
 
 __all__ = ["Compression", "Method", "decode_delta", "encode_delta", "keep_count"]
@@ -98,14 +99,16 @@ class Method(str, enum.Enum):
     STC = "stc"  #: the same positions, one sign bit each, one magnitude per tensor
     SIGN = "sign"  #: one bit per entry, one magnitude per block of 256 (:mod:`.blocks`)
     INT4 = "int4"  #: 4 bits per entry, one scale per block of 256 (:mod:`.blocks`)
+    RSIGN = "rsign"  #: one bit per entry after a random rotation, one scale per block of 1,024 (:mod:`.rotated`)
+    RINT2 = "rint2"  #: two bits per entry (-3, -1, 1, 3) after a random rotation, as rsign (:mod:`.rotated`)
 
 
-_CODES = {Method.INT8: 1, Method.TOPK: 2, Method.STC: 3, Method.SIGN: 4, Method.INT4: 5}
+_CODES = {Method.INT8: 1, Method.TOPK: 2, Method.STC: 3, Method.SIGN: 4, Method.INT4: 5, Method.RSIGN: 6, Method.RINT2: 7}
 _SPARSE = (Method.TOPK, Method.STC)
 _SPARSE_CODES = (2, 3)
 _NAMES = tuple(m.value for m in Method)
 _DEFAULT_FRACTION = 0.01
-_CLI_FORMS = "'none', 'int8', 'int4', 'sign', 'topk[:fraction]' or 'stc[:fraction]'"
+_CLI_FORMS = "'none', 'int8', 'int4', 'sign', 'rsign', 'rint2', 'topk[:fraction]' or 'stc[:fraction]'"
 
 
 @dataclass(frozen=True)
@@ -262,7 +265,9 @@ def _encode_sparse(name: str, x: np.ndarray, comp: Compression, keep_sent: bool)
 _ENCODERS: dict[Method, Callable[[str, np.ndarray, Compression, bool], tuple[list[Any], np.ndarray | None]]] = {
     Method.INT8: _encode_int8, Method.TOPK: _encode_sparse, Method.STC: _encode_sparse,
     Method.SIGN: lambda name, x, comp, keep_sent: encode_sign(name, x, keep_sent),
-    Method.INT4: lambda name, x, comp, keep_sent: encode_int4(name, x, keep_sent)}
+    Method.INT4: lambda name, x, comp, keep_sent: encode_int4(name, x, keep_sent),
+    Method.RSIGN: lambda name, x, comp, keep_sent: encode_rotated(name, x, keep_sent, 1),
+    Method.RINT2: lambda name, x, comp, keep_sent: encode_rotated(name, x, keep_sent, 2)}
 
 
 def encode_delta(delta: Mapping[str, np.ndarray], comp: Compression, *,
@@ -334,7 +339,9 @@ def _decode_sparse(r: _Reader, where: str, n: int, method: Method) -> np.ndarray
 
 _DECODERS: dict[Method, Callable[[_Reader, str, int, Method], np.ndarray]] = {
     Method.INT8: _decode_int8, Method.TOPK: _decode_sparse, Method.STC: _decode_sparse,
-    Method.SIGN: decode_sign, Method.INT4: decode_int4}
+    Method.SIGN: decode_sign, Method.INT4: decode_int4,
+    Method.RSIGN: lambda r, where, n, method: decode_rotated(r, where, n, 1),
+    Method.RINT2: lambda r, where, n, method: decode_rotated(r, where, n, 2)}
 
 
 def _check_spec(spec: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
