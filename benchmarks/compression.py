@@ -1,4 +1,4 @@
-"""Compressed rounds on the paper's MNIST scenario: bytes to 95 % per pair of codecs (up, down), 3 seeds.
+"""Compressed rounds on the paper's MNIST scenario: bytes to 95 % per pair of codecs (up, down), 5 seeds.
 
 Ours (the centrally pre-trained encoder) with whole float32 models
 (``none/none``) and with each pair of ``--combos`` (the codec of the
@@ -18,7 +18,7 @@ Each run stops at the first round whose mean accuracy reaches ``--target``
 (or after ``--rounds``): its bytes then are ``bytes_to_target``, its
 accuracy then ``final_acc``. Each seed draws its own partition and model.
 "best" is the pair with the fewest mean bytes to the target among those
-whose every seed reached it within one round of ``none/none``'s and whose
+whose every seed reached it in at most ``none/none``'s rounds of that seed and whose
 mean final accuracy is within ``--tolerance`` of ``none/none``'s (the fewest
 bytes overall, flagged, if none is).
 
@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _cli import add_device_options  # noqa: E402
 from paper_mnist import DEFAULT_DATA, architecture_of, build_clients, models_per_update, round_bytes  # noqa: E402
 
-COMBOS = ("none/none", "int8/int8", "int4/int4", "sign/sign", "stc:0.01/sign", "sign/int4")
+COMBOS = ("none/none", "int4/int4", "rsign/rint2")
 BASELINE = "none/none"
 
 
@@ -129,7 +129,7 @@ def summarise(runs: list[dict]) -> dict:
 
 
 def pick_best(table: dict, tolerance: float) -> tuple[str, bool]:
-    """The pair with the fewest bytes to the target, every seed within a round of none's, accuracy within tolerance."""
+    """The pair with the fewest bytes to the target, in none's rounds on every seed, accuracy within tolerance."""
     base = table[f"ours:{BASELINE}"]
     cands = [k for k, r in table.items() if k.startswith("ours:") and k != f"ours:{BASELINE}" and r["reached"]]
     good = [k for k in cands if r_ok(table[k], base, tolerance)]
@@ -140,9 +140,9 @@ def pick_best(table: dict, tolerance: float) -> tuple[str, bool]:
 
 
 def r_ok(row: dict, base: dict, tolerance: float) -> bool:
-    """Within ``tolerance`` of the baseline's accuracy and at most one round later than it, on every seed."""
-    late = base["max_rounds_to_target"] is None or row["max_rounds_to_target"] <= base["max_rounds_to_target"] + 1
-    return row["final_acc"] >= base["final_acc"] - tolerance and late
+    """Within ``tolerance`` of the baseline's mean accuracy, and on every seed in at most the baseline's rounds of that seed."""
+    in_time = all(b is None or (r is not None and r <= b) for r, b in zip(row["rounds_to_target"], base["rounds_to_target"]))
+    return row["final_acc"] >= base["final_acc"] - tolerance and in_time
 
 
 def device_memory(arch: str, comp_text: str, start: dict | None = None) -> dict:
@@ -280,7 +280,7 @@ def run(args) -> dict:
                                       "speed": speed, "summary": summary})
     _print_table(table, args)
     print(f"\nbest: {combo} ({'within' if within else 'NOT within'} {args.tolerance} of none's accuracy and "
-          "one round of its rounds)")
+          "in none's rounds on every seed)")
     print(f"to {args.target:.0%}: none {none['bytes_to_target']} B, best {b['bytes_to_target']} B: "
           f"{summary['bytes_ratio_to_95']}x fewer (per seed {summary['bytes_ratio_to_95_per_seed']})")
     print(f"IFCA with {combo}: {summary['ifca_bytes_over_ours_best']}x ours' bytes to the target, "
@@ -341,7 +341,7 @@ def main(argv=None) -> int:
     ap.add_argument("--flip-prob", type=float, default=0.1)
     ap.add_argument("--target", type=float, default=0.95)
     ap.add_argument("--tolerance", type=float, default=0.003, help="accuracy a pair may lose against none/none")
-    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (partition, models, sampling)")
+    ap.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (partition, models, sampling)")
     ap.add_argument("--combos", default=",".join(COMBOS), help="comma-separated up/down codec pairs")
     ap.add_argument("--no-shared-base", dest="shared_base", action="store_false")
     ap.add_argument("--encoder", default=None, help="default: fmnist_fc_encoder (mnist), digits_encoder (digits)")
@@ -358,7 +358,7 @@ def main(argv=None) -> int:
         args.tolerance, args.repeats = 0.05, 1
         # 12 clients make at most 11 cuts: 10 random probes find the best as 35 do (ARI 1.0 both ways)
         args.clustering = {"n_calls": 10, "n_initial_points": 10}
-        args.seeds = args.seeds if args.seeds != "0,1,2" else "0"
+        args.seeds = args.seeds if args.seeds != "0,1,2,3,4" else "0"
         args.combos = args.combos if args.combos != ",".join(COMBOS) else "none/none,int8/int8,int4/int4"
         args.out = args.out if args.out != "reports/compression" else "reports/compression_quick"
     try:

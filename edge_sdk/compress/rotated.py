@@ -18,14 +18,17 @@ entries with one scale per block chosen so that the estimate is unbiased over th
 Each device's rotation comes from a seed hashed from its own delta, so two devices' errors are
 independent and the average over the ``k`` devices of a cluster divides the error's energy by ``k``.
 
-The blocks are :data:`BLOCK` = 1,024 entries (a tensor of fewer entries takes the smallest power of
-4 from 16 that holds it), so the normalisation ``1 / sqrt(b)`` is a power of two and exact. A
-tensor of ``n`` entries is padded with zeros to ``m``, a whole number of blocks. Its bytes::
+A tensor of ``n`` entries is padded with zeros to ``m``, the next multiple of 16, and cut into
+blocks whose sizes are powers of 4, so that the normalisation ``1 / sqrt(b)`` is a power of two
+and exact: as many blocks of :data:`BLOCK` = 4,096 as fit, then at most three each of 1,024, 256,
+64 and 16 (:func:`blocks_of`; 48,000 entries: 11 of 4,096, 2 of 1,024, 3 of 256, 2 of 64). Its
+bytes::
 
-    8          u64 seed of the rotation's signs: those of chunk j (entries 64 b j to 64 b (j + 1))
-               are the bits of SHAKE-128 of b"FZ-rotation", the seed and j (u32), bit i least
+    8          u64 seed of the rotation's signs: those of entries 65,536 j to 65,536 (j + 1) are
+               the bits of SHAKE-128 of b"FZ-rotation", the seed and j (u32), bit i least
                significant first, 1 = negate
-    4 m / b    f32 scales, one per block (finite, >= 0, not -0.0, at most 2**127 / (3 sqrt(b)))
+    4 B        f32 scales, one per block in order (finite, >= 0, not -0.0, at most
+               2**127 / (3 sqrt(b)) for a block of b)
     m / 8      rsign: the rotated entries' sign bits, bit i least significant first, 1 = negative
     m / 4      rint2: their codes (q + 3) / 2, 2 bits each, entry i in bits 2 (i mod 4) and up
 
@@ -44,30 +47,33 @@ import numpy as np
 
 from ..protocol import ProtocolError
 
-__all__ = ["BLOCK", "block_of", "decode_rotated", "encode_rotated", "padded"]
+__all__ = ["BLOCK", "blocks_of", "decode_rotated", "encode_rotated", "padded"]
 
-#: Entries per rotated block (a power of 4).
-BLOCK = 1024
-_SMALLEST = 16
-#: Blocks rotated at a time (temporaries of 64 Ki entries at most).
-_CHUNK_BLOCKS = 64
+#: The largest block (a power of 4).
+BLOCK = 4096
+_SIZES = (4096, 1024, 256, 64, 16)
+#: Entries per window of the rotation's signs (and at most per batch of blocks encoded at once).
+_WINDOW = 65536
 _SEED = b"FZ-rotation"
 #: rint2's threshold between the levels 1 and 3, over the block's root mean square.
 _STEP = 0.9957
 
 
-def block_of(n: int) -> int:
-    """The block of a tensor of ``n`` entries: the smallest power of 4 from 16 that holds it, at most 1,024."""
-    b = _SMALLEST
-    while b < n and b < BLOCK:
-        b *= 4
-    return b
-
-
 def padded(n: int) -> int:
-    """``m``: ``n`` rounded up to a whole number of blocks (0 stays 0)."""
-    b = block_of(n)
-    return -(-n // b) * b
+    """``m``: ``n`` rounded up to a multiple of 16 (0 stays 0)."""
+    return -(-n // 16) * 16
+
+
+def blocks_of(n: int) -> list[tuple[int, int, int]]:
+    """The runs of equal blocks of a tensor of ``n`` entries: ``(start, block, count)``, none across a window."""
+    m, runs, at = padded(n), [], 0
+    for b in _SIZES:
+        count = (m - at) // b
+        while count:  # blocks of 4,096: a run per window
+            take = min(count, (_WINDOW - at % _WINDOW) // b)
+            runs.append((at, b, take))
+            at, count = at + take * b, count - take
+    return runs
 
 
 def _inv_sqrt(b: int) -> np.float32:
@@ -78,10 +84,37 @@ def _max_scale(b: int) -> np.float32:
     return np.float32(2.0 ** 127 / (3 * math.sqrt(b)))
 
 
-def _flips(seed: int, chunk: int, m: int) -> np.ndarray:
-    """The rotation's random signs of one chunk: ``m`` booleans (True = negate), the same on every machine."""
-    raw = hashlib.shake_128(_SEED + seed.to_bytes(8, "little") + chunk.to_bytes(4, "little")).digest(m // 8)
+def _flips(seed: int, window: int, m: int) -> np.ndarray:
+    """The rotation's random signs of one window: ``m`` booleans (True = negate), the same on every machine."""
+    raw = hashlib.shake_128(_SEED + seed.to_bytes(8, "little") + window.to_bytes(4, "little")).digest(m // 8)
     return np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little").view(bool)
+
+
+def _hadamard(y: np.ndarray) -> np.ndarray:
+    """The unnormalised Walsh-Hadamard transform (Sylvester's order) of each row of ``y`` (float32), in place.
+
+    Two butterflies at a time (the row's length is a power of 4), in a fixed order of additions: the
+    same bits on every machine, and exact for whole numbers.
+    """
+    rows, b = y.shape
+    h = 1
+    while h < b:
+        v = y.reshape(rows, b // (4 * h), 4, h)
+        a, c, d, e = v[:, :, 0, :], v[:, :, 1, :], v[:, :, 2, :], v[:, :, 3, :]
+        s0, d0, s1, d1 = a + c, a - c, d + e, d - e
+        np.add(s0, s1, out=a)
+        np.add(d0, d1, out=c)
+        np.subtract(s0, s1, out=d)
+        np.subtract(d0, d1, out=e)
+        h *= 4
+    return y
+
+
+def _seed_of(x: np.ndarray) -> int:
+    """The rotation's seed: a hash of the tensor's size and first 65,536 entries (two devices' changes differ there)."""
+    head = np.ascontiguousarray(x[:_WINDOW])
+    return int.from_bytes(hashlib.blake2b(x.size.to_bytes(8, "little") + head.tobytes(), digest_size=8).digest(),
+                          "little")
 
 
 def _sylvester(r: int) -> np.ndarray:
@@ -92,29 +125,12 @@ def _sylvester(r: int) -> np.ndarray:
     return h
 
 
-def _hadamard(y: np.ndarray) -> np.ndarray:
-    """The unnormalised Walsh-Hadamard transform of each row of ``y`` (float32), in place, in a fixed order."""
-    rows, b = y.shape
-    h = 1
-    while h < b:
-        v = y.reshape(rows, b // (2 * h), 2, h)
-        a, c = v[:, :, 0, :], v[:, :, 1, :]
-        s = a + c
-        np.subtract(a, c, out=c)
-        a[...] = s
-        h *= 2
-    return y
-
-
-def _seed_of(x: np.ndarray) -> int:
-    return int.from_bytes(hashlib.blake2b(x.data, digest_size=8).digest(), "little")
-
-
 def _back(q: np.ndarray, scales: np.ndarray, flips: np.ndarray, b: int) -> np.ndarray:
     """What comes back for the integer codes ``q`` (float32, rows of ``b``), their scales and the flips.
 
-    The transform of a block is ``H_r X H_r`` with ``X`` the block as an ``r x r`` matrix
-    (``b = r^2``, ``H_b = H_r (x) H_r``): every sum on the way is a whole number below ``3 b``.
+    The transform of a block is ``H_r X H_r`` with ``X`` the block as an ``r x r`` matrix (``b = r^2``,
+    ``H_b = H_r (x) H_r``): every sum on the way is a whole number below ``3 b``, exact in float32
+    whatever order the matrix product adds in.
     """
     r = math.isqrt(b)
     h = _sylvester(r)
@@ -148,6 +164,14 @@ def _unpack(codes: np.ndarray, bits: int) -> np.ndarray:
     return c.astype(np.float32) * np.float32(2) - np.float32(3)
 
 
+def _windows(n: int):
+    """Per window of the rotation's signs: its index, its first entry, its length and its runs of blocks."""
+    m, runs = padded(n), blocks_of(n)
+    for j in range(-(-m // _WINDOW)):
+        lo = j * _WINDOW
+        yield j, lo, min(_WINDOW, m - lo), [r for r in runs if lo <= r[0] < lo + _WINDOW]
+
+
 def encode_rotated(name: str, x: np.ndarray, keep_sent: bool = True,
                    bits: int = 1) -> tuple[list[bytes | memoryview], np.ndarray | None]:
     """``rsign`` (``bits`` 1) or ``rint2`` (2): the parts of one flat float32 tensor, and what was sent.
@@ -157,57 +181,63 @@ def encode_rotated(name: str, x: np.ndarray, keep_sent: bool = True,
     n = x.size
     if n and not np.isfinite(x).all():
         raise ValueError(f"tensor {name!r} of the delta holds NaN or Inf")
-    b, m = block_of(n), padded(n)
-    seed = _seed_of(np.ascontiguousarray(x))
-    scales = np.empty(m // b, dtype="<f4")
+    m = padded(n)
+    seed = _seed_of(x)
+    scales = np.empty(sum(count for _, _, count in blocks_of(n)), dtype="<f4")
     codes = np.empty(m * bits // 8, dtype=np.uint8)
     sent = np.empty(n, dtype=np.float32) if keep_sent else None
-    step = _CHUNK_BLOCKS * b
-    limit = _max_scale(b)
-    for lo in range(0, m, step):
-        hi = min(lo + step, m)
-        y = np.zeros(hi - lo, dtype=np.float32)
-        y[:max(0, min(n, hi) - lo)] = x[lo:hi]
-        f = _flips(seed, lo // step, hi - lo)
-        np.negative(y, out=y, where=f)
-        with np.errstate(over="ignore", invalid="ignore"):  # checked just below
-            rows = _hadamard(y.reshape(-1, b))
-            rows *= _inv_sqrt(b)
-        if not np.isfinite(rows).all():
-            raise ValueError(f"tensor {name!r} of the delta holds values too large to rotate")
-        q = _quantise(rows, bits)
-        dot = np.einsum("ij,ij->i", rows.astype(np.float64), q.astype(np.float64))
-        energy = np.square(rows, dtype=np.float64).sum(axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            s = np.where(dot > 0, energy / dot, 0.0).astype(np.float32)
-        if (s > limit).any():
-            raise ValueError(f"tensor {name!r} of the delta holds values too large to rotate")
-        scales[lo // b:hi // b] = s
-        codes[lo * bits // 8:hi * bits // 8] = _pack(q, bits)
-        back = _back(q, s, f, b)[:max(0, min(n, hi) - lo)]
-        if keep_sent:
-            sent[lo:lo + back.size] = back
-        else:
-            x[lo:lo + back.size] -= back
+    k = 0
+    for j, wlo, wlen, runs in _windows(n):
+        flips = _flips(seed, j, wlen)
+        for lo, b, count in runs:
+            hi = lo + b * count
+            y = np.zeros(hi - lo, dtype=np.float32)
+            y[:max(0, min(n, hi) - lo)] = x[lo:hi]
+            f = flips[lo - wlo:hi - wlo]
+            np.negative(y, out=y, where=f)
+            with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+                rows = _hadamard(y.reshape(-1, b))
+                rows *= _inv_sqrt(b)
+            if not np.isfinite(rows).all():
+                raise ValueError(f"tensor {name!r} of the delta holds values too large to rotate")
+            q = _quantise(rows, bits)
+            dot = np.einsum("ij,ij->i", rows.astype(np.float64), q.astype(np.float64))
+            energy = np.square(rows, dtype=np.float64).sum(axis=1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                s = np.where(dot > 0, energy / dot, 0.0).astype(np.float32)
+            if (s > _max_scale(b)).any():
+                raise ValueError(f"tensor {name!r} of the delta holds values too large to rotate")
+            scales[k:k + count] = s
+            k += count
+            codes[lo * bits // 8:hi * bits // 8] = _pack(q, bits)
+            back = _back(q, s, f, b)[:max(0, min(n, hi) - lo)]
+            if keep_sent:
+                sent[lo:lo + back.size] = back
+            else:
+                x[lo:lo + back.size] -= back
     return [seed.to_bytes(8, "little"), scales.data, codes.data], sent
 
 
 def decode_rotated(r, where: str, n: int, bits: int) -> np.ndarray:
     """One ``rsign`` (``bits`` 1) or ``rint2`` (2) tensor from the reader ``r`` (:class:`.reader.Reader`)."""
-    b, m = block_of(n), padded(n)
-    size = m * bits // 8
-    r.need(8 + 4 * (m // b) + size, f"{where}: seed, {m // b} scales and {size} code bytes")
+    m, runs = padded(n), blocks_of(n)
+    nb, size = sum(count for _, _, count in runs), m * bits // 8
+    r.need(8 + 4 * nb + size, f"{where}: seed, {nb} scales and {size} code bytes")
     seed = int(r.array("<u8", 1, f"{where}: seed")[0])
-    scales = r.array("<f4", m // b, f"{where}: {m // b} scales").astype(np.float32)
-    if scales.size and (not np.isfinite(scales).all() or (scales < 0).any() or np.signbit(scales).any()
-                        or (scales > _max_scale(b)).any()):
+    scales = r.array("<f4", nb, f"{where}: {nb} scales").astype(np.float32)
+    limit = np.concatenate([np.full(count, _max_scale(b), np.float32) for _, b, count in runs]) if runs else scales
+    if nb and (not np.isfinite(scales).all() or (scales < 0).any() or np.signbit(scales).any()
+               or (scales > limit).any()):
         raise ProtocolError("compressed-value", f"{where}: a scale is NaN, Inf, negative or too large")
     codes = r.array("u1", size, f"{where}: codes")
     out = np.empty(n, dtype=np.float32)
-    step = _CHUNK_BLOCKS * b
-    for lo in range(0, m, step):
-        hi = min(lo + step, m)
-        q = _unpack(codes[lo * bits // 8:hi * bits // 8], bits)
-        back = _back(q, scales[lo // b:hi // b], _flips(seed, lo // step, hi - lo), b)
-        out[lo:min(n, hi)] = back[:max(0, min(n, hi) - lo)]
+    k = 0
+    for j, wlo, wlen, wruns in _windows(n):
+        flips = _flips(seed, j, wlen)
+        for lo, b, count in wruns:
+            hi = lo + b * count
+            q = _unpack(codes[lo * bits // 8:hi * bits // 8], bits)
+            back = _back(q, scales[k:k + count], flips[lo - wlo:hi - wlo], b)
+            k += count
+            out[lo:min(n, hi)] = back[:max(0, min(n, hi) - lo)]
     return out

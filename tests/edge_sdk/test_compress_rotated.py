@@ -10,7 +10,7 @@ import pytest
 from scipy.linalg import hadamard
 
 from edge_sdk.compress import Compression, Method, decode_delta, encode_delta
-from edge_sdk.compress.rotated import _flips, block_of, padded
+from edge_sdk.compress.rotated import _flips, _seed_of, blocks_of, padded
 from edge_sdk.protocol import ProtocolError
 
 F32 = np.float32
@@ -21,16 +21,19 @@ def head(count: int = 1, code: int = 6) -> bytes:
     return b"FZ" + bytes([1, code]) + struct.pack("<I", count)
 
 
-@pytest.mark.parametrize(("n", "block", "m"), [(0, 16, 0), (1, 16, 16), (16, 16, 16), (17, 64, 64), (84, 256, 256),
-                                               (1000, 1024, 1024), (1025, 1024, 2048), (48_000, 1024, 48_128)])
-def test_block_and_padding(n, block, m):
-    assert (block_of(n), padded(n)) == (block, m)
+@pytest.mark.parametrize(("n", "runs"), [
+    (0, []), (1, [(0, 16, 1)]), (17, [(0, 16, 2)]), (84, [(0, 64, 1), (64, 16, 2)]),
+    (48_000, [(0, 4096, 11), (45_056, 1024, 2), (47_104, 256, 3), (47_872, 64, 2)]),
+    (70_000, [(0, 4096, 16), (65_536, 4096, 1), (69_632, 256, 1), (69_888, 64, 1), (69_952, 16, 3)])])
+def test_blocks_are_powers_of_4_and_no_run_crosses_a_window(n, runs):
+    assert blocks_of(n) == runs
+    assert padded(n) == sum(b * c for _, b, c in runs) == -(-n // 16) * 16
 
 
 def test_a_small_tensor_is_the_signs_of_its_rotation_with_drives_scale():
     x = np.array([0.5, -1.5, 0.0, -0.25, 1.0], F32)
     body, sent = encode_delta({"w": x}, RSIGN)
-    seed = int.from_bytes(hashlib.blake2b(x.tobytes(), digest_size=8).digest(), "little")
+    seed = _seed_of(x)
     d = np.where(_flips(seed, 0, 16), -1.0, 1.0)
     h = hadamard(16)
     y = h @ (d * np.pad(x.astype(np.float64), (0, 11))) / 4  # the rotated block (orthonormal)
@@ -42,7 +45,7 @@ def test_a_small_tensor_is_the_signs_of_its_rotation_with_drives_scale():
     np.testing.assert_allclose(sent["w"], (d * (h @ np.where(y < 0, -scale, scale)) / 4)[:5], rtol=1e-5)
 
 
-@pytest.mark.parametrize(("comp", "pin"), [(RSIGN, "ce7046d88007e043"), (RINT2, "0ba519f702169e27")], ids=["rsign", "rint2"])
+@pytest.mark.parametrize(("comp", "pin"), [(RSIGN, "2ab076d7a2b2377b"), (RINT2, "61b6573598066499")], ids=["rsign", "rint2"])
 def test_the_same_bits_on_every_machine(comp, pin):
     """Two chunks of blocks and a padded tail: the body and what comes back, pinned (x86 and the emulated Pi)."""
     x = (np.sin(np.arange(70_000, dtype=np.float64) * 0.37) * np.linspace(1e-4, 3e-3, 70_000)).astype(F32)
@@ -56,9 +59,8 @@ def test_decode_gives_back_exactly_what_was_sent_and_in_place_leaves_the_rest(co
     rng = np.random.default_rng(n)
     x = (rng.standard_t(3, size=n) * 1e-3).astype(F32)
     body, sent = encode_delta({"w": x}, comp)
-    b, m = block_of(n), padded(n)
     bits = 1 if comp == RSIGN else 2
-    assert len(body) == 8 + 8 + 4 * (m // b) + m * bits // 8
+    assert len(body) == 8 + 8 + 4 * sum(c for _, _, c in blocks_of(n)) + padded(n) * bits // 8
     back = decode_delta(body, {"w": ((n,), "float32")}, comp.method)
     assert back["w"].tobytes() == sent["w"].tobytes()
     rest = x.copy()
@@ -116,7 +118,7 @@ BAD = {
     "NaN scale": (3, struct.pack("<Qf", 1, float("nan")) + bytes(2), "a scale is NaN"),
     "huge scale": (3, struct.pack("<Qf", 1, 2.0 ** 126) + bytes(2), "too large"),
     "truncated": (3, struct.pack("<Qf", 1, 1.0) + bytes(1), "needs 14 bytes, 13 left"),
-    "rint2 truncated": (17, struct.pack("<Qf", 1, 1.0) + bytes(15), "needs 28 bytes, 27 left"),
+    "rint2 truncated": (17, struct.pack("<Qff", 1, 1.0, 1.0) + bytes(7), "needs 24 bytes, 23 left"),
     "trailing": (3, struct.pack("<Qf", 1, 1.0) + bytes(3), "1 trailing bytes"),
 }
 
