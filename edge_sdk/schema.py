@@ -343,7 +343,7 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         # (codec: the method of its steps), or their exact merged catch-up (codec "exact")
         "version": Field("int", 0, MAX_ROUND),
         "base": Field("int", 0, MAX_ROUND),
-        "codec": Field("str", choices=("int8", "int4", "sign", "rsign", "rint2", "topk", "stc", "exact")),
+        "codec": Field("str", choices=("int8", "int4", "sign", "rsign", "rtern", "rint2", "topk", "stc", "exact")),
         # the device holds that version already: the body is empty
         "current": Field("bool"),
         # the portable initial weights of this architecture and seed (edge_sdk.training.torch_support.initial_weights),

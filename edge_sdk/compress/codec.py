@@ -101,14 +101,16 @@ class Method(str, enum.Enum):
     INT4 = "int4"  #: 4 bits per entry, one scale per block of 256 (:mod:`.blocks`)
     RSIGN = "rsign"  #: one bit per entry after a random rotation, one scale per block of 1,024 (:mod:`.rotated`)
     RINT2 = "rint2"  #: two bits per entry (-3, -1, 1, 3) after a random rotation, as rsign (:mod:`.rotated`)
+    RTERN = "rtern"  #: -1, 0 or 1 per entry (1.6 bits) after a random rotation, as rsign (:mod:`.rotated`)
 
 
-_CODES = {Method.INT8: 1, Method.TOPK: 2, Method.STC: 3, Method.SIGN: 4, Method.INT4: 5, Method.RSIGN: 6, Method.RINT2: 7}
+_CODES = {Method.INT8: 1, Method.TOPK: 2, Method.STC: 3, Method.SIGN: 4, Method.INT4: 5, Method.RSIGN: 6, Method.RINT2: 7,
+          Method.RTERN: 8}
 _SPARSE = (Method.TOPK, Method.STC)
 _SPARSE_CODES = (2, 3)
 _NAMES = tuple(m.value for m in Method)
 _DEFAULT_FRACTION = 0.01
-_CLI_FORMS = "'none', 'int8', 'int4', 'sign', 'rsign', 'rint2', 'topk[:fraction]' or 'stc[:fraction]'"
+_CLI_FORMS = "'none', 'int8', 'int4', 'sign', 'rsign', 'rtern', 'rint2', 'topk[:fraction]' or 'stc[:fraction]'"
 
 
 @dataclass(frozen=True)
@@ -266,8 +268,9 @@ _ENCODERS: dict[Method, Callable[[str, np.ndarray, Compression, bool], tuple[lis
     Method.INT8: _encode_int8, Method.TOPK: _encode_sparse, Method.STC: _encode_sparse,
     Method.SIGN: lambda name, x, comp, keep_sent: encode_sign(name, x, keep_sent),
     Method.INT4: lambda name, x, comp, keep_sent: encode_int4(name, x, keep_sent),
-    Method.RSIGN: lambda name, x, comp, keep_sent: encode_rotated(name, x, keep_sent, 1),
-    Method.RINT2: lambda name, x, comp, keep_sent: encode_rotated(name, x, keep_sent, 2)}
+    Method.RSIGN: lambda name, x, comp, keep_sent: encode_rotated(name, x, keep_sent, 2),
+    Method.RTERN: lambda name, x, comp, keep_sent: encode_rotated(name, x, keep_sent, 3),
+    Method.RINT2: lambda name, x, comp, keep_sent: encode_rotated(name, x, keep_sent, 4)}
 
 
 def encode_delta(delta: Mapping[str, np.ndarray], comp: Compression, *,
@@ -340,8 +343,9 @@ def _decode_sparse(r: _Reader, where: str, n: int, method: Method) -> np.ndarray
 _DECODERS: dict[Method, Callable[[_Reader, str, int, Method], np.ndarray]] = {
     Method.INT8: _decode_int8, Method.TOPK: _decode_sparse, Method.STC: _decode_sparse,
     Method.SIGN: decode_sign, Method.INT4: decode_int4,
-    Method.RSIGN: lambda r, where, n, method: decode_rotated(r, where, n, 1),
-    Method.RINT2: lambda r, where, n, method: decode_rotated(r, where, n, 2)}
+    Method.RSIGN: lambda r, where, n, method: decode_rotated(r, where, n, 2),
+    Method.RTERN: lambda r, where, n, method: decode_rotated(r, where, n, 3),
+    Method.RINT2: lambda r, where, n, method: decode_rotated(r, where, n, 4)}
 
 
 def _check_spec(spec: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:

@@ -1,4 +1,4 @@
-"""``rsign`` and ``rint2``: one or two bits per entry after a random rotation (DRIVE and EDEN).
+"""``rsign``, ``rtern`` and ``rint2``: 2, 3 or 4 levels per entry after a random rotation (DRIVE and EDEN).
 
 Plain ``sign`` (:mod:`.blocks`) sends each entry's sign and its block's mean magnitude. Its error is
 the same on every device that trained alike: the devices of one cluster start from the same model
@@ -11,6 +11,9 @@ entries with one scale per block chosen so that the estimate is unbiased over th
 
 - ``rsign``: each rotated entry's sign, scale ``s = ||y||^2 / ||y||_1``; ``s * sign`` comes back.
   One device's error is about 0.57 of its change's energy.
+- ``rtern``: each rotated entry as -1, 0 or 1 (0 where ``|y|`` is below ``0.6120`` times the
+  block's root mean square, the best ternary quantiser of a Gaussian), scale ``s = ||y||^2 / <y, q>``;
+  5 entries in a byte (1.6 bits). About 0.23 of the energy.
 - ``rint2``: each rotated entry as -3, -1, 1 or 3 (1 where ``|y|`` is below ``0.9957`` times the
   block's root mean square, the best uniform 4-level quantiser of a Gaussian), scale
   ``s = ||y||^2 / <y, q>``; ``s * q`` comes back. About 0.13 of the energy.
@@ -30,6 +33,8 @@ bytes::
     4 B        f32 scales, one per block in order (finite, >= 0, not -0.0, at most
                2**127 / (3 sqrt(b)) for a block of b)
     m / 8      rsign: the rotated entries' sign bits, bit i least significant first, 1 = negative
+    ceil(m/5)  rtern: their codes q + 1, five to a byte: entry i is digit i mod 5 of byte i div 5
+               in base 3, least significant first (a byte is at most 242; the digits past m are 0)
     m / 4      rint2: their codes (q + 3) / 2, 2 bits each, entry i in bits 2 (i mod 4) and up
 
 What comes back is ``D H (s * q) / sqrt(b)``, its first ``n`` entries: the transform of the
@@ -47,7 +52,7 @@ import numpy as np
 
 from ..protocol import ProtocolError
 
-__all__ = ["BLOCK", "blocks_of", "decode_rotated", "encode_rotated", "padded"]
+__all__ = ["BLOCK", "blocks_of", "code_bytes", "decode_rotated", "encode_rotated", "padded"]
 
 #: The largest block (a power of 4).
 BLOCK = 4096
@@ -55,8 +60,9 @@ _SIZES = (4096, 1024, 256, 64, 16)
 #: Entries per window of the rotation's signs (and at most per batch of blocks encoded at once).
 _WINDOW = 65536
 _SEED = b"FZ-rotation"
-#: rint2's threshold between the levels 1 and 3, over the block's root mean square.
+#: The thresholds over the block's root mean square: rint2's between the levels 1 and 3, rtern's between 0 and 1.
 _STEP = 0.9957
+_DEAD = 0.6120
 
 
 def padded(n: int) -> int:
@@ -141,27 +147,61 @@ def _back(q: np.ndarray, scales: np.ndarray, flips: np.ndarray, b: int) -> np.nd
     return out
 
 
-def _quantise(rows: np.ndarray, bits: int) -> np.ndarray:
-    """The integer codes of the rotated rows: signs (+-1), or -3, -1, 1, 3 (float32)."""
+def code_bytes(m: int, levels: int) -> int:
+    """The code bytes of ``m`` entries (a multiple of 16) in ``levels`` levels (2, 3 or 4)."""
+    return {2: m // 8, 3: -(-m // 5), 4: m // 4}[levels]
+
+
+def _quantise(rows: np.ndarray, levels: int) -> np.ndarray:
+    """The integer codes of the rotated rows: +-1; -1, 0, 1; or -3, -1, 1, 3 (float32)."""
     q = np.where(rows < 0, np.float32(-1), np.float32(1))
-    if bits == 2:
+    if levels > 2:
         rms = np.sqrt(np.square(rows, dtype=np.float64).mean(axis=1)).astype(np.float32)
-        q[np.abs(rows) > (np.float32(_STEP) * rms)[:, None]] *= np.float32(3)
+        cut = np.abs(rows) > (np.float32(_STEP if levels == 4 else _DEAD) * rms)[:, None]
+        if levels == 4:
+            q[cut] *= np.float32(3)
+        else:
+            q[~cut] = 0
     return q
 
 
-def _pack(q: np.ndarray, bits: int) -> np.ndarray:
-    if bits == 1:
+def _pack(q: np.ndarray, levels: int) -> np.ndarray:
+    """Signs or 2-bit codes, as bytes; rtern's codes ``q + 1`` one per byte (packed five to a byte at the end)."""
+    if levels == 2:
         return np.packbits(q.reshape(-1) < 0, bitorder="little")
+    if levels == 3:
+        return (q.reshape(-1) + np.float32(1)).astype(np.uint8)
     c = ((q.reshape(-1, 4) + np.float32(3)) / np.float32(2)).astype(np.uint8)
     return c[:, 0] | (c[:, 1] << 2) | (c[:, 2] << 4) | (c[:, 3] << 6)
 
 
-def _unpack(codes: np.ndarray, bits: int) -> np.ndarray:
-    if bits == 1:
+def _unpack(codes: np.ndarray, levels: int) -> np.ndarray:
+    if levels == 2:
         return np.where(np.unpackbits(codes, bitorder="little").view(bool), np.float32(-1), np.float32(1))
+    if levels == 3:
+        return codes.astype(np.float32) - np.float32(1)
     c = np.stack([(codes >> s) & 3 for s in (0, 2, 4, 6)], axis=1).reshape(-1)
     return c.astype(np.float32) * np.float32(2) - np.float32(3)
+
+
+_POW3 = np.array([1, 3, 9, 27, 81], dtype=np.uint8)
+
+
+def _trits_to_bytes(digits: np.ndarray) -> np.ndarray:
+    """Codes 0, 1, 2 five to a byte (base 3, the first least significant), the last byte padded with 0."""
+    pad = np.zeros(-(-digits.size // 5) * 5, dtype=np.uint8)
+    pad[:digits.size] = digits
+    return (pad.reshape(-1, 5) * _POW3).sum(axis=1, dtype=np.uint16).astype(np.uint8)
+
+
+def _bytes_to_trits(packed: np.ndarray, m: int, where: str) -> np.ndarray:
+    """The ``m`` codes of rtern's bytes, refusing a byte above 242 and padding digits other than 0."""
+    if packed.size and packed.max() > 242:
+        raise ProtocolError("compressed-value", f"{where}: a byte above 242 (five codes of three levels)")
+    digits = ((packed[:, None] // _POW3) % 3).reshape(-1)
+    if digits[m:].any():
+        raise ProtocolError("compressed-value", f"{where}: the padding codes are not 0")
+    return digits[:m]
 
 
 def _windows(n: int):
@@ -173,8 +213,8 @@ def _windows(n: int):
 
 
 def encode_rotated(name: str, x: np.ndarray, keep_sent: bool = True,
-                   bits: int = 1) -> tuple[list[bytes | memoryview], np.ndarray | None]:
-    """``rsign`` (``bits`` 1) or ``rint2`` (2): the parts of one flat float32 tensor, and what was sent.
+                   levels: int = 2) -> tuple[list[bytes | memoryview], np.ndarray | None]:
+    """``rsign`` (``levels`` 2), ``rtern`` (3) or ``rint2`` (4): the parts of one flat float32 tensor, and what was sent.
 
     Without ``keep_sent`` the second value is None and ``x`` is left holding what was not sent.
     """
@@ -184,7 +224,8 @@ def encode_rotated(name: str, x: np.ndarray, keep_sent: bool = True,
     m = padded(n)
     seed = _seed_of(x)
     scales = np.empty(sum(count for _, _, count in blocks_of(n)), dtype="<f4")
-    codes = np.empty(m * bits // 8, dtype=np.uint8)
+    codes = np.empty(m if levels == 3 else code_bytes(m, levels), dtype=np.uint8)  # rtern: one code a byte, packed last
+    per = 8 if levels == 2 else 4 if levels == 4 else 1  # entries per byte of ``codes``
     sent = np.empty(n, dtype=np.float32) if keep_sent else None
     k = 0
     for j, wlo, wlen, runs in _windows(n):
@@ -200,7 +241,7 @@ def encode_rotated(name: str, x: np.ndarray, keep_sent: bool = True,
                 rows *= _inv_sqrt(b)
             if not np.isfinite(rows).all():
                 raise ValueError(f"tensor {name!r} of the delta holds values too large to rotate")
-            q = _quantise(rows, bits)
+            q = _quantise(rows, levels)
             dot = np.einsum("ij,ij->i", rows.astype(np.float64), q.astype(np.float64))
             energy = np.square(rows, dtype=np.float64).sum(axis=1)
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -209,19 +250,21 @@ def encode_rotated(name: str, x: np.ndarray, keep_sent: bool = True,
                 raise ValueError(f"tensor {name!r} of the delta holds values too large to rotate")
             scales[k:k + count] = s
             k += count
-            codes[lo * bits // 8:hi * bits // 8] = _pack(q, bits)
+            codes[lo // per:hi // per] = _pack(q, levels)
             back = _back(q, s, f, b)[:max(0, min(n, hi) - lo)]
             if keep_sent:
                 sent[lo:lo + back.size] = back
             else:
                 x[lo:lo + back.size] -= back
+    if levels == 3:
+        codes = _trits_to_bytes(codes)
     return [seed.to_bytes(8, "little"), scales.data, codes.data], sent
 
 
-def decode_rotated(r, where: str, n: int, bits: int) -> np.ndarray:
-    """One ``rsign`` (``bits`` 1) or ``rint2`` (2) tensor from the reader ``r`` (:class:`.reader.Reader`)."""
+def decode_rotated(r, where: str, n: int, levels: int) -> np.ndarray:
+    """One ``rsign`` (``levels`` 2), ``rtern`` (3) or ``rint2`` (4) tensor from the reader ``r`` (:class:`.reader.Reader`)."""
     m, runs = padded(n), blocks_of(n)
-    nb, size = sum(count for _, _, count in runs), m * bits // 8
+    nb, size = sum(count for _, _, count in runs), code_bytes(m, levels)
     r.need(8 + 4 * nb + size, f"{where}: seed, {nb} scales and {size} code bytes")
     seed = int(r.array("<u8", 1, f"{where}: seed")[0])
     scales = r.array("<f4", nb, f"{where}: {nb} scales").astype(np.float32)
@@ -230,13 +273,16 @@ def decode_rotated(r, where: str, n: int, bits: int) -> np.ndarray:
                or (scales > limit).any()):
         raise ProtocolError("compressed-value", f"{where}: a scale is NaN, Inf, negative or too large")
     codes = r.array("u1", size, f"{where}: codes")
+    if levels == 3:
+        codes = _bytes_to_trits(codes, m, where)
+    per = 8 if levels == 2 else 4 if levels == 4 else 1
     out = np.empty(n, dtype=np.float32)
     k = 0
     for j, wlo, wlen, wruns in _windows(n):
         flips = _flips(seed, j, wlen)
         for lo, b, count in wruns:
             hi = lo + b * count
-            q = _unpack(codes[lo * bits // 8:hi * bits // 8], bits)
+            q = _unpack(codes[lo // per:hi // per], levels)
             back = _back(q, scales[k:k + count], flips[lo - wlo:hi - wlo], b)
             k += count
             out[lo:min(n, hi)] = back[:max(0, min(n, hi) - lo)]

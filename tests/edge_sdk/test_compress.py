@@ -242,7 +242,7 @@ def test_compression_equality_ignores_the_fraction_where_the_method_does():
 
 
 @pytest.mark.parametrize(("text", "match"), [
-    ("gzip", r"^compression must be 'none', 'int8', 'int4', 'sign', 'rsign', 'rint2', 'topk\[:fraction\]' or 'stc\[:fraction\]', got 'gzip'$"),
+    ("gzip", r"^compression must be 'none', 'int8', 'int4', 'sign', 'rsign', 'rtern', 'rint2', 'topk\[:fraction\]' or 'stc\[:fraction\]', got 'gzip'$"),
     ("TOPK", r"^compression must be .* got 'TOPK'$"),
     ("int8:0.5", r"^compression must be .* got 'int8:0.5'$"),
     ("sign:0.5", r"^compression must be 'none', 'int8', 'int4', 'sign', .* got 'sign:0.5'$"),
@@ -262,7 +262,7 @@ def test_compression_parse_refuses_bad_text(text, match):
 
 def test_compression_refuses_bad_values_and_meta():
     with pytest.raises(ValueError, match=r"^compression method must be one of \['none', 'int8', 'topk', 'stc', 'sign', 'int4', "
-                                         r"'rsign', 'rint2'\], got 'zip'$"):
+                                         r"'rsign', 'rint2', 'rtern'\], got 'zip'$"):
         Compression("zip")
     with pytest.raises(ValueError, match=r"^compression fraction must be a finite number, got True$"):
         Compression("topk", True)
@@ -286,7 +286,7 @@ def test_the_package_exports_the_agreed_names():
     assert compress.__all__ == sorted(compress.__all__) == [
         "Compression", "ErrorFeedback", "Method", "Step", "apply_catchup", "apply_steps", "catchup_body",
         "catchup_size", "chain_body", "decode_delta", "encode_delta", "keep_count", "parse_chain"]
-    assert [m.value for m in Method] == ["none", "int8", "topk", "stc", "sign", "int4", "rsign", "rint2"]
+    assert [m.value for m in Method] == ["none", "int8", "topk", "stc", "sign", "int4", "rsign", "rint2", "rtern"]
 
 
 # -- hostile bodies -------------------------------------------------------------
@@ -387,7 +387,7 @@ def test_hand_built_bodies_that_follow_the_format_are_read():
 
 def test_decode_refuses_a_bad_spec_or_method_as_the_callers_error():
     body = encode_delta({"w": np.ones(10, F32)}, Compression.parse("int8"))[0]
-    with pytest.raises(ValueError, match=r"^method must be one of \['int8', 'topk', 'stc', 'sign', 'int4', 'rsign', 'rint2'\], "
+    with pytest.raises(ValueError, match=r"^method must be one of \['int8', 'topk', 'stc', 'sign', 'int4', 'rsign', 'rint2', 'rtern'\], "
                        r"got <Method.NONE"):
         decode_delta(body, W10, Method.NONE)
     with pytest.raises(ValueError, match=r"^spec entry 'w' has dtype int8; a delta is floating point$"):

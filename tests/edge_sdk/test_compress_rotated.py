@@ -1,4 +1,4 @@
-"""``rsign`` and ``rint2``: one or two bits per entry after a randomised Hadamard rotation, an unbiased scale per block."""
+"""``rsign``, ``rtern`` and ``rint2``: 2, 3 or 4 levels per entry after a randomised Hadamard rotation, an unbiased scale per block."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from edge_sdk.compress.rotated import _flips, _seed_of, blocks_of, padded
 from edge_sdk.protocol import ProtocolError
 
 F32 = np.float32
-RSIGN, RINT2 = Compression.parse("rsign"), Compression.parse("rint2")
+RSIGN, RTERN, RINT2 = Compression.parse("rsign"), Compression.parse("rtern"), Compression.parse("rint2")
+CODES = {Method.RSIGN: 6, Method.RINT2: 7, Method.RTERN: 8}
 
 
 def head(count: int = 1, code: int = 6) -> bytes:
@@ -45,7 +46,8 @@ def test_a_small_tensor_is_the_signs_of_its_rotation_with_drives_scale():
     np.testing.assert_allclose(sent["w"], (d * (h @ np.where(y < 0, -scale, scale)) / 4)[:5], rtol=1e-5)
 
 
-@pytest.mark.parametrize(("comp", "pin"), [(RSIGN, "2ab076d7a2b2377b"), (RINT2, "61b6573598066499")], ids=["rsign", "rint2"])
+@pytest.mark.parametrize(("comp", "pin"), [(RSIGN, "2ab076d7a2b2377b"), (RTERN, "f190b2eaa02dccb9"), (RINT2, "61b6573598066499")],
+                         ids=["rsign", "rtern", "rint2"])
 def test_the_same_bits_on_every_machine(comp, pin):
     """Two chunks of blocks and a padded tail: the body and what comes back, pinned (x86 and the emulated Pi)."""
     x = (np.sin(np.arange(70_000, dtype=np.float64) * 0.37) * np.linspace(1e-4, 3e-3, 70_000)).astype(F32)
@@ -53,14 +55,15 @@ def test_the_same_bits_on_every_machine(comp, pin):
     assert hashlib.sha256(body + sent["b"].tobytes() + sent["w"].tobytes()).hexdigest()[:16] == pin
 
 
-@pytest.mark.parametrize("comp", [RSIGN, RINT2], ids=["rsign", "rint2"])
+@pytest.mark.parametrize("comp", [RSIGN, RTERN, RINT2], ids=["rsign", "rtern", "rint2"])
 @pytest.mark.parametrize("n", [0, 1, 15, 84, 1000, 1025, 40_000, 70_000])
 def test_decode_gives_back_exactly_what_was_sent_and_in_place_leaves_the_rest(comp, n):
     rng = np.random.default_rng(n)
     x = (rng.standard_t(3, size=n) * 1e-3).astype(F32)
     body, sent = encode_delta({"w": x}, comp)
-    bits = 1 if comp == RSIGN else 2
-    assert len(body) == 8 + 8 + 4 * sum(c for _, _, c in blocks_of(n)) + padded(n) * bits // 8
+    m = padded(n)
+    codes = {RSIGN: m // 8, RTERN: -(-m // 5), RINT2: m // 4}[comp]
+    assert len(body) == 8 + 8 + 4 * sum(c for _, _, c in blocks_of(n)) + codes
     back = decode_delta(body, {"w": ((n,), "float32")}, comp.method)
     assert back["w"].tobytes() == sent["w"].tobytes()
     rest = x.copy()
@@ -82,12 +85,25 @@ def test_rint2s_small_tensor_is_its_rotation_in_four_levels():
     assert sorted(set(np.abs(q))) == [1, 3]
 
 
+def test_rterns_small_tensor_is_its_rotation_in_three_levels_five_to_a_byte():
+    x = np.arange(-8, 8, dtype=F32) / F32(4)
+    body, sent = encode_delta({"w": x}, RTERN)
+    seed = int.from_bytes(body[8:16], "little")
+    y = hadamard(16) @ (np.where(_flips(seed, 0, 16), -1.0, 1.0) * x) / 4
+    q = np.where(np.abs(y) > 0.6120 * np.sqrt((y ** 2).mean()), np.sign(y), 0).astype(int)
+    assert body[:8] == head(code=8) and len(body) == 8 + 8 + 4 + 4  # 16 codes in 4 bytes
+    assert struct.unpack("<f", body[16:20])[0] == pytest.approx((y ** 2).sum() / np.abs(y[q != 0]).sum(), rel=1e-6)
+    codes = np.append(q + 1, [0] * 4)
+    assert list(body[20:]) == [int(sum(codes[i + j] * 3 ** j for j in range(5))) for i in range(0, 20, 5)]
+    assert 0 in q and set(np.abs(q)) == {0, 1}
+
+
 def test_independent_devices_errors_average_away_where_sign_keeps_them():
     """Twelve devices with the same change and a little noise of their own: the mean of what they sent."""
     rng = np.random.default_rng(0)
     common = (rng.standard_t(3, size=20_000) * 1e-3).astype(F32)
     err = {}
-    for comp in (Compression.parse("sign"), RSIGN, RINT2):
+    for comp in (Compression.parse("sign"), RSIGN, RTERN, RINT2):
         mean = np.zeros(common.size)
         for _ in range(12):
             _, sent = encode_delta({"w": common + (rng.normal(size=common.size) * 2e-4).astype(F32)}, comp)
@@ -95,10 +111,10 @@ def test_independent_devices_errors_average_away_where_sign_keeps_them():
         err[comp.method] = np.linalg.norm(mean - common) / np.linalg.norm(common)
     print({k.value: round(float(v), 3) for k, v in err.items()})
     # observed: sign 0.72 (every device makes the same error), rsign 0.22 (0.75 / sqrt(12) and the noise), rint2 0.11
-    assert err[Method.RINT2] < err[Method.RSIGN] < 0.35 < 0.5 < err[Method.SIGN]
+    assert err[Method.RINT2] < err[Method.RTERN] < err[Method.RSIGN] < 0.35 < 0.5 < err[Method.SIGN]
 
 
-@pytest.mark.parametrize("comp", [RSIGN, RINT2], ids=["rsign", "rint2"])
+@pytest.mark.parametrize("comp", [RSIGN, RTERN, RINT2], ids=["rsign", "rtern", "rint2"])
 def test_the_scale_makes_it_unbiased_over_rotations(comp):
     rng = np.random.default_rng(3)
     x = (rng.standard_t(3, size=1024) * 1e-3).astype(F32)
@@ -119,6 +135,8 @@ BAD = {
     "huge scale": (3, struct.pack("<Qf", 1, 2.0 ** 126) + bytes(2), "too large"),
     "truncated": (3, struct.pack("<Qf", 1, 1.0) + bytes(1), "needs 14 bytes, 13 left"),
     "rint2 truncated": (17, struct.pack("<Qff", 1, 1.0, 1.0) + bytes(7), "needs 24 bytes, 23 left"),
+    "rtern byte above 242": (3, struct.pack("<Qf", 1, 1.0) + bytes([243, 0, 0, 0]), "a byte above 242"),
+    "rtern padding code": (3, struct.pack("<Qf", 1, 1.0) + bytes([0, 0, 0, 3 ** 1]), "the padding codes are not 0"),
     "trailing": (3, struct.pack("<Qf", 1, 1.0) + bytes(3), "1 trailing bytes"),
 }
 
@@ -126,9 +144,9 @@ BAD = {
 @pytest.mark.parametrize("case", BAD)
 def test_hostile_rsign_bodies_are_refused_with_their_reason(case):
     n, tensor, match = BAD[case]
-    method = Method.RINT2 if case.startswith("rint2") else Method.RSIGN
+    method = Method(case.split()[0]) if case.startswith("r") else Method.RSIGN
     with pytest.raises(ProtocolError, match=match) as e:
-        decode_delta(head(code=7 if method is Method.RINT2 else 6) + tensor, {"w": ((n,), "float32")}, method)
+        decode_delta(head(code=CODES[method]) + tensor, {"w": ((n,), "float32")}, method)
     assert e.value.reason in ("compressed-value", "compressed-length")
 
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The server's and the devices' copies of a model stay bit-identical under every codec (int8, int4, sign, rsign,
+# The server's and the devices' copies of a model stay bit-identical under every codec (int8, int4, sign, rsign, rtern, rint2,
 # top-k, STC; chains, merged catch-ups, the free first model, "current"), and the arm64 install computes the
 # same hashes as the x86 host: tests/pi/copies_check.py on both, its outputs diffed.
 source "$(dirname "$0")/lib.sh"

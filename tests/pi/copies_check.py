@@ -21,7 +21,7 @@ from server_kit.downstream import ModelVersions
 
 SPEC = {"conv.weight": ((6, 1, 5, 5), "float32"), "conv.bias": ((6,), "float32"),
         "fc.weight": ((10, 600), "float32"), "fc.bias": ((10,), "float32")}
-CODECS = ("int8", "int4", "sign", "rsign", "topk:0.05", "stc:0.05")
+CODECS = ("int8", "int4", "sign", "rsign", "rtern", "rint2", "topk:0.05", "stc:0.05")
 ROUNDS = 6
 
 
