@@ -27,7 +27,7 @@ feedback, decoding) on a LeNet-5 delta and a ResNet-18 one, and measures a
 device's extra memory for compression: the peak while it compresses plus the
 residual it keeps (tracemalloc, over the model's size).
 
-``--quick`` runs on scikit-learn's digits (12 clients, at most 4 rounds to 65 %, one seed, three pairs,
+``--quick`` runs on scikit-learn's digits (12 clients, at most 4 rounds to 65 %, one seed, four pairs,
 10 random threshold probes instead of 35, one timing; no data folder needed): the smoke test of ``make test``.
 
 Run: ``.venv/bin/python benchmarks/compression.py --jobs 2``.
@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _cli import add_device_options  # noqa: E402
 from paper_mnist import DEFAULT_DATA, architecture_of, build_clients, models_per_update, round_bytes  # noqa: E402
 
-COMBOS = ("none/none", "int4/int4", "rsign/rint2")
+COMBOS = ("none/none", "int4/int4", "rsign/rint2", "rsign/rtern")
 BASELINE = "none/none"
 
 
@@ -359,7 +359,7 @@ def main(argv=None) -> int:
         # 12 clients make at most 11 cuts: 10 random probes find the best as 35 do (ARI 1.0 both ways)
         args.clustering = {"n_calls": 10, "n_initial_points": 10}
         args.seeds = args.seeds if args.seeds != "0,1,2,3,4" else "0"
-        args.combos = args.combos if args.combos != ",".join(COMBOS) else "none/none,int8/int8,int4/int4"
+        args.combos = args.combos if args.combos != ",".join(COMBOS) else "none/none,int8/int8,int4/int4,rsign/rtern"
         args.out = args.out if args.out != "reports/compression" else "reports/compression_quick"
     try:
         args.seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
