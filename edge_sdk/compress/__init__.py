@@ -1,7 +1,8 @@
 """Compressed model deltas for federated learning, and chains of them for models sent downstream.
 
-- :mod:`.codec`: :class:`Compression` (the ``--compress`` setting: ``none``, ``int8``,
-  ``topk:0.01``, ``stc:0.01``), :func:`encode_delta` and :func:`decode_delta`, the body format.
+- :mod:`.codec`: :class:`Compression` (the ``--compress`` setting: ``none``, ``int8``, ``int4``,
+  ``sign``, ``rsign``, ``rtern``, ``rint2``, ``topk:0.01``, ``stc:0.01``), :func:`encode_delta` and
+  :func:`decode_delta`, the body format; the quantisers in :mod:`.blocks` and :mod:`.rotated`.
 - :mod:`.feedback`: :class:`ErrorFeedback`, the unsent rest of each delta, added to the next.
 - :mod:`.catchup`: :func:`catchup_body`, :func:`apply_catchup`, :func:`catchup_size`: one exact body
   that brings a model from an older version to the current one bit for bit.

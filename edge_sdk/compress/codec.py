@@ -12,6 +12,8 @@ back on the other side, bit for bit, so that error feedback (:mod:`.feedback`) c
   one magnitude ``mu`` per tensor, the mean ``|x|`` of the kept entries; ``+-mu`` comes back.
 - ``int4`` and ``sign``: 4 bits and 1 bit per entry with one scale per block of 256 entries
   (:mod:`.blocks`).
+- ``rsign``, ``rtern`` and ``rint2``: 1, 1.6 and 2 bits per entry after a seeded random rotation of
+  each block of up to 4,096 entries, with an unbiased scale per block (:mod:`.rotated`).
 
 Every body is little-endian::
 
@@ -43,6 +45,8 @@ gives them, and so ``n``, the number of entries)::
     int4   4 B   f32 scales, as sign
            ceil(n / 2)  nibbles q + 8 (1 to 15), the low nibble first; an odd n ends with a
                  padding nibble 0: q * scale of the entry's block comes back
+
+    rsign, rtern, rint2: the layout of :mod:`.rotated` (a seed, a scale per block, the codes)
 
 and the body ends exactly there. ``k = 0`` is accepted for any ``n`` (nothing sent for that
 tensor: ``m = 0``, no values; STC still carries ``mu``); the encoder writes it only for empty
@@ -120,10 +124,11 @@ class Compression:
     Parameters
     ----------
     method : Method or str
-        ``"none"``, ``"int8"``, ``"int4"``, ``"sign"``, ``"topk"`` or ``"stc"``.
+        ``"none"``, ``"int8"``, ``"int4"``, ``"sign"``, ``"rsign"``, ``"rtern"``, ``"rint2"``, ``"topk"``
+        or ``"stc"``.
     fraction : float
         Share of the entries kept per tensor, in ``(0, 1]``, for top-k and STC. It is checked for
-        every method, then set to the default 0.01 for ``none``, ``int8``, ``int4`` and ``sign``,
+        every method, then set to the default 0.01 for the methods other than top-k and STC,
         which ignore it, so that equal settings compare equal (``Compression("int8", 0.5) ==
         Compression("int8")``).
     """
@@ -176,7 +181,7 @@ class Compression:
         Raises
         ------
         ValueError
-            An unknown method, a fraction after none, int8, int4 or sign, a fraction not a number in (0, 1].
+            An unknown method, a fraction after a method other than topk and stc, a fraction not a number in (0, 1].
         """
         if not isinstance(text, str):
             raise ValueError(f"compression must be text ({_CLI_FORMS}), got {text!r}")
