@@ -90,12 +90,6 @@ def _max_scale(b: int) -> np.float32:
     return np.float32(2.0 ** 127 / (3 * math.sqrt(b)))
 
 
-def _flips(seed: int, window: int, m: int) -> np.ndarray:
-    """The rotation's random signs of one window: ``m`` booleans (True = negate), the same on every machine."""
-    raw = hashlib.shake_128(_SEED + seed.to_bytes(8, "little") + window.to_bytes(4, "little")).digest(m // 8)
-    return np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little").view(bool)
-
-
 def _hadamard(y: np.ndarray) -> np.ndarray:
     """The unnormalised Walsh-Hadamard transform (Sylvester's order) of each row of ``y`` (float32), in place.
 
@@ -152,11 +146,11 @@ def code_bytes(m: int, levels: int) -> int:
     return {2: m // 8, 3: -(-m // 5), 4: m // 4}[levels]
 
 
-def _quantise(rows: np.ndarray, levels: int) -> np.ndarray:
-    """The integer codes of the rotated rows: +-1; -1, 0, 1; or -3, -1, 1, 3 (float32)."""
+def _quantise(rows: np.ndarray, energy: np.ndarray, levels: int) -> np.ndarray:
+    """The integer codes of the rotated rows (``energy``: each row's sum of squares): +-1; -1, 0, 1; or -3, -1, 1, 3."""
     q = np.where(rows < 0, np.float32(-1), np.float32(1))
     if levels > 2:
-        rms = np.sqrt(np.square(rows, dtype=np.float64).mean(axis=1)).astype(np.float32)
+        rms = np.sqrt(energy / rows.shape[1]).astype(np.float32)
         cut = np.abs(rows) > (np.float32(_STEP if levels == 4 else _DEAD) * rms)[:, None]
         if levels == 4:
             q[cut] *= np.float32(3)
@@ -204,19 +198,58 @@ def _bytes_to_trits(packed: np.ndarray, m: int, where: str) -> np.ndarray:
     return digits[:m]
 
 
-def _windows(n: int):
-    """Per window of the rotation's signs: its index, its first entry, its length and its runs of blocks."""
-    m, runs = padded(n), blocks_of(n)
-    for j in range(-(-m // _WINDOW)):
-        lo = j * _WINDOW
-        yield j, lo, min(_WINDOW, m - lo), [r for r in runs if lo <= r[0] < lo + _WINDOW]
+def _batches(n: int):
+    """Per batch of at most one block of 4,096 entries: its window, its first entry, its block, its blocks, its first block."""
+    k = 0
+    for lo, b, count in blocks_of(n):
+        step = max(1, BLOCK // b)
+        for i in range(0, count, step):
+            c = min(step, count - i)
+            yield lo // _WINDOW, lo + i * b, b, c, k
+            k += c
+
+
+def _flip_source(seed: int, m: int):
+    """The raw bytes of each window's flips, made once per window as the batches ask for them."""
+    made: dict[int, bytes] = {}
+
+    def flips(window: int, lo: int, hi: int) -> np.ndarray:
+        if window not in made:
+            made.clear()
+            wlo = window * _WINDOW
+            made[window] = hashlib.shake_128(_SEED + seed.to_bytes(8, "little") + window.to_bytes(4, "little")
+                                             ).digest(min(_WINDOW, m - wlo) // 8)
+        raw = np.frombuffer(made[window], dtype=np.uint8)[(lo - window * _WINDOW) // 8:(hi - window * _WINDOW) // 8]
+        return np.unpackbits(raw, bitorder="little").view(bool)
+
+    return flips
+
+
+class _TritWriter:
+    """rtern's codes, packed five to a byte as the batches come (at most four codes wait for the next batch)."""
+
+    def __init__(self, out: np.ndarray) -> None:
+        self.out, self.pos, self.pending = out, 0, np.zeros(0, dtype=np.uint8)
+
+    def write(self, digits: np.ndarray) -> None:
+        both = np.concatenate([self.pending, digits])
+        full = both.size // 5 * 5
+        self.out[self.pos:self.pos + full // 5] = _trits_to_bytes(both[:full])
+        self.pos += full // 5
+        self.pending = both[full:]
+
+    def close(self) -> None:
+        if self.pending.size:
+            self.out[self.pos:self.pos + 1] = _trits_to_bytes(self.pending)
 
 
 def encode_rotated(name: str, x: np.ndarray, keep_sent: bool = True,
                    levels: int = 2) -> tuple[list[bytes | memoryview], np.ndarray | None]:
     """``rsign`` (``levels`` 2), ``rtern`` (3) or ``rint2`` (4): the parts of one flat float32 tensor, and what was sent.
 
-    Without ``keep_sent`` the second value is None and ``x`` is left holding what was not sent.
+    Without ``keep_sent`` the second value is None and ``x`` is left holding what was not sent. The
+    tensor goes a block of 4,096 entries at a time (or several smaller blocks): its temporaries are
+    a few tens of kilobytes whatever its size.
     """
     n = x.size
     if n and not np.isfinite(x).all():
@@ -224,40 +257,41 @@ def encode_rotated(name: str, x: np.ndarray, keep_sent: bool = True,
     m = padded(n)
     seed = _seed_of(x)
     scales = np.empty(sum(count for _, _, count in blocks_of(n)), dtype="<f4")
-    codes = np.empty(m if levels == 3 else code_bytes(m, levels), dtype=np.uint8)  # rtern: one code a byte, packed last
-    per = 8 if levels == 2 else 4 if levels == 4 else 1  # entries per byte of ``codes``
+    codes = np.empty(code_bytes(m, levels), dtype=np.uint8)
+    trits = _TritWriter(codes) if levels == 3 else None
+    per = 8 if levels == 2 else 4  # entries per byte of ``codes`` (rsign, rint2)
     sent = np.empty(n, dtype=np.float32) if keep_sent else None
-    k = 0
-    for j, wlo, wlen, runs in _windows(n):
-        flips = _flips(seed, j, wlen)
-        for lo, b, count in runs:
-            hi = lo + b * count
-            y = np.zeros(hi - lo, dtype=np.float32)
-            y[:max(0, min(n, hi) - lo)] = x[lo:hi]
-            f = flips[lo - wlo:hi - wlo]
-            np.negative(y, out=y, where=f)
-            with np.errstate(over="ignore", invalid="ignore"):  # checked just below
-                rows = _hadamard(y.reshape(-1, b))
-                rows *= _inv_sqrt(b)
-            if not np.isfinite(rows).all():
-                raise ValueError(f"tensor {name!r} of the delta holds values too large to rotate")
-            q = _quantise(rows, levels)
-            dot = np.einsum("ij,ij->i", rows.astype(np.float64), q.astype(np.float64))
-            energy = np.square(rows, dtype=np.float64).sum(axis=1)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                s = np.where(dot > 0, energy / dot, 0.0).astype(np.float32)
-            if (s > _max_scale(b)).any():
-                raise ValueError(f"tensor {name!r} of the delta holds values too large to rotate")
-            scales[k:k + count] = s
-            k += count
+    flips = _flip_source(seed, m)
+    for window, lo, b, count, k in _batches(n):
+        hi = lo + b * count
+        y = np.zeros(hi - lo, dtype=np.float32)
+        y[:max(0, min(n, hi) - lo)] = x[lo:hi]
+        f = flips(window, lo, hi)
+        np.negative(y, out=y, where=f)
+        with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+            rows = _hadamard(y.reshape(-1, b))
+            rows *= _inv_sqrt(b)
+        if not np.isfinite(rows).all():
+            raise ValueError(f"tensor {name!r} of the delta holds values too large to rotate")
+        energy = np.einsum("ij,ij->i", rows, rows, dtype=np.float64)
+        q = _quantise(rows, energy, levels)
+        dot = np.einsum("ij,ij->i", rows, q, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = np.where(dot > 0, energy / dot, 0.0).astype(np.float32)
+        if (s > _max_scale(b)).any():
+            raise ValueError(f"tensor {name!r} of the delta holds values too large to rotate")
+        scales[k:k + count] = s
+        if trits is not None:
+            trits.write(_pack(q, levels))
+        else:
             codes[lo // per:hi // per] = _pack(q, levels)
-            back = _back(q, s, f, b)[:max(0, min(n, hi) - lo)]
-            if keep_sent:
-                sent[lo:lo + back.size] = back
-            else:
-                x[lo:lo + back.size] -= back
-    if levels == 3:
-        codes = _trits_to_bytes(codes)
+        back = _back(q, s, f, b)[:max(0, min(n, hi) - lo)]
+        if keep_sent:
+            sent[lo:lo + back.size] = back
+        else:
+            x[lo:lo + back.size] -= back
+    if trits is not None:
+        trits.close()
     return [seed.to_bytes(8, "little"), scales.data, codes.data], sent
 
 
@@ -277,13 +311,10 @@ def decode_rotated(r, where: str, n: int, levels: int) -> np.ndarray:
         codes = _bytes_to_trits(codes, m, where)
     per = 8 if levels == 2 else 4 if levels == 4 else 1
     out = np.empty(n, dtype=np.float32)
-    k = 0
-    for j, wlo, wlen, wruns in _windows(n):
-        flips = _flips(seed, j, wlen)
-        for lo, b, count in wruns:
-            hi = lo + b * count
-            q = _unpack(codes[lo // per:hi // per], levels)
-            back = _back(q, scales[k:k + count], flips[lo - wlo:hi - wlo], b)
-            k += count
-            out[lo:min(n, hi)] = back[:max(0, min(n, hi) - lo)]
+    flips = _flip_source(seed, m)
+    for window, lo, b, count, k in _batches(n):
+        hi = lo + b * count
+        q = _unpack(codes[lo // per:hi // per], levels)
+        back = _back(q, scales[k:k + count], flips(window, lo, hi), b)
+        out[lo:min(n, hi)] = back[:max(0, min(n, hi) - lo)]
     return out

@@ -83,7 +83,7 @@ def test_the_sum_of_what_was_sent_trails_the_deltas_by_one_residual():
     assert np.linalg.norm(total_delta - total_sent) < 0.15 * np.linalg.norm(total_delta)
 
 
-@pytest.mark.parametrize("method", ["sign", "int4", "int8", "topk:0.01", "stc:0.01"])
+@pytest.mark.parametrize("method", ["sign", "int4", "int8", "rsign", "rtern", "rint2", "topk:0.01", "stc:0.01"])
 def test_a_devices_compression_adds_less_than_the_model_to_its_memory(method, tmp_path):
     """Peak while compressing in place plus the float16 residual kept, over the model's bytes."""
     rng = np.random.default_rng(1)
@@ -109,8 +109,10 @@ def test_a_devices_compression_adds_less_than_the_model_to_its_memory(method, tm
     assert sent is None and kept == held == model // 2
     extra = peak - base + held  # the old residual, then the temporaries, the body and the new residual
     print(f"{method}: {extra / model:.3f}x the model")
-    # observed 0.54, 0.63, 0.75, 0.53 and 0.53: the float16 residual (0.5), the body, a chunk's temporaries
-    assert extra <= {"sign": 0.65, "int4": 0.75, "int8": 0.85, "topk:0.01": 0.65, "stc:0.01": 0.65}[method] * model
+    # observed 0.54, 0.63, 0.75, 0.53, 0.55, 0.56, 0.53 and 0.53: the float16 residual (0.5), the body, a chunk's
+    # temporaries (the rotated codecs go a block of 4,096 entries at a time)
+    assert extra <= {"sign": 0.65, "int4": 0.75, "int8": 0.85, "rsign": 0.65, "rtern": 0.65, "rint2": 0.65,
+                     "topk:0.01": 0.65, "stc:0.01": 0.65}[method] * model
     assert extra <= 1.0 * model
     # the float16 residual survives a restart
     device.feedback.save(tmp_path)

@@ -10,7 +10,7 @@ import pytest
 from scipy.linalg import hadamard
 
 from edge_sdk.compress import Compression, Method, decode_delta, encode_delta
-from edge_sdk.compress.rotated import _flips, _seed_of, blocks_of, padded
+from edge_sdk.compress.rotated import _flip_source, _seed_of, blocks_of, padded
 from edge_sdk.protocol import ProtocolError
 
 F32 = np.float32
@@ -35,7 +35,7 @@ def test_a_small_tensor_is_the_signs_of_its_rotation_with_drives_scale():
     x = np.array([0.5, -1.5, 0.0, -0.25, 1.0], F32)
     body, sent = encode_delta({"w": x}, RSIGN)
     seed = _seed_of(x)
-    d = np.where(_flips(seed, 0, 16), -1.0, 1.0)
+    d = np.where(_flip_source(seed, 16)(0, 0, 16), -1.0, 1.0)
     h = hadamard(16)
     y = h @ (d * np.pad(x.astype(np.float64), (0, 11))) / 4  # the rotated block (orthonormal)
     scale = (y ** 2).sum() / np.abs(y).sum()
@@ -76,7 +76,7 @@ def test_rint2s_small_tensor_is_its_rotation_in_four_levels():
     x = np.arange(-8, 8, dtype=F32) / F32(4)
     body, sent = encode_delta({"w": x}, RINT2)
     seed = int.from_bytes(body[8:16], "little")
-    y = hadamard(16) @ (np.where(_flips(seed, 0, 16), -1.0, 1.0) * x) / 4
+    y = hadamard(16) @ (np.where(_flip_source(seed, 16)(0, 0, 16), -1.0, 1.0) * x) / 4
     q = np.where(y < 0, -1, 1) * np.where(np.abs(y) > 0.9957 * np.sqrt((y ** 2).mean()), 3, 1)
     assert body[:8] == head(code=7) and len(body) == 8 + 8 + 4 + 4
     assert struct.unpack("<f", body[16:20])[0] == pytest.approx((y ** 2).sum() / (y * q).sum(), rel=1e-6)
@@ -89,7 +89,7 @@ def test_rterns_small_tensor_is_its_rotation_in_three_levels_five_to_a_byte():
     x = np.arange(-8, 8, dtype=F32) / F32(4)
     body, sent = encode_delta({"w": x}, RTERN)
     seed = int.from_bytes(body[8:16], "little")
-    y = hadamard(16) @ (np.where(_flips(seed, 0, 16), -1.0, 1.0) * x) / 4
+    y = hadamard(16) @ (np.where(_flip_source(seed, 16)(0, 0, 16), -1.0, 1.0) * x) / 4
     q = np.where(np.abs(y) > 0.6120 * np.sqrt((y ** 2).mean()), np.sign(y), 0).astype(int)
     assert body[:8] == head(code=8) and len(body) == 8 + 8 + 4 + 4  # 16 codes in 4 bytes
     assert struct.unpack("<f", body[16:20])[0] == pytest.approx((y ** 2).sum() / np.abs(y[q != 0]).sum(), rel=1e-6)
