@@ -199,10 +199,15 @@ def _bytes_to_trits(packed: np.ndarray, m: int, where: str) -> np.ndarray:
 
 
 def _batches(n: int):
-    """Per batch of at most one block of 4,096 entries: its window, its first entry, its block, its blocks, its first block."""
+    """Per batch of blocks: its window, its first entry, its block, its blocks, its first block.
+
+    A batch is at most a sixteenth of the tensor (at least one block of 4,096, at most a window), so
+    that its temporaries stay a small part of the tensor while a large tensor goes in few steps.
+    """
     k = 0
+    most = min(_WINDOW, max(BLOCK, n // 16 // BLOCK * BLOCK))
     for lo, b, count in blocks_of(n):
-        step = max(1, BLOCK // b)
+        step = max(1, most // b)
         for i in range(0, count, step):
             c = min(step, count - i)
             yield lo // _WINDOW, lo + i * b, b, c, k
@@ -248,8 +253,8 @@ def encode_rotated(name: str, x: np.ndarray, keep_sent: bool = True,
     """``rsign`` (``levels`` 2), ``rtern`` (3) or ``rint2`` (4): the parts of one flat float32 tensor, and what was sent.
 
     Without ``keep_sent`` the second value is None and ``x`` is left holding what was not sent. The
-    tensor goes a block of 4,096 entries at a time (or several smaller blocks): its temporaries are
-    a few tens of kilobytes whatever its size.
+    tensor goes a batch of blocks at a time (:func:`_batches`): its temporaries are about a
+    sixteenth of its size, or less.
     """
     n = x.size
     if n and not np.isfinite(x).all():
