@@ -45,6 +45,7 @@ any machine get the same bits.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 
@@ -112,16 +113,18 @@ def _hadamard(y: np.ndarray) -> np.ndarray:
 
 def _seed_of(x: np.ndarray) -> int:
     """The rotation's seed: a hash of the tensor's size and first 65,536 entries (two devices' changes differ there)."""
-    head = np.ascontiguousarray(x[:_WINDOW])
-    return int.from_bytes(hashlib.blake2b(x.size.to_bytes(8, "little") + head.tobytes(), digest_size=8).digest(),
-                          "little")
+    h = hashlib.blake2b(x.size.to_bytes(8, "little"), digest_size=8)
+    h.update(np.ascontiguousarray(x[:_WINDOW]).data)  # a view of a contiguous tensor: nothing copied
+    return int.from_bytes(h.digest(), "little")
 
 
+@functools.lru_cache(maxsize=None)
 def _sylvester(r: int) -> np.ndarray:
-    """The ``r x r`` Hadamard matrix of Sylvester's order, float32."""
+    """The ``r x r`` Hadamard matrix of Sylvester's order, float32 (read only: it is shared)."""
     h = np.ones((1, 1), dtype=np.float32)
     while h.shape[0] < r:
         h = np.block([[h, h], [h, -h]])
+    h.flags.writeable = False
     return h
 
 
