@@ -341,7 +341,8 @@ def main(argv=None) -> int:
     ap.add_argument("--flip-prob", type=float, default=0.1)
     ap.add_argument("--target", type=float, default=0.95)
     ap.add_argument("--tolerance", type=float, default=0.003, help="accuracy a pair may lose against none/none")
-    ap.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (partition, models, sampling)")
+    ap.add_argument("--seeds", default=None,
+                    help="comma-separated seeds (partition, models, sampling); default 0,1,2,3,4 (--quick: 0)")
     ap.add_argument("--combos", default=",".join(COMBOS), help="comma-separated up/down codec pairs")
     ap.add_argument("--no-shared-base", dest="shared_base", action="store_false")
     ap.add_argument("--encoder", default=None, help="default: fmnist_fc_encoder (mnist), digits_encoder (digits)")
@@ -358,9 +359,10 @@ def main(argv=None) -> int:
         args.tolerance, args.repeats = 0.05, 1
         # 12 clients make at most 11 cuts: 10 random probes find the best as 35 do (ARI 1.0 both ways)
         args.clustering = {"n_calls": 10, "n_initial_points": 10}
-        args.seeds = args.seeds if args.seeds != "0,1,2,3,4" else "0"
+        args.seeds = args.seeds or "0"
         args.combos = args.combos if args.combos != ",".join(COMBOS) else "none/none,int8/int8,int4/int4,rsign/rtern"
         args.out = args.out if args.out != "reports/compression" else "reports/compression_quick"
+    args.seeds = args.seeds or "0,1,2,3,4"
     try:
         args.seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     except ValueError:
