@@ -118,7 +118,7 @@ def _seed_of(x: np.ndarray) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sylvester(r: int) -> np.ndarray:
     """The ``r x r`` Hadamard matrix of Sylvester's order, float32 (read only: it is shared)."""
     h = np.ones((1, 1), dtype=np.float32)

@@ -227,8 +227,9 @@ def test_ours_compressed_in_the_simulator_clusters_alike_and_moves_fewer_bytes(d
           f"{whole.accuracies}")
     # measured after 4 rounds, partition/model seeds 0-2 (default FP path) and 0, 3 (alt FP path): int8 and int4
     # within -0.008..0.008 of whole models; 1 bit up or 5 % of the changes lag (sign/sign 0.075-0.228, topk/int4
-    # 0.108-0.169 behind 0.886-0.914): they need more rounds (benchmarks/compression.py)
-    lag = {"int8": 0.03, "int4": 0.03, "sign": 0.3, "rsign": 0.3, "topk:0.05": 0.25}[up]
+    # 0.108-0.169 behind 0.886-0.914): they need more rounds (benchmarks/compression.py); rotated 1 bit up with
+    # rtern down 0.078 behind at seed 0 (three devices per cluster here: too few for its errors to average away)
+    lag = {"int8": 0.03, "int4": 0.03, "sign": 0.3, "rsign": 0.2, "topk:0.05": 0.25}[up]
     assert comp.accuracies[-1] > whole.accuracies[-1] - lag
     assert set(s.versions.version) == set(s.models)
 
