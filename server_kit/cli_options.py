@@ -21,7 +21,8 @@ __all__ = ["DEFAULT_COMPRESS_DOWN", "DEFAULT_COMPRESS_UP", "DESCRIPTION", "build
 DEFAULT_COMPRESS_UP = "int4"
 DEFAULT_COMPRESS_DOWN = "int4"
 #: The ``--compress`` forms, for the help texts.
-COMPRESS_FORMS = "none (whole float32 models), int8, int4, sign (1 bit), topk[:FRACTION] or stc[:FRACTION]"
+COMPRESS_FORMS = ("none (whole float32 models), int8, int4, sign (1 bit), rsign, rtern, rint2 (rotated: 1, 1.6 "
+                  "and 2 bits), topk[:FRACTION] or stc[:FRACTION]")
 #: The first line of ``fedsketch-server --help``.
 DESCRIPTION = "``fedsketch-server``: run a federation's server over MQTT."
 
