@@ -144,6 +144,10 @@ def _back(q: np.ndarray, scales: np.ndarray, flips: np.ndarray, b: int) -> np.nd
     return out
 
 
+#: Entries per byte of the codes as encoded and decoded batch by batch (rtern's: one code a byte, before packing).
+_PER_BYTE = {2: 8, 3: 1, 4: 4}
+
+
 def code_bytes(m: int, levels: int) -> int:
     """The code bytes of ``m`` entries (a multiple of 16) in ``levels`` levels (2, 3 or 4)."""
     return {2: m // 8, 3: -(-m // 5), 4: m // 4}[levels]
@@ -267,7 +271,7 @@ def encode_rotated(name: str, x: np.ndarray, keep_sent: bool = True,
     scales = np.empty(sum(count for _, _, count in blocks_of(n)), dtype="<f4")
     codes = np.empty(code_bytes(m, levels), dtype=np.uint8)
     trits = _TritWriter(codes) if levels == 3 else None
-    per = 8 if levels == 2 else 4  # entries per byte of ``codes`` (rsign, rint2)
+    per = _PER_BYTE[levels]
     sent = np.empty(n, dtype=np.float32) if keep_sent else None
     flips = _flip_source(seed, m)
     for window, lo, b, count, k in _batches(n):
@@ -317,7 +321,7 @@ def decode_rotated(r, where: str, n: int, levels: int) -> np.ndarray:
     codes = r.array("u1", size, f"{where}: codes")
     if levels == 3:
         codes = _bytes_to_trits(codes, m, where)
-    per = 8 if levels == 2 else 4 if levels == 4 else 1
+    per = _PER_BYTE[levels]
     out = np.empty(n, dtype=np.float32)
     flips = _flip_source(seed, m)
     for window, lo, b, count, k in _batches(n):
