@@ -137,9 +137,9 @@ def test_prometheus_scrapes_a_federation_and_chromium_shows_it_live(tmp_path, di
             page = f"http://127.0.0.1:{metrics_port}/"
             _until(lambda: _get(page + "metrics"), 20, "the metrics endpoint")
             devices = _start_devices(broker.url, digits8)
-            _intrude(broker.url)
             # during the run (held before round 3), the live page says where the run is
             _until(lambda: json.loads(_get(page + "state.json")).get("rounds", 0) >= 2, 120, "round 2")
+            _intrude(broker.url)  # only now: the page is up before the server subscribes, and MQTT keeps nothing
             live = _dom(page)
             gate.set()
             assert 'http-equiv="refresh"' in live and "<h2>Now</h2>" in live
