@@ -288,6 +288,8 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "health": _HEALTH,
         # the server's check that an ingest worker reads its partition (on that partition), and the worker's answer
         "probe": Field("id"),
+        # a device that does not send what it was asked, and why: its sketch would pass its owner's budget
+        "declined": Field("str", choices=("sketch",)),
     },
     # sent by a device whose data changed, without being asked (edge_sdk.client: EdgeClient.data_changed)
     Kind.SKETCH: {"unasked": Field("bool")},

@@ -86,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "server is away, and leaves only on SIGTERM or a leave the server sends")
     p.add_argument("--server-key", default=None, metavar="PEM",
                    help="the server's Ed25519 public key (given at enrolment): obey only messages it signed")
+    p.add_argument("--max-sketch-epsilon", type=float, default=None, metavar="EPS",
+                   help="the most this device's sketches may give away, local DP epsilon per device (user level, "
+                        "all its sketches added up); a sketch past it is not sent and the server is told. "
+                        "Each sketch's epsilon is logged: 10 classes x 20 bits at P = 0.1 are 439 per device, "
+                        "43.9 per image (default: no limit)")
     p.add_argument("--fedcref", action="store_true",
                    help="take part in a FedCRef federation (fedsketch-server --strategy fedcref): unlabelled data, "
                         "only x is read from --data")
@@ -163,6 +168,10 @@ def _main(args: argparse.Namespace) -> int:
         threads = torch_threads(args.threads or None)  # 1 on a CPU without LSE atomics (Pi 4)
         if threads:
             torch.set_num_threads(threads)
+    if args.max_sketch_epsilon is not None and not args.max_sketch_epsilon >= 0:
+        print(f"fedsketch-client: error: --max-sketch-epsilon must be >= 0, got {args.max_sketch_epsilon:g}",
+              file=sys.stderr)
+        return 2
     if not args.hello_jitter >= 0:
         print(f"fedsketch-client: error: --hello-jitter must be >= 0 seconds, got {args.hello_jitter:g}",
               file=sys.stderr)
@@ -174,7 +183,7 @@ def _main(args: argparse.Namespace) -> int:
         return 2
     client = EdgeClient(transport, worker, federation=args.federation, root=args.root, seed=args.seed,
                         stay=args.stay, hello_jitter_s=args.hello_jitter, bench=bench, state_dir=args.state_dir,
-                        keeper=keeper, get_model=args.get_model)
+                        keeper=keeper, get_model=args.get_model, max_sketch_epsilon=args.max_sketch_epsilon)
     _stop_on_sigterm(client.stop)
     rc = _serve(args, lambda: client.run(max_idle_s=args.max_idle))
     return client.exit_code if rc == 0 else rc

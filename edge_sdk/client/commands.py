@@ -28,6 +28,7 @@ from ..compress import Compression
 from ..compress.update_codec import update_codec
 from ..install import install_hint
 from ..logs import log_context
+from ..privacy import SketchBudget, SketchOverBudget, sketch_epsilon
 from ..protocol import SERVER_ID, Kind, Message, ProtocolError, sketch_body, tensors_body
 from ..protocol.commands import Op, parse
 from ..rejections import RejectionLog
@@ -96,6 +97,8 @@ class DeviceContext:
     stay: bool = False
     #: Leave once a ``keep`` command was done (a cold start).
     get_model: bool = False
+    #: The owner's budget for the sketches (``--max-sketch-epsilon``); None: no limit.
+    sketch_budget: Optional[SketchBudget] = None
 
 
 #: A command's handler: ``handler(state, command, context)``; False stops the device.
@@ -295,10 +298,29 @@ def sketch(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
         return
     encoder = state.encoders.get(m["encoder"], wait_s=ctx.model_timeout_s)
     sketcher = ctx.drift.sketcher(encoder, m["num_classes"], m["flip_prob"])
+    if not spend_sketch_budget(ctx, sketcher.flip_prob, sketcher.num_classes, sketcher.latent_dim, rnd):
+        return
     sk = ctx.worker.sketch(sketcher)
     link.send(link.topics.sketch(link.cid), Kind.SKETCH, rnd, body=sketch_body(sk))
     ctx.drift.sent(sk)
     log.info("sent sketch (%d bits, %d bytes)", sk.n_bits, sk.nbytes)
+
+
+def spend_sketch_budget(ctx: DeviceContext, flip_prob: float, num_classes: int, latent_dim: int, rnd: int) -> bool:
+    """Log what the sketch about to go gives away; False (the server told, nothing sent) past the owner's budget."""
+    eps = sketch_epsilon(flip_prob, num_classes, latent_dim)
+    budget = ctx.sketch_budget
+    if budget is not None:
+        try:
+            budget.spend(eps)
+        except SketchOverBudget as e:
+            log.warning("%s", e)
+            link = ctx.link
+            link.send(link.topics.status(link.cid), Kind.STATUS, rnd, {"state": "online", "declined": "sketch"})
+            return False
+    spent = "" if budget is None else f"; spent {budget.spent:.1f} of the budget {budget.max_epsilon:g}"
+    log.info("%s%s", eps.describe(), spent)
+    return True
 
 
 def apply_data_change(ctx: DeviceContext) -> None:
@@ -320,6 +342,8 @@ def apply_data_change(ctx: DeviceContext) -> None:
                      "(%.1f bits): not told", len(worker.y), watch.threshold_bits)
             return
         bits = watch.last.hamming(new)
+        if not spend_sketch_budget(ctx, new.flip_prob, new.num_classes, new.latent_dim, 0):
+            return
         link.send(link.topics.sketch(link.cid), Kind.SKETCH, meta={"unasked": True}, body=sketch_body(new))
     except (ValueError, TypeError, ConnectionError) as e:  # the device keeps serving
         log.error("local data change: %s", e)

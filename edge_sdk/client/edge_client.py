@@ -33,6 +33,7 @@ from typing import Any
 
 from ..models.held_models import ModelStore
 from ..models.keeping import ModelKeeper
+from ..privacy import SketchBudget
 from ..protocol import Kind, Message, Topics
 from ..protocol.commands import Op
 from ..rejections import RejectionLog
@@ -128,6 +129,11 @@ class EdgeClient:
     get_model : bool
         Leave once a ``keep`` command was done (``fedsketch-client --get-model``:
         a cold start), exit code 0 with a kept model, 6 without.
+    max_sketch_epsilon : float, optional
+        The owner's budget for this device's sketches, user level
+        (:class:`edge_sdk.privacy.SketchBudget`): a sketch that would take the
+        total past it is not sent, and the server is told so. None: no limit
+        (each sketch's epsilon is still logged).
     handlers : mapping, optional
         The handler of each command, by op; default
         :data:`edge_sdk.client.commands.HANDLERS`. A device that answers a
@@ -153,6 +159,7 @@ class EdgeClient:
         state_dir: str | Path | None = None,
         keeper: ModelKeeper | None = None,
         get_model: bool = False,
+        max_sketch_epsilon: float | None = None,
         handlers: Mapping[Op, Handler] | None = None,
     ) -> None:
         #: What the hello says of the device's own benchmark (``cpu``, ``bench``), or nothing.
@@ -176,7 +183,9 @@ class EdgeClient:
                                      reject=self._rejections, hello=self.hello, stop=self.stop, keeper=keeper,
                                      seed=seed, model_timeout_s=model_timeout_s,
                                      progress_interval_s=float(progress_interval_s), stay=bool(stay),
-                                     get_model=bool(get_model))
+                                     get_model=bool(get_model),
+                                     sketch_budget=None if max_sketch_epsilon is None
+                                     else SketchBudget(float(max_sketch_epsilon)))
         self._handlers: dict[Op, Handler] = dict(HANDLERS if handlers is None else handlers)
         self._stop = threading.Event()
         self._commands_run = 0

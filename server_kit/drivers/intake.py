@@ -99,6 +99,10 @@ class Intake:
         self.eval_keys: dict[str, str] = {}
         #: Each client's summary: a :class:`~edge_sdk.sketch.Sketch`, or a float array (e.g. LADD's spectra).
         self.sketches: dict[str, Sketch] = {}
+        #: Sketches received per device (each spends the device's privacy budget again), and the devices that
+        #: declined to send one (their owner's budget, ``fedsketch-client --max-sketch-epsilon``).
+        self.sketch_counts: dict[str, int] = {}
+        self.declined: set[str] = set()
         self.feature_shape: tuple[int, int] | None = None
 
     @property
@@ -174,8 +178,18 @@ class Intake:
                 raise ProtocolError("kind", f"expected FEATURES, got {msg.kind.name}")
             sk = self._features(msg)
         self.sketches[cid] = sk
+        if isinstance(sk, Sketch):
+            self.sketch_counts[cid] = self.sketch_counts.get(cid, 0) + 1
         self.awaited.answer("sketch", cid)
         return sk
+
+    def on_declined(self, cid: str) -> None:
+        """A device said its sketch would pass its owner's budget: not waited for, left out of the clustering."""
+        if cid not in self.declined:
+            log.warning("%s declined to send its sketch (its owner's privacy budget): left out of the clustering",
+                        cid)
+        self.declined.add(cid)
+        self.awaited.give_up("sketch", cid)
 
     def _features(self, msg: Message) -> Any:
         """A float summary (e.g. LADD's spectra): one finite float32 (num_classes, W) tensor."""

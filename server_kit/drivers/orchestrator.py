@@ -59,6 +59,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..privacy.sketch_report import sketch_privacy
 from ..strategies.base import Strategy
 from .ae_phase import pretrain_ae
 from .config import ServerConfig
@@ -300,4 +301,13 @@ class Orchestrator:
             phase=self.intake.phase.value, round=self.training_round,
             fleet={r.device: r.to_dict() for r in device_rows(
                 fleet, model_keys(self.strategy, fleet.clients if rows is None else rows), self.tallies, rows)},
+            privacy=self._privacy(),
         )
+
+    def _privacy(self) -> dict[str, Any]:
+        """The ``privacy`` record: the sketches' epsilons per device (a strategy that sketches)."""
+        intake, out = self.intake, {}
+        if self.strategy.capabilities.summary_kind == "sketch" and (intake.sketch_counts or intake.declined):
+            out["sketch"] = sketch_privacy(self.config.flip_prob, self.config.num_classes, self.run_models.latent,
+                                           intake.sketch_counts, intake.declined)
+        return out

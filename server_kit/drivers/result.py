@@ -58,6 +58,9 @@ class RunResult:
     #: Every admitted device: online, cluster, seconds since its last message, rounds done, refusals, its last
     #: round's seconds, benched, its bench's sketch time, its last health (``server_kit.drivers.device_table``).
     fleet: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: What the run gave away: ``sketch`` (each device's sketch epsilon, :mod:`server_kit.privacy.sketch_report`),
+    #: ``dp`` (each cluster's accountant, with ``--dp-epsilon``), ``secure`` (the secure sums, with ``--secure``).
+    privacy: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name (``drift`` only when the run follows drift), for ``results.json``."""

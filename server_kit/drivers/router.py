@@ -80,6 +80,8 @@ class MessageRouter:
             self.fleet.on_status(cid, state, msg.meta, intake.round)
             if "follow" in msg.meta:
                 self.delivery.confirm(cid, msg.meta["follow"])
+            if msg.meta.get("declined") == "sketch":
+                intake.on_declined(cid)
             if "need" in msg.meta:
                 self.delivery.send_whole(cid, msg.meta["need"], self.strategy.models, self.strategy.versions)
         elif msg.kind in (Kind.SKETCH, Kind.FEATURES):

@@ -34,6 +34,7 @@ from ..metrics import (
     message_bytes,
     weights_message_bytes,
 )
+from ..privacy.sketch_report import sketch_privacy
 from ..rounds.pace import Pace
 from ..rounds.recorded import RecordedIntake
 from ..rounds.training import RoundReport, TrainingRound
@@ -99,6 +100,8 @@ class SimulationResult:
     #: Bytes spent following drift: fresh sketches asked and sent unasked, and their requests.
     drift_bytes: int = 0
     bytes_before_training: int = 0
+    #: What the run gave away, as ``results.json``'s ``privacy`` (``sketch``: each client's sketch epsilon).
+    privacy: dict[str, Any] = field(default_factory=dict)
 
     @property
     def accuracies(self) -> list[float]:
@@ -317,6 +320,11 @@ class Simulator:
                 else:
                     ledger.add("FEATURES", "up", weights_message_bytes(Kind.FEATURES, {"features": v},
                                                                        {"summary": s.capabilities.summary_kind}))
+            sketched = {c: 1 for c, v in summaries.items() if isinstance(v, Sketch)}
+            if sketched:
+                first = next(v for v in summaries.values() if isinstance(v, Sketch))
+                result.privacy["sketch"] = sketch_privacy(self.flip_prob, first.num_classes, first.latent_dim,
+                                                          sketched)
             s.on_sketches(summaries)
         result.seconds_clustering = time.perf_counter() - t0
         result.bytes_before_training = ledger.total()

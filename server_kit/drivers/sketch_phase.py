@@ -40,9 +40,10 @@ def cluster_from_sketches(parts: RunParts, strategy: Strategy, config: ServerCon
             awaited.answer("sketch", cid)
     parts.link.broadcast(Op.SKETCH, **parts.assignments.sketch_request())
     need = max(1, math.ceil(config.sketch_quorum * len(cids)))
-    parts.link.pump(lambda: len(awaited.answered) >= need, config.sketch_timeout_s)
+    # a device that declined (its owner's privacy budget) counts as heard from: nobody waits for its sketch
+    parts.link.pump(lambda: len(awaited.answered) + len(awaited.given_up) >= need, config.sketch_timeout_s)
     got = {c: intake.sketches[c] for c in cids if c in intake.sketches}
-    if len(got) < need:
+    if len(got) + len(awaited.given_up) < need:
         log.warning("sketch deadline: %d of %d sketches (quorum %d); clustering those", len(got), len(cids), need)
     if not got:
         raise TimeoutError("no sketch arrived before the deadline")

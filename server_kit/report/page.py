@@ -90,7 +90,7 @@ def render_html(results: Mapping[str, Any], present: set[str], *, head: str = ""
     defs = results.get("definitions") or {}
     parts = [_head(results, head), before, _summary(results, present), _plots(present), _per_round(results, defs),
              _per_cluster(results, defs), _models(results), _bytes(results, defs), _fleet(results),
-             _devices(results), _refusals(results), _truth(results), "</body>\n</html>\n"]
+             _devices(results), _privacy(results), _refusals(results), _truth(results), "</body>\n</html>\n"]
     return "".join(parts)
 
 
@@ -256,6 +256,42 @@ def _devices(results: Mapping[str, Any]) -> str:
             "<code>fedsketch bench</code> and sent with its hello (<code>fedsketch-client --bench FILE</code>); "
             "slowest sketch first.</p>\n"
             + _table(["client", "CPU", "sketch ms", "epoch ms", "epoch / sketch", "cores", "memory MB"], rows, left=2))
+
+
+def _eps(v: Any) -> str:
+    return "infinite" if v is None else f"{float(v):.3g}"
+
+
+def _privacy(results: Mapping[str, Any]) -> str:
+    """What the run gave away: the sketches' epsilons per device; the clusters' DP accountants; the secure sums."""
+    privacy = results.get("privacy") or {}
+    out = ""
+    sk = privacy.get("sketch")
+    if sk:
+        out += ("<h2>Privacy</h2>\n<p>Each sketch: epsilon " + _eps(sk.get("epsilon_per_device"))
+                + " per device (user level), " + _eps(sk.get("epsilon_per_image")) + " per image, "
+                + _eps(sk.get("epsilon_per_bit")) + f" per bit (flip probability {sk.get('flip_prob')}, "
+                f"{sk.get('bits')} bits).</p>\n<p class=\"note\">{escape(str(sk.get('threat_model', '')))}.</p>\n")
+        devices = sk.get("devices") or {}
+        rows = [[c, d.get("sketches"), _eps(d.get("epsilon"))] for c, d in devices.items()]
+        rows += [[c, 0, "declined (its budget)"] for c in sk.get("declined") or []]
+        if rows:
+            out += _table(["client", "sketches sent", "epsilon spent (per device)"], rows)
+    dp = privacy.get("dp")
+    if dp:
+        out += (("" if sk else "<h2>Privacy</h2>\n") + f"<p>Differentially private cluster models (DP-FedAvg, "
+                f"user level): budget epsilon {dp.get('epsilon_budget')} at delta {dp.get('delta')}, clip "
+                f"{dp.get('clip')}, noise multiplier {_fmt(dp.get('noise_multiplier'))}.</p>\n")
+        rows = [[k, c.get("rounds"), _eps(c.get("epsilon")), c.get("stopped") or ""]
+                for k, c in sorted((dp.get("clusters") or {}).items())]
+        out += _table(["model", "private rounds", "epsilon spent", "stopped"], rows)
+    sec = privacy.get("secure")
+    if sec:
+        out += (("" if sk or dp else "<h2>Privacy</h2>\n") + f"<p>Secure aggregation: {sec.get('rounds', 0)} "
+                f"cluster rounds summed without the server seeing one device's update; "
+                f"{sec.get('dropped', 0)} devices dropped after masking, {sec.get('failed', 0)} cluster rounds "
+                f"short of their threshold.</p>\n")
+    return out
 
 
 def _refusals(results: Mapping[str, Any]) -> str:

@@ -64,6 +64,11 @@ DEFINITIONS: dict[str, str] = {
     "devices": "each device's own benchmark (fedsketch bench, sent with its hello by fedsketch-client --bench), "
                "client id -> cpu (as the device names it), sketch_ms (its whole sketch), epoch_ms (one local epoch "
                "of its architecture), epoch_over_sketch (the paper's Figure 6 ratio), cores, mem_mb: those it measured",
+    "privacy": (
+        "what the run gave away. sketch: one sketch's local DP epsilon (randomised response over its bits: per bit "
+        "ln((1-P)/P), per image the bits of one class vector, per device every bit) and each device's total over "
+        "the sketches it sent; dp: each cluster's (epsilon, delta) from the accountant of its DP-FedAvg rounds; "
+        "secure: the cluster rounds summed by secure aggregation"),
     "run_id": "the run's id, as the server announced it on its status topic (devices in service mode join each run "
               "once)",
     "rounds_closing": "per round: the devices selected (spares included), reported (valid updates), stragglers "
@@ -286,7 +291,7 @@ def build_results(result: Mapping[str, Any], *, target_accuracy: float = 0.8,
         if key in result:
             out[key] = dict(result[key] or {})
             defined.append(key)
-    for key in ("devices", "run_id"):
+    for key in ("devices", "run_id", "privacy"):
         if result.get(key):
             defined.append(key)
     if truth is not None:

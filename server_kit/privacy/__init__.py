@@ -1,0 +1,1 @@
+"""Privacy on the server: what the sketches gave away, differentially private cluster models, secure sums."""
