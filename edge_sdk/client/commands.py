@@ -28,7 +28,7 @@ from ..compress import Compression
 from ..compress.update_codec import update_codec
 from ..install import install_hint
 from ..logs import log_context
-from ..privacy import SketchBudget, SketchOverBudget, sketch_epsilon
+from ..privacy import SketchBudget
 from ..protocol import SERVER_ID, Kind, Message, ProtocolError, sketch_body, tensors_body
 from ..protocol.commands import Op, parse
 from ..rejections import RejectionLog
@@ -37,6 +37,7 @@ from ..tasks import Task, TrainSettings
 from ..training.sampling import in_sample
 from .drift import DeviceDrift
 from .link import LOCAL, SERVER_STATUS, VIA, DeviceLink
+from .privacy import spend_sketch_budget
 from .state import DeviceState, SentUpdate, kept_label
 
 if TYPE_CHECKING:
@@ -305,22 +306,6 @@ def sketch(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
     ctx.drift.sent(sk)
     log.info("sent sketch (%d bits, %d bytes)", sk.n_bits, sk.nbytes)
 
-
-def spend_sketch_budget(ctx: DeviceContext, flip_prob: float, num_classes: int, latent_dim: int, rnd: int) -> bool:
-    """Log what the sketch about to go gives away; False (the server told, nothing sent) past the owner's budget."""
-    eps = sketch_epsilon(flip_prob, num_classes, latent_dim)
-    budget = ctx.sketch_budget
-    if budget is not None:
-        try:
-            budget.spend(eps)
-        except SketchOverBudget as e:
-            log.warning("%s", e)
-            link = ctx.link
-            link.send(link.topics.status(link.cid), Kind.STATUS, rnd, {"state": "online", "declined": "sketch"})
-            return False
-    spent = "" if budget is None else f"; spent {budget.spent:.1f} of the budget {budget.max_epsilon:g}"
-    log.info("%s%s", eps.describe(), spent)
-    return True
 
 
 def apply_data_change(ctx: DeviceContext) -> None:
