@@ -47,6 +47,7 @@ from .cli_options import (
     known_encoders,
     known_strategies,
 )
+from .privacy.options import apply_dp
 
 if TYPE_CHECKING:
     pass
@@ -248,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "fedcref":
             return _run_fedcref(args, config, broker, {**strat, **parse_params(args.params)}, report_dir)
         strategy = _build_strategy(args, name, config, strat, robust)
+        apply_dp(args, strategy, config.rounds, robust)
         bcfg = _broker_config(args, broker)
         if args.signing_key:
             from edge_sdk.signing import load_signer

@@ -13,6 +13,7 @@ from typing import Any
 from edge_sdk.logs import add_log_format_argument
 from edge_sdk.transport import BrokerConfig
 
+from .privacy.options import add_privacy_arguments
 from .watch.options import add_watch_options
 
 __all__ = ["DEFAULT_COMPRESS_DOWN", "DEFAULT_COMPRESS_UP", "DESCRIPTION", "build_parser", "device_name", "known_architectures", "known_encoders", "known_strategies"]
@@ -124,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "deploy/make_passwords.sh); devices given its public half (--server-key) obey nothing "
                         "else (default: none)")
     _add_scale_out_options(p)
+    add_privacy_arguments(p)
     add_watch_options(p)
     p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging (default: info)")
     add_log_format_argument(p, defaults_in_help=True)

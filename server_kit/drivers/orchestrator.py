@@ -310,4 +310,6 @@ class Orchestrator:
         if self.strategy.capabilities.summary_kind == "sketch" and (intake.sketch_counts or intake.declined):
             out["sketch"] = sketch_privacy(self.config.flip_prob, self.config.num_classes, self.run_models.latent,
                                            intake.sketch_counts, intake.declined)
+        if self.strategy.dp is not None:
+            out["dp"] = self.strategy.dp.to_dict()
         return out

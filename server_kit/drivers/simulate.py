@@ -348,6 +348,8 @@ class Simulator:
                 bar.set_postfix(acc=f"{acc:.3f}")
             log.info("%s round %d: %d clients, mean accuracy %.4f, %d bytes so far", s.name, rnd, report.tasked, acc,
                      record.bytes_total)
+            if s.dp is not None:
+                result.privacy["dp"] = s.dp.to_dict()
             if stop is not None and stop(s, record):
                 log.info("%s: stopped after round %d", s.name, rnd)
                 break

@@ -231,6 +231,9 @@ class TrainingRound:
         """
         t0 = self.clock() if started is None else started
         tasks = plan_tasks(self.strategy, rnd, available, self.over_select)
+        paused = self.strategy.paused_models()
+        if paused:  # their DP budget is spent: their devices are not asked
+            tasks = [t for t in tasks if not set(t.models) <= paused]
         wait = self.intake.open_round(rnd, tasks, self.port.online_ids(), report_goal=self.report_goal)
         return OpenRound(rnd, tasks, wait, t0)
 

@@ -23,12 +23,14 @@ tensors) so a driver can checkpoint it after every round
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,6 +53,9 @@ from ..rounds.arrivals import PartialSum
 from ..rounds.judging import Aggregation, Screening, screen_round
 from .capabilities import Capabilities
 from .drift import DriftReport
+
+if TYPE_CHECKING:
+    from ..privacy.dp import DPFedAvg
 
 __all__ = ["RESKETCH_SALT", "ClientInfo", "Strategy", "Weights", "add_updates", "copy_weights"]
 
@@ -191,6 +196,8 @@ class Strategy(ABC):
         self.seed = int(seed)
         self.clients: dict[str, ClientInfo] = {}
         self.models: dict[str, dict[str, np.ndarray]] = {}
+        #: DP-FedAvg per model (``--dp-epsilon``: :class:`server_kit.privacy.dp.DPFedAvg`), set by the driver.
+        self.dp: DPFedAvg | None = None
 
     # -- lifecycle -------------------------------------------------------
     def setup(self, clients: Sequence[ClientInfo], template: Weights) -> None:
@@ -247,12 +254,32 @@ class Strategy(ABC):
         did (:class:`~server_kit.rounds.judging.Aggregation`).
         """
         judged = screen_round(self, rnd, updates) if screening is None else screening
+        dp, base = self.dp, {}
+        if dp is not None:
+            judged, base = self._dp_clip(dp, rnd, judged)
         combined = dict(self._combine(rnd, [*judged.updates, *partials]))
+        if dp is not None:
+            for key, n in Counter(u.model_key for u in judged.updates).items():
+                self.models[key] = dp.release(key, base[key], self.models[key], n)
         held = judged.held_elsewhere
         return Aggregation(combined=combined, screen=judged.report, capped_samples=judged.capped + partials_capped,
                            aggregator=self.robust.aggregator, versions=self.versions.commit(self.models),
                            partial_sums=len(partials) if held else None,
                            summed_remote=sum(len(p.members) for p in partials) if held else None)
+
+    def _dp_clip(self, dp: DPFedAvg, rnd: int, judged: Screening) -> tuple[Screening, dict[str, Weights]]:
+        """The updates clipped and weighed alike for DP (:meth:`DPFedAvg.clip`); the models they start from."""
+        sizes = Counter(self.model_key_for(c) for c in self.clients)
+        expected = {k: max(1, math.ceil(self.fraction * n)) for k, n in sizes.items()}
+        for key in {u.model_key for u in judged.updates}:
+            dp.account(key, sizes.get(key, 0), expected.get(key, 1))
+        kept = dp.clip(judged.updates, self.models, rnd, expected)
+        base = {k: copy_weights(self.models[k]) for k in {u.model_key for u in kept}}
+        return dataclasses.replace(judged, updates=kept), base
+
+    def paused_models(self) -> frozenset[str]:
+        """Models not trained any more: their DP budget is spent (their devices are not asked)."""
+        return frozenset() if self.dp is None else self.dp.stopped
 
     def _new_aggregator(self, template: Weights, *, include: Sequence[str] | None = None
                        ) -> StreamingFedAvg | CoordinateAggregator:
@@ -299,6 +326,8 @@ class Strategy(ABC):
         versions = self.versions.state()  # empty with compression off: nothing is versioned
         if versions:
             meta["versions"] = versions
+        if self.dp is not None:  # a resumed run goes on spending the same budget, never a fresh one
+            meta["dp"] = self.dp.state()
         return meta, tensors
 
     def load_state(self, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
@@ -310,4 +339,6 @@ class Strategy(ABC):
             models[key][name] = np.array(v)
         self.models = models
         self.versions.load_state(meta.get("versions", {}), models)
+        if self.dp is not None:
+            self.dp.load_state(meta.get("dp", {}))
 
