@@ -103,6 +103,7 @@ SERVER = TRAIN + [
     "tqdm>=4.60",
     "msgpack>=1.0",
     "prometheus-client>=0.20",
+    "dp-accounting>=0.4",  # server_kit.privacy.accountant: the RDP accountant of DP-FedAvg's rounds
 ]
 BROKER = ["amqtt>=0.11"]
 # Flower's Simulation Engine (Ray) and runtime, pinned: edge_sdk.flower and server_kit.flower, nothing else.
