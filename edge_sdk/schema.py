@@ -177,6 +177,13 @@ _ARCH = Field("str", max_len=128)
 _FOLLOW = Field("keys", max_len=64)
 #: A device's health (edge_sdk.health.DeviceHealth.to_meta), with its hello and its status messages: what its
 #: board exposes, its last round's duration, the version of its model, its kept model ("c0@1a2b3c4d5e6f")
+_SECURE = Field("record", fields={
+    "peers": Field("object", max_len=4096, required=True),
+    "threshold": Field("int", 2, 4096, required=True),
+    "bits": Field("int", 2, 16, required=True),
+    "clip": Field("float", 1e-9, 1e9, required=True),
+    "run": Field("id", required=True),
+})
 _HEALTH = Field("record", fields={
     "cpu_temp_c": Field("float", -60.0, 200.0),
     "throttled": Field("int", 0, 2**32 - 1),  # the Raspberry Pi firmware's get_throttled bitmask
@@ -233,6 +240,9 @@ COMMANDS: dict[str, dict[str, Field]] = {
         "partition": Field("int", 0, 255),
         # an update above this many bytes is announced (status "ready") and sent when the server says (resend)
         "announce_above": Field("int", 1, 1 << 40),
+        # secure aggregation (edge_sdk.client.secure): the round's peers of the device's model (id -> X25519
+        # public key, hex), the threshold t, the quantiser's bits and clip, the run that binds the seeds
+        "secure": _SECURE,
     },
     "train_ae": {
         "round": _ROUND,
@@ -252,6 +262,8 @@ COMMANDS: dict[str, dict[str, Field]] = {
              "model_key": Field("id"), "choose": Field("bool", default=False),
              "models": Field("object", max_len=256, required=True)},
     "resend": {"round": _ROUND},
+    # secure aggregation (edge_sdk.secure): the body is the UnmaskRequest of the round's model
+    "unmask": {"round": _ROUND, "model_key": _MODEL_KEY},
 }
 
 _SCHEMAS: dict[Kind, dict[str, Field]] = {
@@ -268,6 +280,8 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "bench": Field("numbers", max_len=16),
         "cpu": Field("str", max_len=128),
         "health": _HEALTH,
+        # its X25519 public key for secure aggregation (64 hex digits)
+        "secure_key": Field("str", max_len=64),
     },
     Kind.STATUS: {
         "state": Field("str", choices=("online", "offline"), default="online"),
@@ -302,7 +316,10 @@ _SCHEMAS: dict[Kind, dict[str, Field]] = {
         "metrics": Field("numbers", max_len=32, default={}),
         # compressed: the version of the model it was trained from (its body is the delta from it)
         "version": Field("int", 0, MAX_ROUND),
+        # secure aggregation: the body is a masked update (edge_sdk.secure.MaskedUpdate), summed, never read alone
+        "secure": Field("bool"),
     },
+    Kind.REVEAL: {"round": _ROUND, "model_key": _MODEL_KEY},
     Kind.METRICS: {
         "round": _ROUND,
         "model_key": _MODEL_KEY,

@@ -47,7 +47,7 @@ from .cli_options import (
     known_encoders,
     known_strategies,
 )
-from .privacy.options import apply_dp
+from .privacy.options import apply_dp, secure_settings
 
 if TYPE_CHECKING:
     pass
@@ -250,6 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_fedcref(args, config, broker, {**strat, **parse_params(args.params)}, report_dir)
         strategy = _build_strategy(args, name, config, strat, robust)
         apply_dp(args, strategy, config.rounds, robust)
+        secure = secure_settings(args, strategy)
         bcfg = _broker_config(args, broker)
         if args.signing_key:
             from edge_sdk.signing import load_signer
@@ -275,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     def run(transport: Any) -> int:
-        orch = Orchestrator(strategy, transport, config, **scale_out.orchestrator_args())
+        orch = Orchestrator(strategy, transport, config, secure=secure, **scale_out.orchestrator_args())
         if watching is not None:
             watching.attach(orch)
         result = orch.run(resume=args.resume)

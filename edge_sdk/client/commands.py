@@ -22,14 +22,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-import numpy as np
-
 from ..compress import Compression
 from ..compress.update_codec import update_codec
 from ..install import install_hint
 from ..logs import log_context
 from ..privacy import SketchBudget
-from ..protocol import SERVER_ID, Kind, Message, ProtocolError, sketch_body, tensors_body
+from ..protocol import SERVER_ID, Kind, Message, ProtocolError, tensors_body
 from ..protocol.commands import Op, parse
 from ..rejections import RejectionLog
 from ..schema import check_meta
@@ -37,7 +35,6 @@ from ..tasks import Task, TrainSettings
 from ..training.sampling import in_sample
 from .drift import DeviceDrift
 from .link import LOCAL, SERVER_STATUS, VIA, DeviceLink
-from .privacy import spend_sketch_budget
 from .state import DeviceState, SentUpdate, kept_label
 
 if TYPE_CHECKING:
@@ -45,7 +42,7 @@ if TYPE_CHECKING:
     from ..worker import LocalWorker
 
 __all__ = ["HANDLERS", "NO_MODEL", "REFUSED", "SERVER_FAILED", "Command", "DeviceContext", "Handler",
-           "apply_data_change", "handle", "handles", "on_server_status", "send_status"]
+           "handle", "handles", "on_server_status", "send_status"]
 
 # the device's log keeps its one name: these lines were the client's and still are
 log = logging.getLogger("edge_sdk.client")
@@ -68,6 +65,8 @@ class Command:
     round: int = 0
     #: Whether it came by the broadcast topic (then it may not concern this device).
     broadcast: bool = False
+    #: Its envelope's body (an unmask command's request); empty for most.
+    body: bytes = b""
 
 
 @dataclass(eq=False)
@@ -129,7 +128,7 @@ def handle(state: DeviceState, msg: Message, ctx: DeviceContext,
     evaluation of devices it is not among, a sketch request before it was
     admitted) is ignored, logged at DEBUG.
     """
-    apply_data_change(ctx)  # the application's change comes before the next command
+    sketching.apply_data_change(ctx)  # the application's change comes before the next command
     if msg.meta.get(VIA) == LOCAL:
         return True  # data_changed's wake-up: done above
     if msg.meta.get(VIA) == SERVER_STATUS:
@@ -143,7 +142,7 @@ def handle(state: DeviceState, msg: Message, ctx: DeviceContext,
     op = m["op"]
     state.handled[op] = state.handled.get(op, 0) + 1
     try:
-        return handlers[op](state, Command(m, msg.round, msg.meta.get(VIA) == "broadcast"), ctx) is not False
+        return handlers[op](state, Command(m, msg.round, msg.meta.get(VIA) == "broadcast", msg.body), ctx) is not False
     except ImportError as e:  # e.g. a train command on a device without torch
         log.error("command %s needs a missing package (%s); for local training: %s", op, e,
                   install_hint("train"))
@@ -279,66 +278,6 @@ def use_architecture(worker: LocalWorker, m: Mapping[str, Any]) -> None:
 
 
 # -- the sketch, and the application's new data -------------------------------------------
-@handles(Op.SKETCH)
-def sketch(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
-    """Send the sketch of the local data (or the float summary the command names)."""
-    m, rnd, link = cmd.fields, cmd.round, ctx.link
-    if cmd.broadcast and not state.welcomed:
-        log.debug("sketch request for admitted devices: not admitted yet, ignored")
-        return
-    kind = m["summary"]
-    if kind != "sketch":
-        from ..features import SUMMARIES
-
-        if kind not in SUMMARIES:
-            raise ValueError(f"unknown summary kind {kind!r}; this client knows {sorted(SUMMARIES)}")
-        feats = SUMMARIES[kind](ctx.worker.x, ctx.worker.y, num_classes=m["num_classes"], **m["params"])
-        link.send(link.topics.sketch(link.cid), Kind.FEATURES, rnd, {"summary": kind},
-                  tensors_body({"features": np.ascontiguousarray(feats, dtype=np.float32)}))
-        log.info("sent %s summary %s", kind, feats.shape)
-        return
-    encoder = state.encoders.get(m["encoder"], wait_s=ctx.model_timeout_s)
-    sketcher = ctx.drift.sketcher(encoder, m["num_classes"], m["flip_prob"])
-    if not spend_sketch_budget(ctx, sketcher.flip_prob, sketcher.num_classes, sketcher.latent_dim, rnd):
-        return
-    sk = ctx.worker.sketch(sketcher)
-    link.send(link.topics.sketch(link.cid), Kind.SKETCH, rnd, body=sketch_body(sk))
-    ctx.drift.sent(sk)
-    log.info("sent sketch (%d bits, %d bytes)", sk.n_bits, sk.nbytes)
-
-
-
-def apply_data_change(ctx: DeviceContext) -> None:
-    """Take the data :meth:`edge_sdk.client.EdgeClient.data_changed` offered, if any; send its sketch unasked
-    if it changed enough."""
-    data = ctx.drift.take()
-    if data is None:
-        return
-    worker, link = ctx.worker, ctx.link
-    try:
-        worker.replace_data(*data)
-        watch = ctx.drift.watch
-        if watch is None or watch.last is None:
-            log.info("local data changed (%d samples); no sketch sent yet: nothing to tell", len(worker.y))
-            return
-        new = watch.check(worker.x, worker.y)
-        if new is None:
-            log.info("local data changed (%d samples), within the flip noise of the last sketch sent "
-                     "(%.1f bits): not told", len(worker.y), watch.threshold_bits)
-            return
-        bits = watch.last.hamming(new)
-        if not spend_sketch_budget(ctx, new.flip_prob, new.num_classes, new.latent_dim, 0):
-            return
-        link.send(link.topics.sketch(link.cid), Kind.SKETCH, meta={"unasked": True}, body=sketch_body(new))
-    except (ValueError, TypeError, ConnectionError) as e:  # the device keeps serving
-        log.error("local data change: %s", e)
-        return
-    ctx.drift.sent(new)
-    ctx.drift.unasked += 1
-    log.info("local data changed: sketch sent unasked (%d bits from the last one sent, noise threshold %.1f)",
-             bits, watch.threshold_bits)
-
-
 # -- training, evaluation, keeping ---------------------------------------------------------
 def send_status(ctx: DeviceContext, r: int, fields: Mapping[str, Any], state: DeviceState | None = None) -> None:
     """Send a status of round ``r`` (online, with ``fields``) and, given the device's state, its health."""
@@ -423,7 +362,12 @@ def train(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
     # the model it started from (a worker that names a model it was not sent is refused by the server)
     start = held.get(upd.model_key) or held[keys[0]]
     try:
-        body, extra, _ = codec.encode(upd.model_key, upd.weights, start.weights, start.version, state, lean=True)
+        if "secure" in m:  # masked: the server sums it with its peers' and never reads it alone
+            body = secure.masked_update(state, link.cid, m["secure"], r, upd.model_key, upd.weights, start.weights)
+            extra = {"secure": True, **({} if start.version is None else {"version": start.version})}
+        else:
+            body, extra, _ = codec.encode(upd.model_key, upd.weights, start.weights, start.version, state,
+                                          lean=True)
     except ValueError as e:
         raise ValueError(f"round {r}: {e}") from None
     send_update(state, ctx, r, {**meta, **extra}, body, partition=m.get("partition"),
@@ -492,3 +436,7 @@ def keep(state: DeviceState, cmd: Command, ctx: DeviceContext) -> None:
     if ctx.get_model and out.key is not None:  # --get-model: done, with a kept model or not
         state.exit_code = 0 if out.has_model else NO_MODEL
         ctx.stop()
+
+
+# the handlers of the other modules register themselves in HANDLERS
+from . import secure, sketching  # noqa: E402

@@ -235,7 +235,7 @@ class EdgeClient:
         this one says the same.
         """
         self.link.hello_sent()
-        meta = {**self.worker.hello(), **self.bench}
+        meta = {**self.worker.hello(), **self.bench, "secure_key": self.state.secure_keys.public_bytes.hex()}
         if self.keeper is not None:  # the server sends the run's last model only to devices that keep it
             meta["capabilities"] = [*meta["capabilities"], KEEPS_MODELS]
             if self.state.kept_model is None:  # kept by an earlier run (or process): read once

@@ -21,6 +21,7 @@ from ..models.held_models import ModelStore
 from ..models.keeping import ModelKeeper
 from ..models.model_folder import WEIGHTS
 from ..protocol import Message
+from ..secure import DeviceKeys, DeviceSecureRound
 from .encoders import ReceivedEncoders
 from .keep import KeepOutcome
 
@@ -83,6 +84,10 @@ class DeviceState:
     round_s: float | None = None
     #: The model kept in the device's model folder (:func:`kept_label`), None while none is known.
     kept_model: str | None = None
+    #: Secure aggregation: this device's key pair (its public half goes with the hello), and its open rounds'
+    #: parts by (round, model), the last few only (:mod:`edge_sdk.client.secure`).
+    secure_keys: DeviceKeys = field(default_factory=DeviceKeys.generate)
+    secure_rounds: dict[tuple[int, str], DeviceSecureRound] = field(default_factory=dict)
 
     def health(self) -> DeviceHealth:
         """The device's health now (:func:`edge_sdk.health.read_health`): what its board exposes, its last

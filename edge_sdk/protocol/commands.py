@@ -53,6 +53,8 @@ class Op(str, Enum):
     KEEP = "keep"
     #: Send the update of round ``round`` again: the receiver lost it, or had no room for it then.
     RESEND = "resend"
+    #: Secure aggregation: reveal what the round's survivors need (the request is the command's body).
+    UNMASK = "unmask"
 
 
 #: The fields of each command, by op: their type, range, default (:class:`edge_sdk.schema.Field`).

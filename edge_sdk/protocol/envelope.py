@@ -103,6 +103,7 @@ class Kind(enum.IntEnum):
     PARTIAL = 11  #: aggregator -> server: the weighted mean of its devices' updates for one model
     COLLECT = 12  #: server -> aggregators: a round opens; the model its updates start from
     FLUSH = 13  #: server -> one aggregator: the round closed; what to sum of whose update
+    REVEAL = 14  #: device -> server: secure aggregation's answer to an unmask command (edge_sdk.secure.Reveal)
 
 
 class ProtocolError(ValueError):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import SecureError
 
-__all__ = ["KEY_BYTES", "MAX_ID_BYTES", "SecureParams", "default_threshold", "encode_id", "round_context"]
+__all__ = ["KEY_BYTES", "MAX_ID_BYTES", "SecureParams", "default_threshold", "encode_id", "params_from_command",
+           "round_context"]
 
 #: The bytes of an X25519 public key.
 KEY_BYTES = 32
@@ -142,3 +145,21 @@ def _check_peers(peers: tuple) -> None:
     for a, b in zip(ids, ids[1:]):
         if not a < b:
             raise SecureError("peer", f"peers must be sorted by id with no id twice: {a!r} before {b!r}")
+
+
+def params_from_command(fields: Mapping[str, Any], rnd: int, key: str, n_values: int) -> SecureParams:
+    """The round's parameters from a train command's ``secure`` record (``edge_sdk.schema``: peers, threshold, bits,
+    run) for ``n_values`` float values; the server builds the same from what it sent. ``ValueError`` for a bad
+    peer table."""
+    from ..protocol import check_id
+    from .quantize import SecureQuantizer, modulus_bits_for
+
+    peers = []
+    for cid, hexkey in fields["peers"].items():
+        check_id(cid)
+        if not isinstance(hexkey, str) or len(hexkey) != 64:
+            raise ValueError(f"secure: the key of peer {cid!r} is not 64 hex digits")
+        peers.append((cid, bytes.fromhex(hexkey)))
+    m = modulus_bits_for(fields["bits"], len(peers))
+    return SecureParams(round_context(fields["run"], rnd, key), tuple(sorted(peers)), fields["threshold"], m,
+                        SecureQuantizer.length(n_values))

@@ -96,6 +96,8 @@ class Fleet:
         self.pending: dict[str, dict[str, Any]] = {}
         #: Devices refused at registration, with the reason they were told.
         self.refused: dict[str, str] = {}
+        #: Each device's public key for secure aggregation (hex), as its last hello said.
+        self.secure_keys: dict[str, str] = {}
         #: Admitted devices left out of training, with the reason.
         self.not_training: dict[str, str] = {}
         #: The round in which each device that went offline was last seen online.

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge_sdk.compress.update_codec import update_codec
 from edge_sdk.protocol import (
@@ -33,6 +33,7 @@ from edge_sdk.protocol import (
     parse_sketch,
     parse_tensors,
 )
+from edge_sdk.secure import SecureError
 from edge_sdk.sketch import Sketch
 from edge_sdk.tasks import Task, Update
 
@@ -46,6 +47,9 @@ from ..strategies.base import Strategy
 from .link import ServerLink
 from .models import RunModels
 from .phase import Phase, RunPhase
+
+if TYPE_CHECKING:
+    from ..privacy.secure_sum import SecureSums
 
 __all__ = ["Awaited", "Intake"]
 
@@ -90,6 +94,10 @@ class Intake:
         #: The rounds each client was tasked in (a late update is told apart from a stray one).
         self.tasked_rounds: dict[str, set[int]] = {}
         self.updates: dict[str, Update] = {}
+        #: Secure aggregation (``--secure``): the run's groups, and the round's masked updates as arrivals (their
+        #: loss and metrics; no weights: the server never reads one alone).
+        self.secure: SecureSums | None = None
+        self.masked: dict[str, Update] = {}
         #: The round's updates aggregators hold (:mod:`server_kit.partials`): their receipts, weights left there.
         self.held_elsewhere: dict[str, Receipt] = {}
         #: The autoencoder pre-training of the run, while it goes on (:mod:`server_kit.pretrain.rounds`).
@@ -127,6 +135,7 @@ class Intake:
         self.run.begin_round(rnd)
         self.updates = {}
         self.held_elsewhere = {}
+        self.masked = {}
         self.tasked = {t.cid for t in tasks}
         self.allowed = {t.cid: frozenset(t.models) for t in tasks}
         for t in tasks:
@@ -233,8 +242,14 @@ class Intake:
         checked whole before anything is decoded (:func:`edge_sdk.compress.decode_delta`).
         """
         m = msg.meta
+        if bool(m.get("secure")) != (self.secure is not None):
+            raise ProtocolError("secure", "this run sums updates securely: a plain update is refused" if self.secure
+                                else "a masked update, and this run does not sum securely")
         wait = self.admit_update(cid, m)
         if wait is None:
+            return None
+        if self.secure is not None:
+            self._on_masked(cid, msg, wait)
             return None
         key, n = m["model_key"], m["n_samples"]  # Strategy.aggregate weighs n by the count registered, never more
         # bad tensors raise: the link counts the refusal and tells the round (refuse_update)
@@ -245,6 +260,32 @@ class Intake:
         wait.answer("update", cid)
         self.pace.note_update(wait, cid)
         return upd
+
+    def _on_masked(self, cid: str, msg: Message, wait: RoundWait) -> None:
+        """A masked update, into its secure group (a body that does not fit is refused and counted)."""
+        assert self.secure is not None
+        m = msg.meta
+        try:
+            self.secure.add_masked(cid, m["model_key"], m["round"], msg.body, self.strategy.models)
+        except SecureError as e:
+            raise ProtocolError(f"secure-{e.reason}", str(e)) from None
+        self.masked[cid] = Update(cid, m["round"], m["model_key"], {}, m["n_samples"], m.get("loss", float("nan")),
+                                  m["metrics"])
+        wait.answer("update", cid)
+        self.pace.note_update(wait, cid)
+
+    def on_reveal(self, cid: str, msg: Message) -> None:
+        """A survivor's reveal of a secure round (refused and counted if no group waits for it or it is bad)."""
+        if self.secure is None:
+            raise ProtocolError("secure", "a reveal, and this run does not sum securely")
+        try:
+            self.secure.add_reveal(cid, msg.meta["model_key"], msg.meta["round"], msg.body)
+        except SecureError as e:
+            raise ProtocolError(f"secure-{e.reason}", str(e)) from None
+
+    def masked_arrivals(self) -> list[Update]:
+        """The round's masked updates as arrivals (loss and metrics only), by device id."""
+        return [self.masked[c] for c in sorted(self.masked)]
 
     def on_receipt(self, cid: str, meta: Mapping[str, Any]) -> Receipt | None:
         """An aggregator holds ``cid``'s update: checked as the update would be, recorded (weights left there)."""

@@ -59,6 +59,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..privacy.secure_sum import SecureSettings
 from ..privacy.sketch_report import sketch_privacy
 from ..strategies.base import Strategy
 from .ae_phase import pretrain_ae
@@ -91,6 +92,7 @@ class Orchestrator:
         on_round: Callable[[dict[str, Any]], None] | None = None,
         aggregators: Mapping[str, Any] | None = None,
         ingest: Ingest | None = None,
+        secure: SecureSettings | None = None,
     ) -> None:
         if ingest is not None and not set(ingest.workers) <= set(aggregators or ()):
             raise ValueError("the ingest workers must be among the aggregators (their keys)")
@@ -102,7 +104,7 @@ class Orchestrator:
         self.record = RunRecord()
         self.parts = parts = wire_run(strategy, transport, config, run_id=lambda: self.record.run_id,
                                       write_state=self._write_state, template=template, aggregators=aggregators,
-                                      ingest=ingest)
+                                      ingest=ingest, secure=secure)
         self.topics, self.link, self.pace, self.run_models = parts.topics, parts.link, parts.pace, parts.run_models
         self.fleet, self.intake, self.delivery = parts.fleet, parts.intake, parts.delivery
         self.assignments, self.service, self.resketch = parts.assignments, parts.service, parts.resketch
@@ -312,4 +314,6 @@ class Orchestrator:
                                            intake.sketch_counts, intake.declined)
         if self.strategy.dp is not None:
             out["dp"] = self.strategy.dp.to_dict()
+        if intake.secure is not None:
+            out["secure"] = intake.secure.totals.to_dict(intake.secure.settings)
         return out

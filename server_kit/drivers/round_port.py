@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from edge_sdk.compress.update_codec import UpdateCodec
-from edge_sdk.protocol import partition_of
-from edge_sdk.protocol.commands import Op
+from edge_sdk.protocol import Kind, partition_of
+from edge_sdk.protocol.commands import Op, build
 from edge_sdk.tasks import Task
 
+from ..rounds.arrivals import PartialSum
 from ..rounds.closing import ClosePolicy, wait_round
 from ..rounds.pace import Pace
 from ..rounds.reask import ReaskWhy
@@ -30,6 +31,9 @@ from .delivery import Delivery
 from .fleet import Fleet
 from .link import ServerLink
 from .remote import RemoteRound
+
+if TYPE_CHECKING:
+    from ..privacy.secure_sum import SecureSums
 
 __all__ = ["MqttRoundPort"]
 
@@ -70,8 +74,10 @@ class MqttRoundPort:
     def online_ids(self) -> Collection[str]:
         return self.fleet.online_ids
 
-    def send(self, rnd: int, tasks: Sequence[Task]) -> tuple[int, dict[str, int]]:
-        """The workers learn what the updates start from; each device gets its models (IFCA: all K), its command."""
+    def send(self, rnd: int, tasks: Sequence[Task], *, secure: Mapping[str, Any] | None = None
+             ) -> tuple[int, dict[str, int]]:
+        """The workers learn what the updates start from; each device gets its models (IFCA: all K), its command
+        (with ``secure``: its record of the round's secure group)."""
         if self._remote is not None:
             self._remote.open(rnd, {k for t in tasks for k in t.models})
         delivered, deliveries = self.delivery.deliver_models({t.cid: list(t.models) for t in tasks},
@@ -86,9 +92,21 @@ class MqttRoundPort:
         for t in tasks:
             if ingest is not None:  # its update goes to the ingest worker of its partition
                 extra["partition"] = partition_of(t.cid, ingest.partitions)
+            group = {"secure": secure[t.cid]} if secure else {}
             self.link.command(t.cid, Op.TRAIN, round=rnd, models=sorted(t.models), evaluate_first=t.evaluate_first,
-                              **extra, **t.settings.to_dict())
+                              **extra, **group, **t.settings.to_dict())
         return delivered, deliveries
+
+    def unmask(self, rnd: int, secure: SecureSums) -> list[PartialSum]:
+        """Close the round's secure groups, send each survivor its unmask request, wait for the reveals (every
+        survivor's, or ``reveal_timeout_s``), and return each group's sum."""
+        asks = secure.close()
+        for cid, (key, body) in sorted(asks.items()):
+            self.link.send(self.link.topics.cmd(cid), Kind.CMD, meta=build(Op.UNMASK, round=rnd, model_key=key),
+                           body=body)
+        if asks:
+            self.link.pump(secure.complete, secure.settings.reveal_timeout_s)
+        return secure.sums(self.strategy.models)
 
     def wait(self, rnd: int, wait: RoundWait) -> RoundClose:
         """Pump until the round may close (goal and grace, deadline, plausible claims)."""

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from edge_sdk.protocol import Kind, Message
+from edge_sdk.protocol import Kind, Message, ProtocolError
 from edge_sdk.schema import check_meta
 
 from ..strategies.base import Strategy
@@ -102,12 +102,19 @@ class MessageRouter:
                 self.delivery.note_held(cid, upd.model_key, upd.version)
         elif msg.kind == Kind.METRICS:
             intake.on_metrics(cid, msg.meta)
+        elif msg.kind == Kind.REVEAL:
+            intake.on_reveal(cid, msg)
         else:
             self.link.reject("kind", f"unexpected {msg.kind.name}", cid)
 
     def _on_hello(self, cid: str, msg: Message) -> None:
         """A device (re)announces itself: admit or refuse it now, or once the models are chosen."""
         m = msg.meta  # checked by the schema: n_samples in [1, 2**31), classes_present in [0, 65535]
+        key = m.get("secure_key")
+        if key is not None:
+            if len(key) != 64 or any(ch not in "0123456789abcdef" for ch in key):
+                raise ProtocolError("meta-field", "secure_key must be 64 lowercase hex digits")
+            self.fleet.secure_keys[cid] = key
         if not self.run_models.chosen:
             if cid not in self.fleet.pending:
                 log.info("client %s registered (%d samples, %s)", cid, m["n_samples"],

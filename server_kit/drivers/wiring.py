@@ -25,6 +25,7 @@ import numpy as np
 from edge_sdk.protocol import Message, Topics
 from edge_sdk.rejections import RejectionLog
 
+from ..privacy.secure_sum import SecureSettings, SecureSums
 from ..rounds.pace import Pace
 from ..rounds.training import TrainingRound
 from ..serving.service import ModelService
@@ -92,7 +93,8 @@ def _no_router(topic: str, msg: Message) -> None:
 
 def wire_run(strategy: Strategy, transport: Any, config: ServerConfig, *, run_id: Callable[[], str],
              write_state: Callable[[str | Path, int], None], template: Mapping[str, np.ndarray] | None = None,
-             aggregators: Mapping[str, Any] | None = None, ingest: Ingest | None = None) -> RunParts:
+             aggregators: Mapping[str, Any] | None = None, ingest: Ingest | None = None,
+             secure: SecureSettings | None = None) -> RunParts:
     """Build the parts of a run of ``strategy`` over ``transport``, wired to each other.
 
     ``run_id()``: the run's id now (a resumed run takes its checkpoint's);
@@ -101,7 +103,8 @@ def wire_run(strategy: Strategy, transport: Any, config: ServerConfig, *, run_id
     transport accepts their signed messages and the rounds take their
     receipts and partial sums; a strategy that cannot combine partial sums is
     refused here. With ``ingest`` (some of those aggregators are ingest
-    workers), devices send their updates to the workers' partitions.
+    workers), devices send their updates to the workers' partitions. With
+    ``secure``, each cluster's round is summed by secure aggregation.
     """
     if aggregators:
         why = partials_refusal(strategy.capabilities, strategy.robust.aggregator)
@@ -147,6 +150,8 @@ def wire_run(strategy: Strategy, transport: Any, config: ServerConfig, *, run_id
     link.handler = router.route
     training = TrainingRound(strategy, intake, port, pace, over_select=config.over_select,
                              report_goal=config.report_goal)
+    if secure is not None:
+        intake.secure = training.secure = SecureSums(secure, run_id, fleet.secure_keys)
     return RunParts(topics=topics, rejections=rejections, link=link, pace=pace, run_models=run_models, fleet=fleet,
                     intake=intake, delivery=delivery, assignments=assignments, service=service, resketch=resketch,
                     remote=remote, router=router, training=training)

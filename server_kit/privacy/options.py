@@ -6,9 +6,11 @@ import argparse
 import logging
 from typing import Any
 
+from ..strategies.capabilities import partials_refusal
 from .dp import DPFedAvg, DPSettings
+from .secure_sum import SecureSettings
 
-__all__ = ["add_privacy_arguments", "apply_dp"]
+__all__ = ["add_privacy_arguments", "apply_dp", "secure_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,16 @@ def add_privacy_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-noise", type=float, default=None, metavar="Z",
                    help="the noise multiplier (noise standard deviation over --dp-clip); default: the smallest "
                         "that keeps --rounds rounds within --dp-epsilon, per cluster")
+    s = p.add_argument_group("secure aggregation (the server learns each cluster's sum, never one device's update)")
+    s.add_argument("--secure", action="store_true",
+                   help="sum each cluster's round by secure aggregation: devices mask their quantised updates with "
+                        "pairwise masks (X25519) and Shamir-shared seeds; the sum survives devices that drop; the "
+                        "server screens no single update (default: off)")
+    s.add_argument("--secure-bits", type=int, default=SecureSettings.bits, metavar="B",
+                   help=f"bits per value of a masked update before the sum (default: {SecureSettings.bits})")
+    s.add_argument("--secure-clip", type=float, default=None, metavar="C",
+                   help=f"the L2 norm each device clips its update to before quantising (default: --dp-clip with "
+                        f"--dp-epsilon, else {SecureSettings.clip:g})")
 
 
 def apply_dp(args: argparse.Namespace, strategy: Any, rounds: int, robust: dict[str, Any]) -> None:
@@ -50,3 +62,31 @@ def apply_dp(args: argparse.Namespace, strategy: Any, rounds: int, robust: dict[
                  "(--norm-bound turns it back on)", args.dp_clip)
     strategy.dp = DPFedAvg(DPSettings(epsilon=args.dp_epsilon, delta=args.dp_delta, clip=args.dp_clip,
                                       noise_multiplier=args.dp_noise, rounds=rounds))
+
+
+def secure_settings(args: argparse.Namespace, strategy: Any) -> SecureSettings | None:
+    """``--secure``'s settings, or None; ``ValueError`` for a run it cannot serve."""
+    if not args.secure:
+        if args.secure_clip is not None:
+            raise ValueError("--secure-clip goes with --secure")
+        return None
+    if getattr(args, "ingest_workers", None) or getattr(args, "aggregator_keys", None):
+        raise ValueError("--secure sums on the server: not with ingest workers or site aggregators")
+    if strategy.capabilities.devices_choose_model:
+        raise ValueError(f"--secure sums one model's updates per group: --strategy {strategy.name} lets each device "
+                         "choose among several")
+    why = partials_refusal(strategy.capabilities, strategy.robust.aggregator)
+    if why:
+        raise ValueError(f"--secure gives the strategy one sum per cluster, and --strategy {strategy.name} cannot "
+                         f"take it: {why}")
+    clip = args.secure_clip if args.secure_clip is not None else (
+        args.dp_clip if args.dp_epsilon is not None else SecureSettings.clip)
+    if args.dp_epsilon is not None and clip != args.dp_clip:
+        raise ValueError(f"--secure-clip {clip:g} and --dp-clip {args.dp_clip:g}: with both, the devices clip to the "
+                         "DP clip (leave --secure-clip out)")
+    if strategy.robust.norm_bound is not None:
+        log.info("--secure: the server sees no single update to screen; the devices' clip (%g) bounds each one",
+                 clip)
+        strategy.robust = type(strategy.robust)(aggregator="fedavg", norm_bound=None, refuse_above=None,
+                                                trim_fraction=strategy.robust.trim_fraction)
+    return SecureSettings(bits=args.secure_bits, clip=clip)

@@ -113,6 +113,11 @@ class RoundPort(Protocol):
         """Leave device ``cid`` out of the next rounds, for ``reason``."""
         ...
 
+    def unmask(self, rnd: int, secure: Any) -> list[PartialSum]:
+        """Secure aggregation (a driver that takes ``--secure``): close the groups, ask the survivors to reveal,
+        return each group's sum."""
+        ...
+
 
 @dataclass(frozen=True)
 class RoundReport:
@@ -180,6 +185,8 @@ class OpenRound:
     wait: RoundWait
     #: When it began (the round's clock).
     started: float
+    #: Secure aggregation: each tasked device's ``secure`` record for its train command (empty: off).
+    secure: Mapping[str, Any] = field(default_factory=dict)
 
 
 class TrainingRound:
@@ -214,12 +221,17 @@ class TrainingRound:
         self.over_select = None if over_select is None else float(over_select)
         self.report_goal = float(report_goal)
         self.clock = clock
+        #: Secure aggregation's groups (``--secure``: :class:`server_kit.privacy.secure_sum.SecureSums`), or None.
+        self.secure: Any = None
 
     def run(self, rnd: int, available: Sequence[str], *, drift: Mapping[str, Any] | None = None,
             started: float | None = None) -> RoundReport:
         """Run round ``rnd`` with the ``available`` devices; ``drift``: what the round's resketch did."""
         opened = self.open(rnd, available, started=started)
-        delivered, deliveries = self.port.send(rnd, opened.tasks)
+        if opened.secure:
+            delivered, deliveries = self.port.send(rnd, opened.tasks, secure=opened.secure)
+        else:
+            delivered, deliveries = self.port.send(rnd, opened.tasks)
         close = self.port.wait(rnd, opened.wait)
         return self.finish(opened, close, delivered=delivered, deliveries=deliveries, drift=drift)
 
@@ -234,8 +246,12 @@ class TrainingRound:
         paused = self.strategy.paused_models()
         if paused:  # their DP budget is spent: their devices are not asked
             tasks = [t for t in tasks if not set(t.models) <= paused]
+        secure: Mapping[str, Any] = {}
+        if self.secure is not None:  # a device that cannot join a secure group is not asked
+            secure = self.secure.command_fields(rnd, tasks)
+            tasks = [t for t in tasks if t.cid in secure]
         wait = self.intake.open_round(rnd, tasks, self.port.online_ids(), report_goal=self.report_goal)
-        return OpenRound(rnd, tasks, wait, t0)
+        return OpenRound(rnd, tasks, wait, t0, secure)
 
     def finish(self, opened: OpenRound, close: RoundClose, *, delivered: int = 0,
                deliveries: Mapping[str, int] | None = None, drift: Mapping[str, Any] | None = None) -> RoundReport:
@@ -243,13 +259,14 @@ class TrainingRound:
         rnd, tasks, wait = opened.round, opened.tasks, opened.wait
         self.intake.close_round()
         updates, receipts = self.intake.arrivals()
-        arrived: list[Update | Receipt] = [*updates, *receipts]
+        masked = self.intake.masked_arrivals() if self.secure is not None else []
+        arrived: list[Update | Receipt] = [*updates, *receipts, *masked]
         missing = sorted(self.intake.tasked - {u.cid for u in arrived})
         if missing:
             log.warning("round %d closed (%s at %.1f s) without %d client(s): %s", rnd, close.reason.value,
                         close.close_s, len(missing), some_ids(missing))
         t_combine = self.clock()
-        aggregation = self._combine(rnd, updates, wait, bool(receipts))
+        aggregation = self._combine(rnd, updates, wait, bool(receipts), bool(masked))
         aggregate_s = self.clock() - t_combine
         summary = {"updates": 0} if aggregation is None else aggregation.to_dict()
         if drift is not None:
@@ -268,9 +285,14 @@ class TrainingRound:
             summary=summary, seconds=self.clock() - opened.started, aggregate_s=aggregate_s,
             loss_per_model=_mean_per_model(arrived, "loss"), wait=wait.record(close, online.__contains__))
 
-    def _combine(self, rnd: int, updates: list[Update], wait: RoundWait, any_held: bool) -> Aggregation | None:
+    def _combine(self, rnd: int, updates: list[Update], wait: RoundWait, any_held: bool,
+                 any_masked: bool = False) -> Aggregation | None:
         """Judge, flush, combine: every update screened (those held elsewhere by their norms), the ingest workers
-        sum what they hold by those verdicts, the strategy combines; refusals join the wait. None: nothing arrived."""
+        sum what they hold by those verdicts, the strategy combines; refusals join the wait. None: nothing arrived.
+        Secure: the survivors reveal, each group's sum is one partial sum (:meth:`RoundPort.unmask`)."""
+        if any_masked:
+            sums = self.port.unmask(rnd, self.secure)
+            return self.strategy.aggregate(rnd, [], partials=sums) if sums else None
         remote = self.port.remote() if any_held else None
         if not updates and remote is None:
             return None

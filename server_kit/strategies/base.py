@@ -256,10 +256,12 @@ class Strategy(ABC):
         judged = screen_round(self, rnd, updates) if screening is None else screening
         dp, base = self.dp, {}
         if dp is not None:
-            judged, base = self._dp_clip(dp, rnd, judged)
+            judged, base = self._dp_clip(dp, rnd, judged, partials)
         combined = dict(self._combine(rnd, [*judged.updates, *partials]))
-        if dp is not None:
-            for key, n in Counter(u.model_key for u in judged.updates).items():
+        if dp is not None:  # a secure sum counts its members (each clipped on its device)
+            counts = Counter(u.model_key for u in judged.updates)
+            counts.update({p.model_key: len(p.members) for p in partials})
+            for key, n in counts.items():
                 self.models[key] = dp.release(key, base[key], self.models[key], n)
         held = judged.held_elsewhere
         return Aggregation(combined=combined, screen=judged.report, capped_samples=judged.capped + partials_capped,
@@ -267,14 +269,15 @@ class Strategy(ABC):
                            partial_sums=len(partials) if held else None,
                            summed_remote=sum(len(p.members) for p in partials) if held else None)
 
-    def _dp_clip(self, dp: DPFedAvg, rnd: int, judged: Screening) -> tuple[Screening, dict[str, Weights]]:
+    def _dp_clip(self, dp: DPFedAvg, rnd: int, judged: Screening, partials: Sequence[PartialSum] = ()
+                 ) -> tuple[Screening, dict[str, Weights]]:
         """The updates clipped and weighed alike for DP (:meth:`DPFedAvg.clip`); the models they start from."""
         sizes = Counter(self.model_key_for(c) for c in self.clients)
         expected = {k: max(1, math.ceil(self.fraction * n)) for k, n in sizes.items()}
-        for key in {u.model_key for u in judged.updates}:
+        for key in {u.model_key for u in judged.updates} | {p.model_key for p in partials}:
             dp.account(key, sizes.get(key, 0), expected.get(key, 1))
         kept = dp.clip(judged.updates, self.models, rnd, expected)
-        base = {k: copy_weights(self.models[k]) for k in {u.model_key for u in kept}}
+        base = {k: copy_weights(self.models[k]) for k in {u.model_key for u in kept} | {p.model_key for p in partials}}
         return dataclasses.replace(judged, updates=kept), base
 
     def paused_models(self) -> frozenset[str]:
