@@ -31,12 +31,15 @@ EVERY_FIELD = {
     "sketch": {"encoder": "fedae", "num_classes": 10, "flip_prob": 0.2, "summary": "sketch", "params": {"w": 3}},
     "train": {"round": 2, "architecture": ARCH, "models": ["c0", "c1"], "evaluate_first": False, "epochs": 2,
               "lr": 0.01, "batch_size": 16, "optimizer": "sgd",
-              "compress": {"method": "topk", "fraction": 0.01}, "partition": 3, "announce_above": 1000000},
+              "compress": {"method": "topk", "fraction": 0.01}, "partition": 3, "announce_above": 1000000,
+              "secure": {"peers": {"c0": "00" * 32, "c1": "11" * 32}, "threshold": 2, "bits": 6, "clip": 5.0,
+                         "run": "r1"}},
     "train_ae": {"round": 1, "architecture": "digits_ae", "epochs": 3, "lr": 0.002, "batch_size": 64},
     "evaluate": {"round": 3, "model_key": "c0", "architecture": ARCH, "fraction": 0.5, "seed": 7},
     "keep": {"round": 4, "run": "r1", "strategy": "ifca", "architecture": ARCH, "model_key": "c0", "choose": True,
              "models": {"c0": {"sha256": "ab" * 32, "round": 3, "accuracy": 0.9}}},
     "resend": {"round": 5},
+    "unmask": {"round": 5, "model_key": "c0"},
 }
 
 

@@ -129,6 +129,7 @@ def test_every_command_the_server_sends_passes_the_schema():
                  "run": "20261125T021800-3fa9c1", "architecture": "digits_cnn_1x8x8_10", "model_key": "c1",
                  "choose": False},
         "resend": {"round": 4},
+        "unmask": {"round": 4, "model_key": "c1"},
     }
     broadcasts = {"evaluate": {"round": 11, "architecture": "digits_cnn_1x8x8_10", "fraction": 0.5, "seed": 3}}
     for op, fields in broadcasts.items():
@@ -141,6 +142,12 @@ def test_every_command_the_server_sends_passes_the_schema():
     serving = {**announce, "serving": True}  # after the run: the server serves its models (cold start)
     assert check_meta(Message(Kind.STATUS, FED, "server", 0, serving)) == serving
     assert set(samples) == set(COMMANDS)
+    secure = {"peers": {"c0": "ab" * 32, "c1": "cd" * 32}, "threshold": 2, "bits": 6, "clip": 5.0,
+              "run": "20261125T021800-3fa9c1"}  # a secure round's train command carries its group
+    train = {"op": "train", **samples["train"], "secure": secure}
+    assert check_meta(Message(Kind.CMD, FED, "server", 0, train)) == train
+    declined = {"state": "online", "declined": "sketch"}  # a device whose sketch would pass its owner's budget
+    assert check_meta(Message(Kind.STATUS, FED, "c1", 0, declined)) == declined
     for op, fields in samples.items():
         assert check_meta(Message(Kind.CMD, FED, "server", 0, {"op": op, **fields})) == {"op": op, **fields}
 
