@@ -100,8 +100,18 @@ if str(REPO) not in sys.path:
 
 from edge_sdk import OnnxEncoder, Sketcher, stack_sketches  # noqa: E402
 from edge_sdk import bits as _bits  # noqa: E402
+from edge_sdk.privacy import THREAT_MODEL, sketch_epsilon  # noqa: E402
 from server_kit.clustering import SketchClustering  # noqa: E402
 from server_kit.data.idx import load_idx_dataset  # noqa: E402
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from _cli import csv_list  # noqa: E402
+from _privacy_dp import dp_part, plot_dp  # noqa: E402
+from _privacy_secure import secure_part  # noqa: E402
+
+#: The benchmark's parts: a and b (the sketches: ARI against P and epsilon, reconstruction), c (DP-FedAvg),
+#: d (secure aggregation over Mosquitto).
+PARTS = ("sketch", "dp", "secure")
 
 AE_ARCH = "fc_ae_784_50_20"
 CENTRAL_ENCODER = "fmnist_fc_encoder"
@@ -304,6 +314,35 @@ def plot_ari(res: dict[str, dict[str, Any]], p_values: list[float], path: Path, 
 # --------------------------------------------------------------------------- b. reconstruction
 
 
+def plot_ari_epsilon(res: dict[str, dict[str, Any]], p_values: list[float], path: Path, title: str) -> Path:
+    """ARI against the sketch's epsilon per device and per image (log axis); P = 0 (no privacy) left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keep = [j for j, p in enumerate(p_values) if p > 0]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, level in zip(axes, ("per_device", "per_image")):
+        xs = [getattr(sketch_epsilon(p_values[j], NUM_CLASSES, 20), level) for j in keep]
+        for name, style in (("central", "o-"), ("federated", "s--")):
+            a = res[name]["ari"][:, keep]
+            ax.errorbar(xs, a.mean(axis=0), yerr=a.std(axis=0), fmt=style, capsize=3, label=f"{name} AE")
+        for j, x in zip(keep, xs):
+            ax.annotate(f"P={p_values[j]:g}", (x, res["central"]["ari"][:, j].mean()), fontsize=6,
+                        textcoords="offset points", xytext=(2, 4))
+        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xlabel(f"sketch epsilon {level.replace('_', ' ')} ({'user level' if level == 'per_device' else 'one image'})")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("ARI against the rotation groups")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def load_decoder(full: bool = False) -> Any:
     """The central autoencoder's torch decoder (or whole AE), from the shipped safetensors."""
     from edge_sdk.models.artifacts import load_manifest, models_dir
@@ -445,6 +484,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition-seed", type=int, default=0,
                    help="seed of the partition and of the federated pre-training")
     p.add_argument("--attack-seed", type=int, default=0, help="seed of the attack's image choice and flips")
+    p.add_argument("--parts", type=csv_list(str, PARTS), default=list(PARTS),
+                   help=f"which parts to run, of {','.join(PARTS)} (default: all)")
+    p.add_argument("--dp-epsilons", type=csv_list(float), default=None,
+                   help="the budgets of part c (default 1,2,4,8,16; --quick: 8)")
+    p.add_argument("--dp-delta", type=float, default=1e-5)
+    p.add_argument("--dp-clip", type=float, default=None, help="default 1.0 (--quick: 5.0)")
+    p.add_argument("--dp-rounds", type=int, default=None, help="default 10 (--quick: 3)")
+    p.add_argument("--dp-epochs", type=int, default=None, help="local epochs (default 5, the paper's; --quick: 2)")
+    p.add_argument("--dp-lr", type=float, default=None, help="default 1e-3 (--quick: 1e-2)")
+    p.add_argument("--dp-fraction", type=float, default=0.5, help="devices asked per cluster round")
+    p.add_argument("--dp-seed", type=int, default=0)
+    p.add_argument("--dp-cohorts", type=csv_list(int), default=None,
+                   help="devices a cluster round whose noise part c tries at --dp-cohort-epsilon (default "
+                        "100,1000,10000; --quick: 1000)")
+    p.add_argument("--dp-cohort-epsilon", type=float, default=8.0)
+    p.add_argument("--dp-tolerance", type=float, default=0.03, help="accuracy within this of the non-private run")
+    p.add_argument("--secure-devices", type=int, default=None, help="devices of part d (default 50; --quick: 16)")
+    p.add_argument("--secure-rounds", type=int, default=None, help="default 3 (--quick: 2)")
+    p.add_argument("--secure-clip", type=float, default=5.0)
     return p
 
 
@@ -458,12 +516,20 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     args.pretrain_clients = 10 if quick else 50
     args.pretrain_epochs = 3
     args.p_values = [0.0, 0.1, 0.2, 0.3] if quick else [round(0.05 * i, 2) for i in range(11)]
+    args.dp_epsilons = args.dp_epsilons or ([8.0] if quick else [1.0, 2.0, 4.0, 8.0, 16.0])
+    args.dp_clip = args.dp_clip if args.dp_clip is not None else (5.0 if quick else 1.0)
+    args.dp_rounds = args.dp_rounds or (3 if quick else 10)
+    args.dp_epochs = args.dp_epochs or (2 if quick else 5)
+    args.dp_lr = args.dp_lr or (1e-2 if quick else 1e-3)
+    args.dp_cohorts = args.dp_cohorts or ([1000] if quick else [100, 1000, 10000])
+    args.secure_devices = args.secure_devices or (16 if quick else 50)
+    args.secure_rounds = args.secure_rounds or (2 if quick else 3)
     for name in ("seeds", "clients", "attack_n", "threads"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
     if args.clients < 20:
         raise SystemExit("--clients must be at least 20 (min_cluster_size 10, 4 groups)")
-    for d in (args.data, args.attack_data):
+    for d in (args.data, args.attack_data) if "sketch" in args.parts or ("dp" in args.parts and not quick) else ():
         if not Path(d).is_dir():
             raise SystemExit(f"dataset folder {d} does not exist")
     return args
@@ -476,7 +542,47 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     print(f"privacy benchmark: {platform.platform()}, {os.cpu_count()} CPUs, python "
-          f"{platform.python_version()}{' (quick)' if args.quick else ''}", flush=True)
+          f"{platform.python_version()}{' (quick)' if args.quick else ''}; parts {','.join(args.parts)}", flush=True)
+    summary: dict[str, Any] = {}
+    if "sketch" in args.parts:
+        summary.update(sketch_parts(args, out))
+    eps = sketch_epsilon(0.1, 10, 20)  # the default sketch: 10 classes x 20 bits at P = 0.1
+    summary.update({"sketch_epsilon": eps.per_device, "sketch_epsilon_per_image": eps.per_image,
+                    "sketch_epsilon_threat_model": THREAT_MODEL})
+    if "dp" in args.parts:
+        t0 = time.perf_counter()
+        print(f"\n[c] DP-FedAvg per cluster: {'digits, 12 clients' if args.quick else 'MNIST, 100 clients'}, "
+              f"{args.dp_rounds} rounds, delta {args.dp_delta:g}, clip {args.dp_clip:g}", flush=True)
+        dp = dp_part(args)
+        plot_dp(dp, out / "accuracy_vs_epsilon.png")
+        at = dp["by_epsilon"].get(f"{args.dp_cohort_epsilon:g}")
+        summary.update({"dp": dp, "dp_epsilon": None if at is None else at["epsilon_spent"],
+                        "dp_accuracy_gap": dp["gap_at_cohort_epsilon"], "dp_clients_needed": dp["clients_needed"]})
+        print(f"figure: {out / 'accuracy_vs_epsilon.png'} ({time.perf_counter() - t0:.0f} s for part c)", flush=True)
+    if "secure" in args.parts:
+        t0 = time.perf_counter()
+        print(f"\n[d] secure aggregation over Mosquitto: {args.secure_devices} devices, 4 clusters, a tenth dropping "
+              f"mid-round, {args.secure_rounds} rounds, plain then secure", flush=True)
+        sec = secure_part(args, out)
+        summary.update({"secure": sec, "secure_sum_equals_plain": sec["secure_sum_equals_plain"],
+                        "secure_rounds_closed_with_dropout": sec["secure_rounds_closed_with_dropout"]})
+        print(f"  sums equal to the plain sums: {sec['groups_equal']} of {sec['groups']} cluster rounds; rounds closed "
+              f"at their goal with {len(sec['dropping'])} dropping: {sec['close_reasons']['secure']}")
+        print(f"  bytes per device per round: int4 update {sec['update_bytes_int4']:,.0f}, secure "
+              f"{sec['secure_bytes_per_device_round']:,.0f} (extra {sec['extra_bytes_over_int4_update']:.2f}x the "
+              f"update); round seconds plain {np.mean(sec['round_seconds']['plain']):.2f}, secure "
+              f"{np.mean(sec['round_seconds']['secure']):.2f} ({sec['round_time_ratio']:.2f}x); accuracy plain "
+              f"{sec['accuracy']['plain']:.4f}, secure {sec['accuracy']['secure']:.4f} "
+              f"({time.perf_counter() - t0:.0f} s for part d)", flush=True)
+    summary.update({"seconds": time.perf_counter() - t_all, "quick": bool(args.quick), "parts": args.parts})
+    (out / "privacy.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary))
+    return 0
+
+
+def sketch_parts(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Parts a (ARI against P, and against the sketch's epsilon) and b (reconstruction): their summary."""
+    t_all = time.perf_counter()
 
     # ---- a. ARI vs P
     t0 = time.perf_counter()
@@ -518,7 +624,9 @@ def main(argv: list[str] | None = None) -> int:
         f"MNIST rotations, {len(clients)} clients, 4 groups: ARI vs P "
         f"({args.seeds} seed{'s' if args.seeds > 1 else ''})",
     )
-    print(f"figure: {ari_png} ({ari_seconds:.0f} s for part a)", flush=True)
+    eps_png = plot_ari_epsilon(sweep, args.p_values, out / "ari_vs_epsilon.png",
+                               f"MNIST rotations, {len(clients)} clients: ARI against the sketch's epsilon")
+    print(f"figures: {ari_png}, {eps_png} ({ari_seconds:.0f} s for part a)", flush=True)
 
     # ---- b. reconstruction attack
     t1 = time.perf_counter()
@@ -571,13 +679,11 @@ def main(argv: list[str] | None = None) -> int:
         "client_test_mse": test_mse,
         "encoder_onnx_bytes": int(fed["encoder_bytes_per_client"]),
         "encoder_distribution_bytes": int(fed["encoder_distribution_bytes"]),
-        "figures": [str(ari_png), *att["grids"]],
-        "seconds": time.perf_counter() - t_all,
-        "quick": bool(args.quick),
+        "epsilon_by_p": {pkey(p): sketch_epsilon(p, 10, 20).to_dict() for p in args.p_values},
+        "figures": [str(ari_png), str(eps_png), *att["grids"]],
+        "sketch_seconds": time.perf_counter() - t_all,
     }
-    (out / "privacy.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary))
-    return 0
+    return summary
 
 
 if __name__ == "__main__":

@@ -58,3 +58,41 @@ def test_budget_spends_until_the_next_sketch_would_pass_it():
         SketchBudget(-1.0)
     with pytest.raises(SketchOverBudget):
         SketchBudget(1e9).spend(sketch_epsilon(0.0, 1, 1))  # no flips: infinite, never within a budget
+
+
+def test_a_device_without_torch_keeps_its_budget_and_masks_its_update():
+    """The device's privacy steps run on numpy, ONNX Runtime and cryptography alone (a Raspberry Pi without torch):
+    the sketch budget, and a whole secure round of three devices whose unmasked sum is the plain one."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+import sys
+sys.modules["torch"] = None  # any import of torch fails
+import numpy as np
+from edge_sdk.client.secure import flat_change
+from edge_sdk.privacy import SketchBudget, sketch_epsilon
+from edge_sdk.secure import DeviceKeys, DeviceSecureRound, SecureQuantizer, ServerSecureRound
+from edge_sdk.secure.params import params_from_command
+budget = SketchBudget(500.0)
+budget.spend(sketch_epsilon(0.1, 10, 20))
+keys = {c: DeviceKeys.generate() for c in ("a", "b", "c")}
+fields = {"peers": {c: k.public_bytes.hex() for c, k in keys.items()}, "threshold": 2, "bits": 6, "clip": 5.0,
+          "run": "r1"}
+params = params_from_command(fields, 3, "c0", 1000)
+rng = np.random.default_rng(0)
+server, qs, parts = ServerSecureRound(params), {}, {}
+for c, k in keys.items():
+    x = flat_change({"w": rng.normal(size=1000).astype(np.float32)}, {"w": np.zeros(1000, np.float32)})
+    qs[c], _ = SecureQuantizer(5.0, 6, params.ctx).encode(x, rng)
+    parts[c] = DeviceSecureRound(k, c, params)
+    server.add_masked(parts[c].mask(qs[c]).to_bytes())
+for c, req in server.close().items():
+    server.add_reveal(parts[c].reveal(req).to_bytes())
+print(bool(np.array_equal(server.unmask(), qs["a"] + qs["b"] + qs["c"])), round(budget.spent, 1),
+      "torch" in sys.modules and sys.modules["torch"] is not None)
+"""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
+    assert out.stdout.split() == ["True", "439.4", "False"], out.stdout + out.stderr
