@@ -27,8 +27,8 @@ def add_privacy_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-clip", type=float, default=1.0, metavar="C",
                    help="the L2 norm each device's update is clipped to, after decoding (default: 1.0)")
     g.add_argument("--dp-noise", type=float, default=None, metavar="Z",
-                   help="the noise multiplier (noise standard deviation over --dp-clip); default: the smallest "
-                        "that keeps --rounds rounds within --dp-epsilon, per cluster")
+                   help="the noise multiplier (noise standard deviation over --dp-clip) (default: the smallest "
+                        "that keeps --rounds rounds within --dp-epsilon, per cluster)")
     s = p.add_argument_group("secure aggregation (the server learns each cluster's sum, never one device's update)")
     s.add_argument("--secure", action="store_true",
                    help="sum each cluster's round by secure aggregation: devices mask their quantised updates with "
