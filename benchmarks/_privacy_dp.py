@@ -41,7 +41,7 @@ def run_one(args: argparse.Namespace, clients: list, dp: Any) -> dict[str, Any]:
     ns = scenario(args)
     settings = TrainSettings(epochs=args.dp_epochs, lr=args.dp_lr, batch_size=32)
     strategy = SketchClustered(settings=settings, fraction=args.dp_fraction, seed=ns.seed,
-                               min_cluster_size=max(3, ns.clients // 10))
+                               min_cluster_size=max(3, ns.clients // 10), norm_bound=None, refuse_above=None)
     strategy.dp = None if dp is None else DPFedAvg(dp)
     encoder = OnnxEncoder("digits_encoder" if args.quick else "fmnist_fc_encoder")
     t0 = time.perf_counter()
@@ -52,43 +52,63 @@ def run_one(args: argparse.Namespace, clients: list, dp: Any) -> dict[str, Any]:
         raise RuntimeError(f"rounds with updates lost: {lost}")
     accs = res.accuracies
     return {"accuracy": accs, "final": accs[-1], "ari": res.ari, "seconds": time.perf_counter() - t0,
-            "dp": res.privacy.get("dp")}
+            "dp": res.privacy.get("dp"),
+            "norm_median": [r.report.summary.get("norm_median") for r in res.rounds]}
+
+
+def _job(args: argparse.Namespace, label: str, dp: Any) -> tuple[str, dict[str, Any]]:
+    """One run in a worker process (one torch thread): its label and row."""
+    import torch
+
+    torch.set_num_threads(1)
+    return label, run_one(args, build_clients(scenario(args)), dp)
+
+
+def run_all(args: argparse.Namespace, jobs: list[tuple[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every (label, DP settings) run, ``--jobs`` at a time, each printed as it ends."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing import get_context
+
+    rows: dict[str, dict[str, Any]] = {}
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(_job, args, label, dp) for label, dp in jobs]
+        for f in as_completed(futures):
+            label, row = f.result()
+            rows[label] = row
+            print(f"  {label:>22}: accuracy {row['final']:.4f} after {len(row['accuracy'])} rounds, ARI "
+                  f"{row['ari']:.3f} ({row['seconds']:.0f} s)", flush=True)
+    return rows
 
 
 def dp_part(args: argparse.Namespace) -> dict[str, Any]:
-    """The sweep: not private, then each epsilon, then the cohorts at ``--dp-cohort-epsilon``."""
+    """The sweep: not private, each epsilon, and the cohorts at ``--dp-cohort-epsilon``, ``--jobs`` at a time."""
     from server_kit.privacy.accountant import noise_for_budget
     from server_kit.privacy.dp import DPSettings
 
-    clients = build_clients(scenario(args))
-    per_cluster = len(clients) // 4
+    per_cluster = scenario(args).clients // 4
     m = max(1, math.ceil(args.dp_fraction * per_cluster))
     q = m / per_cluster
-    base = run_one(args, clients, None)
-    print(f"  not private: accuracy {base['final']:.4f} after {args.dp_rounds} rounds ({base['seconds']:.0f} s)",
-          flush=True)
-    rows = {}
-    for eps in args.dp_epsilons:
-        s = DPSettings(epsilon=eps, delta=args.dp_delta, clip=args.dp_clip, rounds=args.dp_rounds,
-                       noise_seed=args.dp_seed)
-        row = run_one(args, clients, s)
-        spent = max(c["epsilon"] for c in row["dp"]["clusters"].values())
-        z = next(iter(row["dp"]["clusters"].values()))["noise_multiplier"]
-        rows[f"{eps:g}"] = {**row, "epsilon_spent": spent, "noise_multiplier": z}
-        print(f"  epsilon {eps:>5g}: accuracy {row['final']:.4f} (noise multiplier {z:.3f}, epsilon spent "
-              f"{spent:.3f} per cluster, {row['seconds']:.0f} s)", flush=True)
     z8 = noise_for_budget(args.dp_cohort_epsilon, args.dp_delta, args.dp_rounds, q)
-    cohorts = {}
-    for big in args.dp_cohorts:
-        s = DPSettings(epsilon=1e12, delta=args.dp_delta, clip=args.dp_clip, rounds=args.dp_rounds,
-                       noise_multiplier=z8 * m / big, noise_seed=args.dp_seed)
-        row = run_one(args, clients, s)
-        cohorts[str(big)] = {"final": row["final"], "accuracy": row["accuracy"], "clients_needed": 4 * round(big / q)}
-        print(f"  epsilon {args.dp_cohort_epsilon:g} with {big} devices a cluster round ({4 * round(big / q)} "
-              f"clients in all): accuracy {row['final']:.4f}", flush=True)
+    jobs: list[tuple[str, Any]] = [("not private", None)]
+    jobs += [(f"epsilon {e:g}", DPSettings(epsilon=e, delta=args.dp_delta, clip=args.dp_clip, rounds=args.dp_rounds,
+                                           noise_seed=args.dp_seed)) for e in args.dp_epsilons]
+    jobs += [(f"cohort {b}", DPSettings(epsilon=1e12, delta=args.dp_delta, clip=args.dp_clip, rounds=args.dp_rounds,
+                                        noise_multiplier=z8 * m / b, noise_seed=args.dp_seed)) for b in args.dp_cohorts]
+    rows = run_all(args, jobs)
+    base = rows["not private"]
+    by_eps = {}
+    for e in args.dp_epsilons:
+        row = rows[f"epsilon {e:g}"]
+        clusters = row["dp"]["clusters"].values()
+        by_eps[f"{e:g}"] = {**row, "epsilon_spent": max(c["epsilon"] for c in clusters),
+                            "noise_multiplier": max(c["noise_multiplier"] for c in clusters),
+                            "clipped_share": sum(c["clipped"] for c in clusters) / max(1, sum(
+                                c["rounds"] * c["per_round"] for c in clusters))}
+    cohorts = {str(b): {"final": rows[f"cohort {b}"]["final"], "accuracy": rows[f"cohort {b}"]["accuracy"],
+                        "clients_needed": 4 * round(b / q)} for b in args.dp_cohorts}
     within = [int(b) for b, c in cohorts.items() if base["final"] - c["final"] <= args.dp_tolerance]
-    at = rows.get(f"{args.dp_cohort_epsilon:g}")
-    return {"not_private": base, "by_epsilon": rows, "cohorts": cohorts, "per_round": m, "sampling_rate": q,
+    at = by_eps.get(f"{args.dp_cohort_epsilon:g}")
+    return {"not_private": base, "by_epsilon": by_eps, "cohorts": cohorts, "per_round": m, "sampling_rate": q,
             "delta": args.dp_delta, "clip": args.dp_clip, "rounds": args.dp_rounds,
             "cohort_epsilon": args.dp_cohort_epsilon, "cohort_noise_multiplier": z8,
             "gap_at_cohort_epsilon": None if at is None else base["final"] - at["final"],

@@ -490,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the budgets of part c (default 1,2,4,8,16; --quick: 8)")
     p.add_argument("--dp-delta", type=float, default=1e-5)
     p.add_argument("--dp-clip", type=float, default=None, help="default 1.0 (--quick: 5.0)")
-    p.add_argument("--dp-rounds", type=int, default=None, help="default 10 (--quick: 3)")
+    p.add_argument("--dp-rounds", type=int, default=None, help="default 5 (--quick: 3)")
     p.add_argument("--dp-epochs", type=int, default=None, help="local epochs (default 5, the paper's; --quick: 2)")
     p.add_argument("--dp-lr", type=float, default=None, help="default 1e-3 (--quick: 1e-2)")
     p.add_argument("--dp-fraction", type=float, default=0.5, help="devices asked per cluster round")
@@ -499,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="devices a cluster round whose noise part c tries at --dp-cohort-epsilon (default "
                         "100,1000,10000; --quick: 1000)")
     p.add_argument("--dp-cohort-epsilon", type=float, default=8.0)
+    p.add_argument("--jobs", type=int, default=2, help="part c's runs at a time, each in its own process")
     p.add_argument("--dp-tolerance", type=float, default=0.03, help="accuracy within this of the non-private run")
     p.add_argument("--secure-devices", type=int, default=None, help="devices of part d (default 50; --quick: 16)")
     p.add_argument("--secure-rounds", type=int, default=None, help="default 3 (--quick: 2)")
@@ -518,7 +519,7 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     args.p_values = [0.0, 0.1, 0.2, 0.3] if quick else [round(0.05 * i, 2) for i in range(11)]
     args.dp_epsilons = args.dp_epsilons or ([8.0] if quick else [1.0, 2.0, 4.0, 8.0, 16.0])
     args.dp_clip = args.dp_clip if args.dp_clip is not None else (5.0 if quick else 1.0)
-    args.dp_rounds = args.dp_rounds or (3 if quick else 10)
+    args.dp_rounds = args.dp_rounds or (3 if quick else 5)
     args.dp_epochs = args.dp_epochs or (2 if quick else 5)
     args.dp_lr = args.dp_lr or (1e-2 if quick else 1e-3)
     args.dp_cohorts = args.dp_cohorts or ([1000] if quick else [100, 1000, 10000])
@@ -569,8 +570,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  sums equal to the plain sums: {sec['groups_equal']} of {sec['groups']} cluster rounds; rounds closed "
               f"at their goal with {len(sec['dropping'])} dropping: {sec['close_reasons']['secure']}")
         print(f"  bytes per device per round: int4 update {sec['update_bytes_int4']:,.0f}, secure "
-              f"{sec['secure_bytes_per_device_round']:,.0f} (extra {sec['extra_bytes_over_int4_update']:.2f}x the "
-              f"update); round seconds plain {np.mean(sec['round_seconds']['plain']):.2f}, secure "
+              f"{sec['secure_bytes_per_device_round']:,.0f} (extra {sec['extra_bytes_over_int4_update'] or 0:.2f}x "
+              f"the update); round seconds plain {np.mean(sec['round_seconds']['plain']):.2f}, secure "
               f"{np.mean(sec['round_seconds']['secure']):.2f} ({sec['round_time_ratio']:.2f}x); accuracy plain "
               f"{sec['accuracy']['plain']:.4f}, secure {sec['accuracy']['secure']:.4f} "
               f"({time.perf_counter() - t0:.0f} s for part d)", flush=True)
