@@ -331,7 +331,9 @@ def plot_ari_epsilon(res: dict[str, dict[str, Any]], p_values: list[float], path
         for j, x in zip(keep, xs):
             ax.annotate(f"P={p_values[j]:g}", (x, res["central"]["ari"][:, j].mean()), fontsize=6,
                         textcoords="offset points", xytext=(2, 4))
-        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xscale("log")
+        ax.set_xticks(xs, [f"{x:.3g}" for x in xs], fontsize=7)
+        ax.minorticks_off()
         ax.set_xlabel(f"sketch epsilon {level.replace('_', ' ')} ({'user level' if level == 'per_device' else 'one image'})")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("ARI against the rotation groups")
