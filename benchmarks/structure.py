@@ -42,6 +42,8 @@ CODEC_MODULES = ("edge_sdk/compress/", "server_kit/downstream.py")
 GOALS = {"orchestrator_imports": 12, "enabled_tests": 0, "modules_over_500": 0, "edge_sdk_root_modules": 20}
 #: Functions returning ``dict[str, Any]`` that build a document, not a result: what each one is.
 DOCUMENTS = {
+    "sketch_privacy": "results.json's privacy.sketch record", "privacy_record": "results.json's privacy record",
+    "privacy": "results.json's privacy record (a run so far)",
     "build": "a command's fields (the wire)", "parse": "a command's fields read back (the wire)",
     "check_meta": "a message's meta, checked (the wire)", "check_fields": "a message's fields, checked (the wire)",
     "hello_fields": "a hello's fields (the wire)", "sketch_request": "a sketch command's fields (the wire)",

@@ -59,8 +59,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..privacy.secure_sum import SecureSettings
-from ..privacy.sketch_report import sketch_privacy
 from ..strategies.base import Strategy
 from .ae_phase import pretrain_ae
 from .config import ServerConfig
@@ -72,7 +70,7 @@ from .remote import Ingest
 from .result import RunResult
 from .run_state import RunRecord, restore_run, save_run
 from .sketch_phase import cluster_from_sketches
-from .wiring import wire_run
+from .wiring import SecureSettings, wire_run
 
 __all__ = ["Orchestrator", "ServerConfig"]
 
@@ -303,17 +301,5 @@ class Orchestrator:
             phase=self.intake.phase.value, round=self.training_round,
             fleet={r.device: r.to_dict() for r in device_rows(
                 fleet, model_keys(self.strategy, fleet.clients if rows is None else rows), self.tallies, rows)},
-            privacy=self._privacy(),
+            privacy=self.parts.privacy(),
         )
-
-    def _privacy(self) -> dict[str, Any]:
-        """The ``privacy`` record: the sketches' epsilons per device (a strategy that sketches)."""
-        intake, out = self.intake, {}
-        if self.strategy.capabilities.summary_kind == "sketch" and (intake.sketch_counts or intake.declined):
-            out["sketch"] = sketch_privacy(self.config.flip_prob, self.config.num_classes, self.run_models.latent,
-                                           intake.sketch_counts, intake.declined)
-        if self.strategy.dp is not None:
-            out["dp"] = self.strategy.dp.to_dict()
-        if intake.secure is not None:
-            out["secure"] = intake.secure.totals.to_dict(intake.secure.settings)
-        return out

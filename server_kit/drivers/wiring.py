@@ -25,7 +25,8 @@ import numpy as np
 from edge_sdk.protocol import Message, Topics
 from edge_sdk.rejections import RejectionLog
 
-from ..privacy.secure_sum import SecureSettings, SecureSums
+from ..privacy.record import SecureSettings, privacy_record
+from ..privacy.secure_sum import SecureSums
 from ..rounds.pace import Pace
 from ..rounds.training import TrainingRound
 from ..serving.service import ModelService
@@ -69,6 +70,14 @@ class RunParts:
     router: MessageRouter
     #: The run's training rounds, their messages over MQTT.
     training: TrainingRound
+
+    #: The run's settings.
+    config: ServerConfig
+
+    def privacy(self) -> dict[str, Any]:
+        """What the run gave away so far (:func:`server_kit.privacy.record.privacy_record`)."""
+        return privacy_record(self.intake.strategy, self.intake, self.config.flip_prob, self.config.num_classes,
+                              self.run_models.latent)
 
 
 def round_deadline(config: ServerConfig, pace: Pace) -> Callable[[int], float]:
@@ -154,4 +163,4 @@ def wire_run(strategy: Strategy, transport: Any, config: ServerConfig, *, run_id
         intake.secure = training.secure = SecureSums(secure, run_id, fleet.secure_keys)
     return RunParts(topics=topics, rejections=rejections, link=link, pace=pace, run_models=run_models, fleet=fleet,
                     intake=intake, delivery=delivery, assignments=assignments, service=service, resketch=resketch,
-                    remote=remote, router=router, training=training)
+                    remote=remote, router=router, training=training, config=config)

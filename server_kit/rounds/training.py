@@ -243,7 +243,8 @@ class TrainingRound:
         """
         t0 = self.clock() if started is None else started
         tasks = plan_tasks(self.strategy, rnd, available, self.over_select)
-        paused = self.strategy.paused_models()
+        dp = getattr(self.strategy, "dp", None)
+        paused = dp.stopped if dp is not None else frozenset()
         if paused:  # their DP budget is spent: their devices are not asked
             tasks = [t for t in tasks if not set(t.models) <= paused]
         secure: Mapping[str, Any] = {}

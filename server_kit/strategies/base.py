@@ -280,10 +280,6 @@ class Strategy(ABC):
         base = {k: copy_weights(self.models[k]) for k in {u.model_key for u in kept} | {p.model_key for p in partials}}
         return dataclasses.replace(judged, updates=kept), base
 
-    def paused_models(self) -> frozenset[str]:
-        """Models not trained any more: their DP budget is spent (their devices are not asked)."""
-        return frozenset() if self.dp is None else self.dp.stopped
-
     def _new_aggregator(self, template: Weights, *, include: Sequence[str] | None = None
                        ) -> StreamingFedAvg | CoordinateAggregator:
         """An empty aggregator of the run's rule for ``template`` (see :func:`server_kit.robust.make_aggregator`)."""

@@ -80,7 +80,7 @@ def test_a_cluster_stops_at_its_budget_and_its_devices_are_not_asked():
     acct = s.dp.accounts["global"]
     assert acct.rounds == fits and acct.epsilon <= 3.0
     assert acct.stopped.startswith(f"round {fits + 1}: one more round would bring epsilon to ")
-    assert s.paused_models() == {"global"}
+    assert s.dp.stopped == {"global"}
     frozen = s.models["global"]["w"].copy()
     s.aggregate(fits + 5, [_update("c1", [1, 1, 1, 1], [0, 0])])
     np.testing.assert_array_equal(s.models["global"]["w"], frozen)
@@ -89,7 +89,7 @@ def test_a_cluster_stops_at_its_budget_and_its_devices_are_not_asked():
     t = _strategy(4)
     t.dp = DPFedAvg(DPSettings(epsilon=3.0, clip=1.0, noise_multiplier=2.0, rounds=10))
     t.load_state(meta, tensors)
-    assert t.dp.accounts["global"].rounds == fits and t.paused_models() == {"global"}
+    assert t.dp.accounts["global"].rounds == fits and t.dp.stopped == {"global"}
 
 
 @pytest.mark.parametrize("argv, message", [
