@@ -116,3 +116,38 @@ def test_secure_rounds_equal_the_plain_sum_and_survive_a_dropped_device(tmp_path
     # and the clustered models learnt: above FedAvg's reach on rotated digits
     assert results["final_evaluation"]["mean"] > 0.6, results["final_evaluation"]
     assert "Secure aggregation" in (report / "report.html").read_text()
+
+
+def test_a_device_past_its_sketch_budget_declines_and_the_run_goes_on_without_it(tmp_path, digits16, caplog):
+    """Its sketch would cost 439 per device against an owner's budget of 100: not sent, the server told; the
+    others are clustered and trained, and the report lists each device's epsilon and the one that declined."""
+    from edge_sdk.client import EdgeClient
+
+    clients = digits16[:8]
+    report = tmp_path / "report"
+    with MosquittoBroker() as broker:
+        threads = []
+        for i, c in enumerate(clients):
+            w = LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=i)
+            t = MqttTransport(BrokerConfig.from_url(broker.url, reconnect_min_s=0.1), c.cid, federation=FED)
+            ec = EdgeClient(t, w, federation=FED, seed=i, model_timeout_s=30,
+                            max_sketch_epsilon=100.0 if c.cid == "c07" else None)
+            threads.append(threading.Thread(target=ec.run, kwargs={"max_idle_s": 40}, daemon=True))
+            threads[-1].start()
+        with caplog.at_level("INFO"):
+            rc = main(["--broker", broker.url, "--federation", FED, "--min-clients", "8", "--rounds", "2",
+                       "--epochs", "1", "--lr", "0.01", "--encoder", "digits_encoder", "--architecture", ARCH,
+                       "--min-cluster-size", "1", "--sketch-timeout", "30", "--report-dir", str(report)])
+        for th in threads:
+            th.join(timeout=60)
+    assert rc == 0
+    sk = json.loads((report / "results.json").read_text())["privacy"]["sketch"]
+    assert sk["declined"] == ["c07"] and sorted(sk["devices"]) == [f"c0{i}" for i in range(7)]
+    assert all(d == {"sketches": 1, "epsilon": 439.444915} for d in sk["devices"].values()), sk["devices"]
+    assert sk["epsilon_per_image"] == 43.944492 and sk["flip_prob"] == 0.1
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("sketch refused: its epsilon 439.4 per device (P = 0.1, 200 bits) would bring this "
+                            "device's total to 439.4, above its budget --max-sketch-epsilon 100") for m in said)
+    assert "c07 declined to send its sketch (its owner's privacy budget): left out of the clustering" in said
+    page = (report / "report.html").read_text()
+    assert "declined (its budget)" in page and "43.9 per image" in page
