@@ -314,25 +314,27 @@ def plot_ari(res: dict[str, dict[str, Any]], p_values: list[float], path: Path, 
 # --------------------------------------------------------------------------- b. reconstruction
 
 
-def plot_ari_epsilon(res: dict[str, dict[str, Any]], p_values: list[float], path: Path, title: str) -> Path:
-    """ARI against the sketch's epsilon per device and per image (log axis); P = 0 (no privacy) left out."""
+def plot_ari_epsilon(ari: dict[str, tuple[list[float], list[float]]], p_values: list[float], path: Path,
+                     title: str) -> Path:
+    """ARI (mean, std per P, by encoder) against the sketch's epsilon per device and per image, log axis; P = 0
+    (no privacy: infinite) and P = 0.5 (epsilon 0: the bits are coins) are left out."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keep = [j for j, p in enumerate(p_values) if p > 0]
+    keep = [j for j, p in enumerate(p_values) if 0 < p < 0.5]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, level in zip(axes, ("per_device", "per_image")):
         xs = [getattr(sketch_epsilon(p_values[j], NUM_CLASSES, 20), level) for j in keep]
         for name, style in (("central", "o-"), ("federated", "s--")):
-            a = res[name]["ari"][:, keep]
-            ax.errorbar(xs, a.mean(axis=0), yerr=a.std(axis=0), fmt=style, capsize=3, label=f"{name} AE")
+            mean, std = (np.asarray(v)[keep] for v in ari[name])
+            ax.errorbar(xs, mean, yerr=std, fmt=style, capsize=3, label=f"{name} AE")
         for j, x in zip(keep, xs):
-            ax.annotate(f"P={p_values[j]:g}", (x, res["central"]["ari"][:, j].mean()), fontsize=6,
+            ax.annotate(f"P={p_values[j]:g}", (x, np.asarray(ari["central"][0])[j]), fontsize=6,
                         textcoords="offset points", xytext=(2, 4))
         ax.set_xscale("log")
-        ax.set_xticks(xs, [f"{x:.3g}" for x in xs], fontsize=7)
+        ax.set_xticks(xs, [f"{x:.3g}" for x in xs], fontsize=7, rotation=60)
         ax.minorticks_off()
         ax.set_xlabel(f"sketch epsilon {level.replace('_', ' ')} ({'user level' if level == 'per_device' else 'one image'})")
         ax.grid(alpha=0.3)
@@ -627,7 +629,9 @@ def sketch_parts(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         f"MNIST rotations, {len(clients)} clients, 4 groups: ARI vs P "
         f"({args.seeds} seed{'s' if args.seeds > 1 else ''})",
     )
-    eps_png = plot_ari_epsilon(sweep, args.p_values, out / "ari_vs_epsilon.png",
+    by_encoder = {n: (sweep[n]["ari"].mean(axis=0).tolist(), sweep[n]["ari"].std(axis=0).tolist())
+                  for n in ("central", "federated")}
+    eps_png = plot_ari_epsilon(by_encoder, args.p_values, out / "ari_vs_epsilon.png",
                                f"MNIST rotations, {len(clients)} clients: ARI against the sketch's epsilon")
     print(f"figures: {ari_png}, {eps_png} ({ari_seconds:.0f} s for part a)", flush=True)
 
