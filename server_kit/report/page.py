@@ -13,6 +13,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from ..ids import some_ids
 from .results import FINAL_ROUNDS, number_or_none
 
 __all__ = ["FLEET_ROWS", "page_head", "render_html", "write_html"]
@@ -272,11 +273,15 @@ def _privacy(results: Mapping[str, Any]) -> str:
                 + " per device (user level), " + _eps(sk.get("epsilon_per_image")) + " per image, "
                 + _eps(sk.get("epsilon_per_bit")) + f" per bit (flip probability {sk.get('flip_prob')}, "
                 f"{sk.get('bits')} bits).</p>\n<p class=\"note\">{escape(str(sk.get('threat_model', '')))}.</p>\n")
-        devices = sk.get("devices") or {}
-        rows = [[c, d.get("sketches"), _eps(d.get("epsilon"))] for c, d in devices.items()]
-        rows += [[c, 0, "declined (its budget)"] for c in sk.get("declined") or []]
+        groups: dict[tuple[Any, str], list[str]] = {}
+        for c, d in (sk.get("devices") or {}).items():
+            groups.setdefault((d.get("sketches"), _eps(d.get("epsilon"))), []).append(c)
+        rows = [[len(cs), k, e, some_ids(cs, 8)] for (k, e), cs in sorted(groups.items(), key=lambda kv: str(kv[0]))]
+        declined = sk.get("declined") or []
+        if declined:
+            rows.append([len(declined), 0, "declined (its budget)", some_ids(list(declined), 8)])
         if rows:
-            out += _table(["client", "sketches sent", "epsilon spent (per device)"], rows)
+            out += _table(["devices", "sketches sent", "epsilon spent (per device)", "which"], rows)
     dp = privacy.get("dp")
     if dp:
         out += (("" if sk else "<h2>Privacy</h2>\n") + f"<p>Differentially private cluster models (DP-FedAvg, "
@@ -288,9 +293,11 @@ def _privacy(results: Mapping[str, Any]) -> str:
     sec = privacy.get("secure")
     if sec:
         out += (("" if sk or dp else "<h2>Privacy</h2>\n") + f"<p>Secure aggregation: {sec.get('rounds', 0)} "
-                f"cluster rounds summed without the server seeing one device's update; "
-                f"{sec.get('dropped', 0)} devices dropped after masking, {sec.get('failed', 0)} cluster rounds "
-                f"short of their threshold.</p>\n")
+                f"cluster rounds summed without the server seeing one device's update ({sec.get('survivors', 0)} "
+                f"masked updates; {sec.get('dropped', 0)} tasked devices sent none and were cancelled out); "
+                f"{sec.get('failed', 0)} cluster rounds not summed (their models stayed as they were). Bytes: "
+                f"{sec.get('bytes_masked_updates', 0):,} of masked updates, {sec.get('bytes_unmask_requests', 0):,} of "
+                f"unmask requests, {sec.get('bytes_reveals', 0):,} of reveals.</p>\n")
     return out
 
 
