@@ -151,3 +151,25 @@ def test_a_device_past_its_sketch_budget_declines_and_the_run_goes_on_without_it
     assert "c07 declined to send its sketch (its owner's privacy budget): left out of the clustering" in said
     page = (report / "report.html").read_text()
     assert "declined (its budget)" in page and "43.9 per image" in page
+
+
+def test_dp_on_secure_sums_over_mosquitto_accounts_each_cluster(tmp_path, digits16):
+    """Both at once: the devices clip to the DP clip before masking, the server adds the noise to each cluster's
+    secure sum and accounts its round; results.json holds each cluster's accountant and the secure sums."""
+    report = tmp_path / "report"
+    with MosquittoBroker() as broker:
+        threads = _start(broker.url, digits16)
+        rc = main(["--broker", broker.url, "--federation", FED, "--min-clients", "16", "--rounds", "2",
+                   "--epochs", "1", "--lr", "0.01", "--encoder", "digits_encoder", "--architecture", ARCH,
+                   "--min-cluster-size", "3", "--secure", "--dp-epsilon", "8", "--dp-clip", "3",
+                   "--report-dir", str(report)])
+        for th in threads:
+            th.join(timeout=60)
+    assert rc == 0
+    privacy = json.loads((report / "results.json").read_text())["privacy"]
+    assert privacy["secure"]["rounds"] == 8 and privacy["secure"]["failed"] == 0 and privacy["secure"]["clip"] == 3.0
+    dp = privacy["dp"]
+    assert dp["epsilon_budget"] == 8.0 and dp["clip"] == 3.0 and len(dp["clusters"]) == 4
+    for c in dp["clusters"].values():  # 4 devices a cluster, all asked: no sampling amplification
+        assert (c["members"], c["per_round"], c["rounds"]) == (4, 4, 2) and 7.0 < c["epsilon"] <= 8.0
+        assert c["epsilon_per_round"][0] < c["epsilon_per_round"][1] == c["epsilon"]
