@@ -231,7 +231,7 @@ class Intake:
         # a tasked device that names another round than the open one is refused for this round too
         admit_update(cid, meta, open_round=None if wait is None else self.round, tasked=cid in self.tasked,
                      allowed=self.allowed.get(cid, frozenset()), version_of=self.strategy.versions.version.get,
-                     codec=self.codec, held=cid in self.updates or cid in self.held_elsewhere)
+                     codec=self.codec, held=cid in self.updates or cid in self.held_elsewhere or cid in self.masked)
         return wait
 
     def on_update(self, cid: str, msg: Message) -> Update | None:

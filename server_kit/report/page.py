@@ -285,11 +285,13 @@ def _privacy(results: Mapping[str, Any]) -> str:
     dp = privacy.get("dp")
     if dp:
         out += (("" if sk else "<h2>Privacy</h2>\n") + f"<p>Differentially private cluster models (DP-FedAvg, "
-                f"user level): budget epsilon {dp.get('epsilon_budget')} at delta {dp.get('delta')}, clip "
-                f"{dp.get('clip')}, noise multiplier {_fmt(dp.get('noise_multiplier'))}.</p>\n")
-        rows = [[k, c.get("rounds"), _eps(c.get("epsilon")), c.get("stopped") or ""]
+                f"user level): budget epsilon {dp.get('epsilon_budget')} at delta {dp.get('delta')} per cluster, "
+                f"clip {dp.get('clip')}.</p>\n")
+        rows = [[k, f"{c.get('per_round')} of {c.get('members')}", _fmt(c.get("noise_multiplier"), 3),
+                 c.get("rounds"), _eps(c.get("epsilon")), c.get("stopped") or ""]
                 for k, c in sorted((dp.get("clusters") or {}).items())]
-        out += _table(["model", "private rounds", "epsilon spent", "stopped"], rows)
+        out += _table(["model", "devices a round", "noise multiplier", "private rounds", "epsilon spent", "stopped"],
+                      rows)
     sec = privacy.get("secure")
     if sec:
         out += (("" if sk or dp else "<h2>Privacy</h2>\n") + f"<p>Secure aggregation: {sec.get('rounds', 0)} "
