@@ -50,6 +50,9 @@ def apply_dp(args: argparse.Namespace, strategy: Any, rounds: int, robust: dict[
     if getattr(args, "ingest_workers", None) or getattr(args, "aggregator_keys", None):
         raise ValueError("--dp-epsilon needs every update on the server (clipped one by one): not with ingest "
                          "workers or site aggregators")
+    if getattr(strategy, "shared_prefixes", ()):
+        raise ValueError("--dp-epsilon accounts each cluster on its own; --shared-base averages layers over every "
+                         "cluster, which that accounting does not cover: leave --shared-base out")
     if strategy.robust.aggregator != "fedavg":
         raise ValueError(f"--dp-epsilon clips and averages every update (DP-FedAvg); --aggregator "
                          f"{strategy.robust.aggregator} has another sensitivity: use fedavg")

@@ -97,6 +97,9 @@ def test_a_cluster_stops_at_its_budget_and_its_devices_are_not_asked():
     (["--dp-epsilon", "0"], "--dp-epsilon must be a finite number > 0, got 0.0"),
     (["--dp-epsilon", "8", "--dp-delta", "1"], "--dp-delta must be in (0, 1), got 1.0"),
     (["--dp-epsilon", "8", "--dp-clip", "-1"], "--dp-clip must be a finite number > 0, got -1.0"),
+    (["--dp-epsilon", "8", "--shared-base", "--architecture", "lenet5_1x28x28_10"],
+     "--dp-epsilon accounts each cluster on its own; --shared-base averages layers over every cluster, which that "
+     "accounting does not cover: leave --shared-base out"),
     (["--dp-epsilon", "8", "--aggregator", "median"],
      "--dp-epsilon clips and averages every update (DP-FedAvg); --aggregator median has another sensitivity: "
      "use fedavg"),
