@@ -256,7 +256,7 @@ class Strategy(ABC):
         judged = screen_round(self, rnd, updates) if screening is None else screening
         dp, base = self.dp, {}
         if dp is not None:
-            judged, base = self._dp_clip(dp, rnd, judged, partials)
+            judged, partials, base = self._dp_clip(dp, rnd, judged, partials)
         combined = dict(self._combine(rnd, [*judged.updates, *partials]))
         if dp is not None:  # a secure sum counts its members (each clipped on its device)
             counts = Counter(u.model_key for u in judged.updates)
@@ -269,16 +269,18 @@ class Strategy(ABC):
                            partial_sums=len(partials) if held else None,
                            summed_remote=sum(len(p.members) for p in partials) if held else None)
 
-    def _dp_clip(self, dp: DPFedAvg, rnd: int, judged: Screening, partials: Sequence[PartialSum] = ()
-                 ) -> tuple[Screening, dict[str, Weights]]:
-        """The updates clipped and weighed alike for DP (:meth:`DPFedAvg.clip`); the models they start from."""
+    def _dp_clip(self, dp: DPFedAvg, rnd: int, judged: Screening, partials: Sequence[PartialSum]
+                 ) -> tuple[Screening, list[PartialSum], dict[str, Weights]]:
+        """The updates clipped and weighed alike for DP (:meth:`DPFedAvg.clip`), the secure sums of the models
+        still within their budget (their devices clipped), and the models they all start from."""
         sizes = Counter(self.model_key_for(c) for c in self.clients)
         expected = {k: max(1, math.ceil(self.fraction * n)) for k, n in sizes.items()}
         for key in {u.model_key for u in judged.updates} | {p.model_key for p in partials}:
             dp.account(key, sizes.get(key, 0), expected.get(key, 1))
         kept = dp.clip(judged.updates, self.models, rnd, expected)
-        base = {k: copy_weights(self.models[k]) for k in {u.model_key for u in kept} | {p.model_key for p in partials}}
-        return dataclasses.replace(judged, updates=kept), base
+        sums = [p for p in partials if dp.admits(p.model_key, rnd)]
+        base = {k: copy_weights(self.models[k]) for k in {u.model_key for u in kept} | {p.model_key for p in sums}}
+        return dataclasses.replace(judged, updates=kept), sums, base
 
     def _new_aggregator(self, template: Weights, *, include: Sequence[str] | None = None
                        ) -> StreamingFedAvg | CoordinateAggregator:

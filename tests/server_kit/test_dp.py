@@ -120,3 +120,17 @@ def test_dp_in_the_simulator_reports_each_clusters_accountant(digits12):
     assert len(dp["clusters"]) == 4 and all(c["rounds"] == 3 for c in dp["clusters"].values())
     assert all(c["epsilon"] <= 8.0 and c["epsilon"] > 7.0 for c in dp["clusters"].values())
     assert res.privacy["sketch"]["epsilon_per_image"] == pytest.approx(20 * math.log(9.0), rel=1e-6)
+
+
+def test_secure_sums_stop_at_the_budget_too():
+    """A secure round hands the strategy one partial sum per cluster and no update: the budget still stops it."""
+    from server_kit.rounds.arrivals import PartialSum
+
+    s = _strategy(4)
+    s.dp = DPFedAvg(DPSettings(epsilon=3.0, clip=1.0, noise_multiplier=2.0, rounds=10, noise_seed=0))
+    fits = max(r for r in range(1, 50) if epsilon_after(r, 1.0, 2.0, 1e-5) <= 3.0)
+    for rnd in range(1, fits + 3):
+        w = {"w": np.full(4, 0.1, np.float32), "b": np.zeros(2, np.float32)}
+        s.aggregate(rnd, [], partials=[PartialSum("secure", rnd, "global", w, 4, ("c0", "c1", "c2", "c3"))])
+    acct = s.dp.accounts["global"]
+    assert acct.rounds == fits and acct.epsilon <= 3.0 and s.dp.stopped == {"global"}
