@@ -154,11 +154,23 @@ def secure_part(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     def closed_at_goal(res: dict) -> bool:
         return all(h["updates"] == survivors and h.get("close") in ("goal", "all-answered") for h in res["history"])
 
-    up_plain = plain["bytes"]["received_by_server"].get("UPDATE", {}).get("bytes", 0) / (rounds * survivors)
     s = sec["privacy"]["secure"]
+    # the rates below divide by every survivor's update of every round: only when each was summed
+    lost = [(name, h["round"], h["updates"]) for name, res in (("plain", plain), ("secure", sec))
+            for h in res["history"] if h["updates"] != survivors]
+    if len(plain["history"]) != rounds or len(sec["history"]) != rounds:
+        lost.append(("rounds run", len(plain["history"]), len(sec["history"])))
+    if s["failed"] or s["rounds"] != 4 * rounds or s["survivors"] != rounds * survivors:
+        lost.append(("secure sums", s["rounds"], s["survivors"]))
+    if lost:
+        print(f"  work lost, no rates reported: {lost}", flush=True)
+    up_plain = plain["bytes"]["received_by_server"].get("UPDATE", {}).get("bytes", 0) / (rounds * survivors)
     secure_bytes = (s["bytes_masked_updates"] + s["bytes_unmask_requests"] + s["bytes_reveals"]) / (rounds * survivors)
     per_round = [h["seconds"] for h in plain["history"]], [h["seconds"] for h in sec["history"]]
+    if lost:
+        up_plain = secure_bytes = 0.0
     return {
+        "lost": lost,
         "devices": len(clients), "dropping": sorted(dropping), "rounds": rounds, "groups": groups,
         "groups_equal": equal, "secure_sum_equals_plain": int(groups > 0 and equal == groups),
         "secure_rounds_closed_with_dropout": int(closed_at_goal(sec) and s["failed"] == 0),
@@ -168,7 +180,7 @@ def secure_part(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "update_bytes_int4": up_plain, "secure_bytes_per_device_round": secure_bytes,
         "extra_bytes_over_int4_update": (secure_bytes - up_plain) / up_plain if up_plain else None,
         "round_seconds": {"plain": per_round[0], "secure": per_round[1]},
-        "round_time_ratio": float(np.mean(per_round[1]) / np.mean(per_round[0])),
+        "round_time_ratio": None if lost else float(np.mean(per_round[1]) / np.mean(per_round[0])),
         "aggregate_s": {"plain": [h.get("aggregate_s") for h in plain["history"]],
                         "secure": [h.get("aggregate_s") for h in sec["history"]]},
         "unmask_s": s["unmask_s"],

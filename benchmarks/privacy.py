@@ -576,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  bytes per device per round: int4 update {sec['update_bytes_int4']:,.0f}, secure "
               f"{sec['secure_bytes_per_device_round']:,.0f} (extra {sec['extra_bytes_over_int4_update'] or 0:.2f}x "
               f"the update); round seconds plain {np.mean(sec['round_seconds']['plain']):.2f}, secure "
-              f"{np.mean(sec['round_seconds']['secure']):.2f} ({sec['round_time_ratio']:.2f}x); accuracy plain "
+              f"{np.mean(sec['round_seconds']['secure']):.2f} ({sec['round_time_ratio'] or 0:.2f}x); accuracy plain "
               f"{sec['accuracy']['plain']:.4f}, secure {sec['accuracy']['secure']:.4f} "
               f"({time.perf_counter() - t0:.0f} s for part d)", flush=True)
     summary.update({"seconds": time.perf_counter() - t_all, "quick": bool(args.quick), "parts": args.parts})
