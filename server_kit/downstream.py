@@ -272,12 +272,15 @@ class ModelVersions:
             chain = chain_body(steps)
             if len(chain) < len(best[1]):
                 best = ({**meta, "codec": self.compression.method.value}, chain)
-        if merge and len(steps) > 1:
+        if merge and len(steps) > 1 and self._all_float32(key):  # the exact catch-up maps float32 bits only
             before = self.weights_at(key, held)
             merged = catchup_body(before, self._canon[key])
             if len(merged) < len(best[1]):
                 best = ({**meta, "codec": "exact"}, merged)
         return best
+
+    def _all_float32(self, key: str) -> bool:
+        return all(a.dtype == np.float32 for a in self._canon[key].values())
 
     def weights_at(self, key: str, version: int) -> dict[str, np.ndarray]:
         """The canonical weights of an earlier ``version`` of ``key``: the oldest kept plus the steps since."""

@@ -369,6 +369,22 @@ def _check_spec(spec: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def add_change(held: np.ndarray, change: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``held + change``, the one way a decoded change is added (the server's copies and every device's agree).
+
+    A floating tensor becomes ``np.add`` in float32. An integer tensor (a
+    counter such as BatchNorm's ``num_batches_tracked``, whose change travels
+    as float32 like any other) gets the change rounded to the nearest integer
+    and keeps its dtype; a lossy codec may round a counter's change off by a
+    few, the same way on every side. ``out`` (float tensors only) may be
+    ``change`` itself.
+    """
+    held = np.asarray(held)
+    if np.issubdtype(held.dtype, np.integer):
+        return np.add(held, np.rint(change).astype(held.dtype, copy=False), dtype=held.dtype)
+    return np.add(held, change, out=out, dtype=np.float32)
+
+
 def decode_delta(body: bytes, spec: Mapping[str, tuple[tuple[int, ...], str]],
                  method: Method) -> dict[str, np.ndarray]:
     """Read a body back against the receiver's spec.

@@ -17,7 +17,7 @@ that change, and the steps travel as one chain body, little-endian::
 
 The steps are consecutive (each base is the previous step's version) and the chain ends exactly
 after the last; a chain has at least one step. :func:`apply_steps` adds each decoded change to the
-held tensors with ``np.add`` in float32; the sender builds each version the same way (it can call
+held tensors with ``np.add`` in float32 (:func:`~.codec.add_change`; integer counters rounded); the sender builds each version the same way (it can call
 :func:`apply_steps` itself) so that both sides hold the same bits.
 """
 
@@ -31,7 +31,7 @@ import numpy as np
 
 from ..protocol import ProtocolError
 from ..validation import check_choice, check_int
-from .codec import _CODES, Method, decode_delta
+from .codec import _CODES, Method, add_change, decode_delta
 
 __all__ = ["Step", "apply_steps", "chain_body", "parse_chain"]
 
@@ -177,14 +177,14 @@ def apply_steps(held_version: int, weights: Mapping[str, np.ndarray], steps: Seq
 
     Steps up to the held version are skipped (already held); from the step whose base is the held
     version onward, each change is decoded against ``weights``' names and shapes and added with
-    ``np.add`` in float32.
+    :func:`~.codec.add_change` (``np.add`` in float32; integer counters rounded, kept integer).
 
     Parameters
     ----------
     held_version : int
         The version of ``weights``.
     weights : mapping of str to ndarray
-        The held tensors, floating point (taken as float32); never modified.
+        The held tensors, floating point (taken as float32) or integer counters; never modified.
     steps : sequence of Step
         Consecutive steps (:func:`parse_chain`'s result).
     method : Method
@@ -195,7 +195,7 @@ def apply_steps(held_version: int, weights: Mapping[str, np.ndarray], steps: Seq
     version : int
         The version now held: the last step's, or ``held_version`` when every step was held.
     weights : dict of str to ndarray
-        New float32 arrays.
+        New float32 arrays (integer counters keep their dtype).
 
     Raises
     ------
@@ -212,16 +212,20 @@ def apply_steps(held_version: int, weights: Mapping[str, np.ndarray], steps: Seq
     current = {}
     for name, value in weights.items():
         arr = np.asarray(value)
-        if not np.issubdtype(arr.dtype, np.floating):
-            raise ValueError(f"held tensor {name!r} has dtype {arr.dtype}; the weights are floating point")
-        current[name] = arr.astype(np.float32, copy=False)
+        if np.issubdtype(arr.dtype, np.integer):  # a counter (BatchNorm's num_batches_tracked): kept integer
+            current[name] = arr
+        elif np.issubdtype(arr.dtype, np.floating):
+            current[name] = arr.astype(np.float32, copy=False)
+        else:
+            raise ValueError(f"held tensor {name!r} has dtype {arr.dtype}; the weights are floating point or "
+                             "integer counters")
     spec = {name: (arr.shape, "float32") for name, arr in current.items()}
     version = held
     for step in steps:
         if step.base < version:
             continue
         change = decode_delta(step.body, spec, method)
-        current = {name: np.add(current[name], change[name], out=change[name]) for name in spec}
+        current = {name: add_change(current[name], change[name], out=change[name]) for name in spec}
         version = step.version
     if version == held:
         current = {name: arr.copy() for name, arr in current.items()}

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..protocol import ProtocolError, parse_tensors, tensors_body
-from .codec import Compression, decode_delta
+from .codec import Compression, add_change, decode_delta
 from .feedback import ErrorFeedback
 
 __all__ = ["CompressedDelta", "DecodedUpdate", "DeviceFeedback", "InMemoryFeedback", "UpdateCodec", "WholeWeights",
@@ -39,8 +39,11 @@ Spec = Mapping[str, tuple[tuple[int, ...], str]]
 
 
 def with_delta(base: Mapping[str, np.ndarray], delta: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``base + delta`` per tensor in float32: the one decompression (the server's and the workers' bits agree)."""
-    return {n: np.asarray(np.add(base[n], delta[n], dtype=np.float32)) for n in base}
+    """``base + delta`` per tensor (:func:`~.codec.add_change`: float32, integer counters rounded and kept integer).
+
+    The one decompression: the server's and the workers' bits agree.
+    """
+    return {n: np.asarray(add_change(base[n], delta[n])) for n in base}
 
 
 @dataclass(frozen=True)

@@ -271,3 +271,51 @@ def test_compressed_updates_with_whole_models_down_are_refused_at_the_start():
     # whole updates with compressed models, and compression both ways, stay allowed
     assert make_strategy("fedsketch", compress_up="none", compress_down="int4", architecture=ARCH).versions.enabled
     assert make_strategy("ifca", compress_up="int4", compress_down="sign", architecture=ARCH).compress_up.enabled
+
+
+@pytest.mark.parametrize("text", ["int8", "int4", "sign", "rsign", "rtern", "topk:0.05"])
+def test_integer_counters_stay_integer_through_updates_and_chains_and_match_the_servers_bits(text):
+    """BatchNorm's ``num_batches_tracked`` (int64) goes up and down with the floats: rounded, kept integer."""
+    from edge_sdk.compress.update_codec import InMemoryFeedback, device_feedback, update_codec
+
+    v = ModelVersions(Compression.parse(text))
+    models = {"c0": {**weights(0), "bn.num_batches_tracked": np.array(0, dtype=np.int64)}}
+    v.sync(models)
+    device = dict(models["c0"])  # the first version, as a device holds it
+    codec = update_codec(text)
+    fb = InMemoryFeedback(device_feedback(codec.compression))
+    rng = np.random.default_rng(2)
+    spec = {n: (np.shape(a), "float32") for n, a in models["c0"].items()}
+    for rnd in range(1, 4):
+        trained = {n: (a + rng.normal(scale=0.1, size=a.shape).astype(np.float32)) if a.dtype == np.float32
+                   else a + 8 for n, a in models["c0"].items()}  # one epoch of 8 batches on the counter
+        body, meta, _ = codec.encode("c0", trained, models["c0"], v.version["c0"], fb)
+        back = codec.weights(codec.decode(body, spec, meta["version"]), models["c0"])
+        assert back["bn.num_batches_tracked"].dtype == np.int64 and back["a"].dtype == np.float32
+        assert abs(int(back["bn.num_batches_tracked"]) - int(trained["bn.num_batches_tracked"])) <= 2
+        models["c0"] = back
+        assert v.commit(models) == {"c0": rnd}
+    meta, body = v.payload("c0", 0, models["c0"])
+    assert meta["codec"] == Compression.parse(text).method.value  # a chain: no merged catch-up of integers
+    held_v, held = apply_steps(0, device, parse_chain(body, Compression.parse(text).method),
+                               Compression.parse(text).method)
+    assert held_v == 3 and held["bn.num_batches_tracked"].dtype == np.int64
+    assert model_digest(held) == model_digest(models["c0"])
+
+
+def test_resnet18_with_batchnorm_counters_trains_compressed_in_the_simulator():
+    """The ResNet-18 path with the default pair: every update summed, the devices' copies the server's bits."""
+    pytest.importorskip("torch")
+    from server_kit.data.clients import ClientData
+
+    rng = np.random.default_rng(0)
+    clients = [ClientData(f"c{i}", rng.random((16, 3, 32, 32), dtype=np.float32), rng.integers(0, 10, 16),
+                          rng.random((8, 3, 32, 32), dtype=np.float32), rng.integers(0, 10, 8), 0) for i in range(2)]
+    s = FedAvg(settings=TrainSettings(epochs=1, lr=1e-3, batch_size=16), seed=0, compress_up="int4",
+               compress_down="int4")
+    res = Simulator(s, clients, architecture="resnet18_3x32x32_10", seed=0).run(2)
+    assert [(r.report.tasked, r.report.updates) for r in res.rounds] == [(2, 2), (2, 2)]
+    model = s.models["global"]
+    assert model["bn1.num_batches_tracked"].dtype == np.int64
+    assert int(model["bn1.num_batches_tracked"]) == 2  # one batch a round, two rounds
+    assert res.ledger.total("up", ["UPDATE"]) < 0.14 * 2 * 2 * 4 * 11_173_962
