@@ -23,7 +23,7 @@ their average weighted by those counts.
 * ``include=`` / ``exclude=`` name-prefix filters aggregate part of a model,
   for example the shared convolution base of LeNet-5 over all clients while
   the rest is averaged per cluster (:data:`server_kit.nets.BASE_LAYERS`);
-  :func:`merge` puts the parts back together.
+  :func:`server_kit.model_parts.merge` puts the parts back together.
 
 Integer tensors (BatchNorm's ``num_batches_tracked``) are not averaged: both
 implementations keep their element-wise maximum over the updates. Floating
@@ -38,17 +38,20 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edge_sdk.validation import check_choice
 
 from .mean import RunningMean, Weights, check_n_samples, check_update, fedavg, spec_of
+from .model_parts import Prefixes, prefixes, selected
 from .staging import StagedSum
 
 if TYPE_CHECKING:
     import torch
+
+    from edge_sdk.compress.frames import Frame
 
 __all__ = [
     "GPU_MIN_BYTES",
@@ -57,12 +60,8 @@ __all__ = [
     "RunningMean",
     "StreamingFedAvg",
     "fedavg",
-    "merge",
-    "select",
     "server_device",
 ]
-
-Prefixes = Optional[Sequence[str]]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -79,81 +78,6 @@ def server_device() -> torch.device:
     import torch
 
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _prefixes(value: Prefixes, what: str) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        raise ValueError(f"{what} must be a sequence of name prefixes, not the string {value!r}")
-    out = tuple(value)
-    if not all(isinstance(p, str) and p for p in out):
-        raise ValueError(f"{what} must hold non-empty strings, got {list(out)!r}")
-    return out
-
-
-def _selected(name: str, include: tuple[str, ...] | None, exclude: tuple[str, ...] | None) -> bool:
-    if include is not None and not name.startswith(include):
-        return False
-    return not (exclude and name.startswith(exclude))
-
-
-def select(
-    weights: Weights, *, include: Prefixes = None, exclude: Prefixes = None
-) -> dict[str, np.ndarray]:
-    """The tensors of ``weights`` whose names pass the prefix filters (not copied).
-
-    Parameters
-    ----------
-    weights : mapping of str to numpy.ndarray
-        A ``state_dict``.
-    include : sequence of str, optional
-        Keep only names starting with one of these (default: all).
-    exclude : sequence of str, optional
-        Then drop names starting with one of these.
-
-    Returns
-    -------
-    dict
-        The selected name -> array entries, in the order of ``weights``.
-    """
-    inc, exc = _prefixes(include, "include"), _prefixes(exclude, "exclude")
-    return {k: v for k, v in weights.items() if _selected(k, inc, exc)}
-
-
-def merge(base: Weights, override: Weights) -> dict[str, np.ndarray]:
-    """``base`` with some tensors replaced by those of ``override``.
-
-    Used to put together a cluster model from its per-cluster average and a
-    shared part averaged over all clients. Arrays are not copied.
-
-    Parameters
-    ----------
-    base : mapping of str to numpy.ndarray
-        The full model.
-    override : mapping of str to numpy.ndarray
-        Replacement tensors; every name must exist in ``base`` with the same
-        shape.
-
-    Returns
-    -------
-    dict
-        A new dict in the order of ``base``.
-
-    Raises
-    ------
-    ValueError
-        If ``override`` names a tensor that ``base`` lacks or changes a shape.
-    """
-    for name, value in override.items():
-        if name not in base:
-            raise ValueError(f"override tensor {name!r} is not in the base model")
-        if np.shape(value) != np.shape(base[name]):
-            raise ValueError(
-                f"override tensor {name!r} has shape {np.shape(value)}, "
-                f"the base model {np.shape(base[name])}"
-            )
-    return {k: override[k] if k in override else v for k, v in base.items()}
 
 
 # --------------------------------------------------------------------------- streaming
@@ -270,9 +194,9 @@ class StreamingFedAvg:
                  device: Any = None, dtype: Any = None, kernels: str = "auto") -> None:
         import torch
 
-        inc, exc = _prefixes(include, "include"), _prefixes(exclude, "exclude")
+        inc, exc = prefixes(include, "include"), prefixes(exclude, "exclude")
         full = spec_of(template, "template")
-        self._spec = {k: v for k, v in full.items() if _selected(k, inc, exc)}
+        self._spec = {k: v for k, v in full.items() if selected(k, inc, exc)}
         if not self._spec:
             raise ValueError(
                 f"no tensor of the template matches include={include!r}, exclude={exclude!r}"
@@ -308,6 +232,8 @@ class StreamingFedAvg:
         self._pending: list[tuple[object, int, dict[str, np.ndarray]]] = []
         self._refused: list[Refused] = []
         self._count = self._total = 0
+        #: The model the last compressed update started from, and its flat copy on the device (staged path).
+        self._base: tuple[Weights, Any] | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -362,6 +288,40 @@ class StreamingFedAvg:
         self._count += 1
         self._total += n
 
+    def add_coded(self, frames: Sequence[Frame], method: Any, base: Weights, n_samples: int, *,
+                  tag: object = None) -> None:
+        """Add a compressed update, ``base`` plus its decoded change, decoding it where the sums live.
+
+        ``frames`` are :func:`edge_sdk.compress.frames.frame_delta`'s of the
+        body (``int8`` or ``int4``, read against this model's spec), ``base``
+        the model the update started from. On the staged path the codes
+        cross to the device and are decoded there
+        (:mod:`server_kit.coded_sum`: the host path's bits); a code out of
+        range is refused like a NaN, by :meth:`settle`. Otherwise, and for
+        integer counters, they are decoded on the host
+        (:func:`~edge_sdk.compress.frames.frame_values` and
+        :func:`~edge_sdk.compress.add_change`, where a bad code raises
+        ``ProtocolError``) and added as :meth:`add` adds.
+        """
+        from edge_sdk.compress.codec import add_change
+        from edge_sdk.compress.frames import frame_values
+
+        by = {f.name: f for f in frames}
+        for name, (shape, _, _) in self._spec.items():
+            if name not in by or by[name].shape != shape:
+                got = "missing" if name not in by else f"of shape {by[name].shape}, expected {shape}"
+                raise ValueError(f"update: tensor {name!r} is {got}")
+        on_host = [k for k in self._spec if self._staged is None or k not in self._sums]
+        decoded = {k: add_change(base[k], frame_values(by[k], method)) for k in on_host}
+        if self._staged is None:
+            self.add(decoded, n_samples, tag=tag)
+            return
+        n = check_n_samples(n_samples, "update")
+        if self._base is None or self._base[0] is not base:
+            self._base = (base, self._staged.flat(base))
+        self._staged.push_coded(self._staged.coded_layout(method), by, self._base[1], n)
+        self._pending.append((tag, n, decoded))
+
     def settle(self) -> list[Refused]:
         """The updates found not finite since the last call: nothing of them was added.
 
@@ -379,8 +339,8 @@ class StreamingFedAvg:
             return
         for (tag, n, ints), bad in zip(self._pending, self._staged.settle()):
             if bad is not None:
-                message = f"update: tensor {bad!r} contains NaN or Inf"
-                self._refused.append(Refused(tag, bad, message))
+                why = "holds a code out of range (compressed-value)" if bad.code else "contains NaN or Inf"
+                self._refused.append(Refused(tag, bad.tensor, f"update: tensor {bad.tensor!r} {why}"))
                 continue
             for name, a in ints.items():
                 self._keep_max(name, a)

@@ -30,6 +30,7 @@ import os
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
@@ -37,7 +38,11 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PARALLEL_MIN_BYTES", "RING", "StagedSum", "pinned_transfer_seconds"]
+    from edge_sdk.compress.frames import Frame
+
+    from .coded_sum import CodedLayout
+
+__all__ = ["PARALLEL_MIN_BYTES", "RING", "BadEntry", "StagedSum", "pinned_transfer_seconds"]
 
 #: Host (and device) staging slots: the device may be this many updates behind before ``add`` waits.
 RING: int = 3
@@ -61,6 +66,15 @@ def _pool() -> ThreadPoolExecutor:
         if _POOL is None or _POOL_PID != os.getpid():
             _POOL, _POOL_PID = ThreadPoolExecutor(_copy_threads(), thread_name_prefix="fedavg-stage"), os.getpid()
         return _POOL
+
+
+@dataclass(frozen=True)
+class BadEntry:
+    """Why :meth:`StagedSum.settle` found an update refused: the first bad tensor, and whether a code was the cause
+    (a compressed update's code out of range) rather than a NaN or Inf."""
+
+    tensor: str
+    code: bool = False
 
 
 # (name, first element in the tensor, end in the tensor, first element in the slot)
@@ -141,6 +155,8 @@ class StagedSum:
         self._plan = _plan(self.names, self.offsets, jobs)
         self._next = 0
         self._verdicts: list[torch.Tensor] = []
+        self._layouts: dict[Any, CodedLayout] = {}
+        self._coded: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
 
     @property
     def pending(self) -> int:
@@ -169,40 +185,113 @@ class StagedSum:
 
         Nothing waits for the device; the verdict is read by :meth:`settle`.
         """
+        i = self._take()
+        self._stage(i, arrays)
+        self._send(i, self._host[i], self._dev[i])
+        self._finish(i, n)
+
+    def push_coded(self, layout: CodedLayout, frames: Mapping[str, Frame], base: torch.Tensor, n: int) -> None:
+        """Add ``n * (base + decoded frames)``: the compressed update's codes cross the bus, the device decodes them.
+
+        ``layout`` is :meth:`coded_layout`'s for the body's method; ``base``
+        the flat float32 weights the update started from, on the device
+        (:meth:`flat`). A code out of range or a weight not finite refuses the
+        update (zeros are added); :meth:`settle` says which.
+        """
+        i = self._take()
+        host, dev = self._coded_slots(layout)
+        if self.cuda:
+            self._copied[i].synchronize()  # the copy stream is in order: slot i's last copy, coded or not, is done
+        layout.fill(host[i].numpy(), frames)
+        self._send(i, host[i], dev[i])
+        first_bad_code = layout.decode(dev[i], base, self._dev[i])
+        self._finish(i, n, first_bad_code)
+
+    def coded_layout(self, method: Any) -> CodedLayout:
+        """The layout of this accumulator's tensors for compressed bodies of ``method`` (built once)."""
+        from .coded_sum import CodedLayout
+
+        got = self._layouts.get(method)
+        if got is None:
+            sizes = np.diff(self.offsets)
+            got = self._layouts[method] = CodedLayout(self.names, sizes, method, self.device)
+        return got
+
+    def flat(self, arrays: Mapping[str, np.ndarray]) -> torch.Tensor:
+        """A model's floating tensors as one flat float32 tensor on the device, in this layout's order."""
         import torch
 
+        out = torch.empty(int(self.offsets[-1]), dtype=torch.float32, pin_memory=self.cuda)
+        view = out.numpy()
+        for k, name in enumerate(self.names):
+            np.copyto(view[int(self.offsets[k]):int(self.offsets[k + 1])], np.asarray(arrays[name]).reshape(-1),
+                      casting="same_kind")
+        return out.to(self.device, non_blocking=False) if self.cuda else out
+
+    def _take(self) -> int:
         i = self._next
         self._next = (i + 1) % RING
-        self._stage(i, arrays)
-        slot = self._dev[i]
+        return i
+
+    def _coded_slots(self, layout: CodedLayout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        import torch
+
+        got = self._coded.get(layout.nbytes)
+        if got is None:
+            host = [torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=self.cuda) for _ in range(RING)]
+            dev = [torch.empty(layout.nbytes, dtype=torch.uint8, device=self.device) for _ in range(RING)] \
+                if self.cuda else host
+            if self.cuda:
+                for t in dev:
+                    t.record_stream(self._copy_stream)
+            got = self._coded[layout.nbytes] = (host, dev)
+        return got
+
+    def _send(self, i: int, host: torch.Tensor, dev: torch.Tensor) -> None:
+        """On CUDA: ``host`` to ``dev`` on the copy stream once slot ``i``'s last add is done; the compute stream waits."""
+        import torch
+
         if self.cuda:
             with torch.cuda.stream(self._copy_stream):
                 self._copy_stream.wait_event(self._freed[i])  # the device slot's previous add is done
-                slot.copy_(self._host[i], non_blocking=True)
+                dev.copy_(host, non_blocking=True)
                 self._copied[i].record(self._copy_stream)
             torch.cuda.current_stream(self.device).wait_event(self._copied[i])
+
+    def _finish(self, i: int, n: int, first_bad_code: torch.Tensor | None = None) -> None:
+        """Device slot ``i``'s verdict kept, the slot added ``n`` times (zeros if refused)."""
+        import torch
+
+        slot = self._dev[i]
         if slot.numel() == 0:
             self._verdicts.append(torch.full((), -1, dtype=torch.int64, device=self.device))
             return
         finite = torch.isfinite(slot)
         ok = finite.all()
         first_bad = finite.view(torch.uint8).argmin()  # the first False: the first NaN or Inf
-        self._verdicts.append(torch.where(ok, -1, first_bad))
+        verdict = torch.where(ok, -1, first_bad)
+        if first_bad_code is not None:  # a bad code comes first; it is told apart by adding the size
+            verdict = torch.where(first_bad_code >= 0, first_bad_code + slot.numel(), verdict)
+            ok = ok & (first_bad_code < 0)
+        self._verdicts.append(verdict)
         slot.masked_fill_(~ok, 0)  # a refused update adds zeros
         self.acc.add_(slot, alpha=n)
         if self.cuda:
             self._freed[i].record(torch.cuda.current_stream(self.device))
 
-    def settle(self) -> list[Optional[str]]:
-        """One synchronisation: per update pushed since the last settle, None if finite, else its first bad tensor."""
+    def settle(self) -> list[Optional[BadEntry]]:
+        """One synchronisation: per update pushed since the last settle, None if it was added, else what refused it."""
         import torch
 
         if not self._verdicts:
             return []
         flat = torch.stack(self._verdicts).cpu().numpy()  # waits for the compute stream
         self._verdicts = []
-        where = np.searchsorted(self.offsets, flat, side="right") - 1
-        return [None if v < 0 else self.names[int(k)] for v, k in zip(flat, where)]
+        size = int(self.offsets[-1])
+        code = flat >= size
+        at = np.where(code, flat - size, flat)
+        where = np.searchsorted(self.offsets, at, side="right") - 1
+        return [None if v < 0 else BadEntry(self.names[int(k)], bool(c)) for v, k, c in zip(flat, where, code)]
 
     def mean(self, total: int) -> dict[str, np.ndarray]:
         """``acc / total`` on the host in one copy, in the accumulator's dtype: each tensor a shaped view of it."""

@@ -2,7 +2,8 @@
 
 - :mod:`.codec`: :class:`Compression` (the ``--compress`` setting: ``none``, ``int8``, ``int4``,
   ``sign``, ``rsign``, ``rtern``, ``rint2``, ``topk:0.01``, ``stc:0.01``), :func:`encode_delta` and
-  :func:`decode_delta`, the body format; the quantisers in :mod:`.blocks` and :mod:`.rotated`.
+  :func:`decode_delta`, the body format, and :func:`add_change`, the one way a decoded change is
+  added; the quantisers in :mod:`.blocks` and :mod:`.rotated`.
 - :mod:`.feedback`: :class:`ErrorFeedback`, the unsent rest of each delta, added to the next.
 - :mod:`.catchup`: :func:`catchup_body`, :func:`apply_catchup`, :func:`catchup_size`: one exact body
   that brings a model from an older version to the current one bit for bit.
@@ -15,7 +16,7 @@ Every name is importable from ``edge_sdk.compress`` itself.
 from __future__ import annotations
 
 from .catchup import apply_catchup, catchup_body, catchup_size
-from .codec import Compression, Method, decode_delta, encode_delta, keep_count
+from .codec import Compression, Method, add_change, decode_delta, encode_delta, keep_count
 from .feedback import ErrorFeedback
 from .steps import Step, apply_steps, chain_body, parse_chain
 
@@ -24,6 +25,7 @@ __all__ = [
     "ErrorFeedback",
     "Method",
     "Step",
+    "add_change",
     "apply_catchup",
     "apply_steps",
     "catchup_body",

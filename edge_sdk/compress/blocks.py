@@ -32,7 +32,7 @@ import numpy as np
 
 from ..protocol import ProtocolError
 
-__all__ = ["BLOCK", "CHUNK", "decode_int4", "decode_sign", "encode_int4", "encode_sign"]
+__all__ = ["BLOCK", "CHUNK", "decode_int4", "decode_sign", "encode_int4", "encode_sign", "frame_int4", "int4_values"]
 
 #: Entries per scale.
 BLOCK = 256
@@ -143,12 +143,22 @@ def decode_sign(r, where: str, n: int, method=None) -> np.ndarray:
     return np.where(np.unpackbits(signs, count=n, bitorder="little").view(bool), -rep, rep)
 
 
-def decode_int4(r, where: str, n: int, method=None) -> np.ndarray:
-    """One ``int4`` tensor from the reader ``r``."""
+def frame_int4(r, where: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """One ``int4`` tensor's scales (float32, one per block) and packed nibbles (uint8), read and checked but
+    for the nibbles' values (:func:`decode_int4` checks those; a decoder elsewhere must too)."""
     nbytes = (n + 1) // 2
     scales = _read_scales(r, where, n, nbytes)
-    packed = r.array("u1", nbytes, f"{where}: nibbles")
-    nib = np.empty(2 * nbytes, dtype=np.uint8)
+    return scales, r.array("u1", nbytes, f"{where}: nibbles")
+
+
+def decode_int4(r, where: str, n: int, method=None) -> np.ndarray:
+    """One ``int4`` tensor from the reader ``r``."""
+    return int4_values(*frame_int4(r, where, n), n, where)
+
+
+def int4_values(scales: np.ndarray, packed: np.ndarray, n: int, where: str) -> np.ndarray:
+    """What ``n`` entries of packed nibbles and their blocks' scales come back as (float32), the nibbles checked."""
+    nib = np.empty(2 * packed.size, dtype=np.uint8)
     nib[0::2], nib[1::2] = packed & 0x0F, packed >> 4
     if n % 2 and nib[-1]:
         raise ProtocolError("compressed-value", f"{where}: the padding nibble is not 0")

@@ -332,13 +332,23 @@ def encode_delta(delta: Mapping[str, np.ndarray], comp: Compression, *,
 # -- decoding -----------------------------------------------------------------
 
 
-def _decode_int8(r: _Reader, where: str, n: int, method: Method) -> np.ndarray:
+def frame_int8(r: _Reader, where: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """One ``int8`` tensor's scale (a float32 array of one) and entries (int8), read and checked but for the
+    entries' values (:func:`_decode_int8` refuses -128; a decoder elsewhere must too)."""
     r.need(4 + n, f"{where}: scale and {n} int8 entries")
     scale = _read_scalar(r, f"{where}: scale")
-    q = r.array("i1", n, f"{where}: {n} int8 entries")
-    if n and q.min() == -128:
+    return np.array([scale], dtype=np.float32), r.array("i1", n, f"{where}: {n} int8 entries")
+
+
+def _decode_int8(r: _Reader, where: str, n: int, method: Method) -> np.ndarray:
+    return int8_values(*frame_int8(r, where, n), where)
+
+
+def int8_values(scales: np.ndarray, q: np.ndarray, where: str) -> np.ndarray:
+    """What int8 entries and their tensor's scale come back as (float32), the entries checked."""
+    if q.size and q.min() == -128:
         raise ProtocolError("compressed-value", f"{where}: int8 entry -128 (the range is [-127, 127])")
-    return np.multiply(q, scale, dtype=np.float32)
+    return np.multiply(q, scales[0], dtype=np.float32)
 
 
 def _decode_sparse(r: _Reader, where: str, n: int, method: Method) -> np.ndarray:
@@ -411,6 +421,21 @@ def decode_delta(body: bytes, spec: Mapping[str, tuple[tuple[int, ...], str]],
     ValueError
         A bad spec or method (the caller's error, not the peer's).
     """
+    r, shapes = open_body(body, spec, method)
+    method = Method(method)
+    out = {}
+    for name, shape in shapes.items():
+        out[name] = _DECODERS[method](r, f"tensor {name!r}", math.prod(shape), method).reshape(shape)
+    if r.pos != len(r.body):
+        raise ProtocolError("compressed-length", f"{len(r.body) - r.pos} trailing bytes after the last tensor")
+    return out
+
+
+def open_body(body: bytes, spec: Mapping[str, tuple[tuple[int, ...], str]],
+              method: Method) -> tuple[_Reader, dict[str, tuple[int, ...]]]:
+    """A body's header checked against the spec and method: a reader at the first tensor, and the shapes
+    in the body's order (sorted names). :func:`decode_delta` and the server's decoders on a GPU start here;
+    each then reads every tensor and checks that the body ends exactly after the last."""
     method = Method(check_choice(method, "method", _NAMES[1:]))
     shapes = _check_spec(spec)
     body = bytes(body)
@@ -426,9 +451,4 @@ def decode_delta(body: bytes, spec: Mapping[str, tuple[tuple[int, ...], str]],
         raise ProtocolError("compressed-method", f"method byte {code}, expected {_CODES[method]} ({method.value})")
     if count != len(shapes):
         raise ProtocolError("compressed-header", f"body holds {count} tensors, the spec {len(shapes)}")
-    out = {}
-    for name, shape in shapes.items():
-        out[name] = _DECODERS[method](r, f"tensor {name!r}", math.prod(shape), method).reshape(shape)
-    if r.pos != len(body):
-        raise ProtocolError("compressed-length", f"{len(body) - r.pos} trailing bytes after the last tensor")
-    return out
+    return r, shapes

@@ -9,13 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from server_kit.aggregate import (  # noqa: E402
-    StreamingFedAvg,
-    fedavg,
-    merge,
-    select,
-    server_device,
-)
+from server_kit.aggregate import StreamingFedAvg, fedavg, server_device  # noqa: E402
+from server_kit.model_parts import merge, select  # noqa: E402
 
 KERNELS = ["numpy", "torch"]  # both paths run on the CPU here; "torch" is the GPU path
 

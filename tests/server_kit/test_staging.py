@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch")
 
 from edge_sdk.tasks import Update  # noqa: E402
 from server_kit import staging  # noqa: E402
-from server_kit.aggregate import GPU_MIN_BYTES, Refused, StreamingFedAvg, fedavg, select  # noqa: E402
+from server_kit.aggregate import GPU_MIN_BYTES, Refused, StreamingFedAvg, fedavg  # noqa: E402
+from server_kit.model_parts import select  # noqa: E402
 from server_kit.robust.coordinate import CoordinateAggregator  # noqa: E402
 from server_kit.strategies.base import add_updates  # noqa: E402
 
