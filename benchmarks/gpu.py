@@ -9,7 +9,9 @@ Three questions, each answered by ratios measured in this one process:
    distinct seeded arrays, made before the clock starts; the time runs from the first ``add`` to the
    end of ``settle()`` (the device synchronised), divided by the updates. Every update must be
    counted and the average must equal the float64 numpy reference within float32 summation error,
-   or the script fails rather than report a rate.
+   or the script fails rather than report a rate. The same updates as ``int4`` bodies: decoded on the
+   host then added, against their codes sent to where the sums live and decoded there
+   (``StreamingFedAvg.add_coded``, :mod:`server_kit.coded_sum`); the two sums must be bit for bit equal.
 2. **A round of the paper's MNIST scenario.** 100 clients in 4 rotation groups (Dirichlet 10 label
    skew), 50 of them in the round, LeNet-5, 5 local epochs, batch 32, Adam 1e-3, all from one model:
    trained together on the GPU (:class:`server_kit.drivers.sim_training.RoundTraining`, batched),
@@ -25,7 +27,8 @@ names the MNIST IDX folder; without it the round runs on scikit-learn's digits (
 
 Run: ``.venv/bin/python benchmarks/gpu.py [--data ../shared/data/mnist] [--quick]``. The last line
 is JSON with the keys ``agg_ms_resnet18_gpu``, ``agg_ms_resnet18_cpu``, ``agg_ms_lenet5_gpu``,
-``agg_ms_lenet5_cpu``, ``pinned_transfer_ms_resnet18``, ``round_s_gpu_batched``,
+``agg_ms_lenet5_cpu``, ``pinned_transfer_ms_resnet18``, ``agg_ms_resnet18_int4_gpu``,
+``int4_on_gpu_over_float32_transfer``, ``round_s_gpu_batched``,
 ``round_s_cpu_sequential``, ``round_s_cpu_batched``, ``batched_over_sequential_cpu``,
 ``assign_1m_s_gpu``, ``assign_1m_s_cpu``, ``gpu`` (the card's name or null) and more.
 """
@@ -105,6 +108,65 @@ def aggregate_ms(updates: list[tuple[dict[str, np.ndarray], int]], device: str |
     return 1000.0 * best / len(updates)
 
 
+def coded_updates(updates: list[tuple[dict[str, np.ndarray], int]], method: str
+                  ) -> tuple[dict[str, np.ndarray], list[tuple[bytes, int]]]:
+    """The updates as compressed bodies of ``method`` (their change from the first update's model), and that base."""
+    from edge_sdk.compress import Compression, encode_delta
+
+    base = updates[0][0]
+    comp = Compression.parse(method)
+    bodies = []
+    for w, n in updates:
+        delta = {k: np.subtract(v, base[k], dtype=np.float32) for k, v in w.items()}
+        bodies.append((encode_delta(delta, comp)[0], n))
+    return base, bodies
+
+
+def aggregate_coded_ms(base: dict[str, np.ndarray], bodies: list[tuple[bytes, int]], method: str, device: str,
+                       decode_on_device: bool, repeats: int) -> float:
+    """Best per-update milliseconds of adding every compressed body (framed or decoded on the clock) and settling.
+
+    ``decode_on_device``: the codes cross to ``device`` and are decoded there (``add_coded``); otherwise each body
+    is decoded on the host (``decode_delta`` and ``with_delta``) and its float32 weights added. The two sums
+    must be bit for bit equal, and every update counted, or no rate is reported.
+    """
+    from edge_sdk.compress import Method, decode_delta
+    from edge_sdk.compress.frames import frame_delta
+    from edge_sdk.compress.update_codec import with_delta
+    from server_kit.aggregate import StreamingFedAvg
+
+    m = Method(method)
+    spec = {k: (v.shape, "float32") for k, v in base.items()}
+
+    def one(agg: StreamingFedAvg, body: bytes, n: int) -> None:
+        if decode_on_device:
+            agg.add_coded(frame_delta(body, spec, m), m, base, n)
+        else:
+            agg.add(with_delta(base, decode_delta(body, spec, m)), n)
+
+    agg = StreamingFedAvg(base, device=device, kernels="staged")
+    for body, n in bodies[:2]:  # warm up: allocations, the layout's index maps, the first kernels
+        one(agg, body, n)
+    agg.settle()
+    best = float("inf")
+    for _ in range(repeats):
+        agg.reset()
+        t0 = time.perf_counter()
+        for body, n in bodies:
+            one(agg, body, n)
+        refused = agg.settle()
+        best = min(best, time.perf_counter() - t0)
+        if refused or agg.count != len(bodies):
+            raise BenchFailure(f"{method} on {device}: {agg.count} of {len(bodies)} updates summed, refused {refused}")
+    ref = StreamingFedAvg(base, device=device, kernels="staged")
+    for body, n in bodies:
+        ref.add(with_delta(base, decode_delta(body, spec, m)), n)
+    got, want = agg.result(), ref.result()
+    if any(got[k].tobytes() != want[k].tobytes() for k in want):
+        raise BenchFailure(f"{method} on {device}: the sum differs from the host-decoded sum")
+    return 1000.0 * best / len(bodies)
+
+
 def _placement_text(template: dict[str, np.ndarray]) -> str:
     """Where ``StreamingFedAvg(template)`` sums, said: ``"cuda, staged"`` or ``"cpu, numpy"``."""
     from server_kit.aggregate import StreamingFedAvg
@@ -129,9 +191,21 @@ def aggregation(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
         out[f"auto_places_{name}"] = _placement_text(updates[0][0])
         out[f"agg_ms_{name}_gpu"] = aggregate_ms(updates, "cuda", "staged", args.repeats) if gpu else None
         out[f"agg_ms_{name}_gpu_per_tensor"] = aggregate_ms(updates, "cuda", "torch", args.repeats) if gpu else None
+        base, bodies = coded_updates(updates, "int4")
+        out[f"int4_body_mb_{name}"] = len(bodies[0][0]) / 1e6
+        out[f"agg_ms_{name}_int4_cpu_host_decode"] = aggregate_coded_ms(base, bodies, "int4", "cpu", False,
+                                                                         args.repeats)
+        out[f"agg_ms_{name}_int4_cpu_staged"] = aggregate_coded_ms(base, bodies, "int4", "cpu", True, args.repeats)
+        out[f"agg_ms_{name}_int4_gpu"] = aggregate_coded_ms(base, bodies, "int4", "cuda", True, args.repeats) \
+            if gpu else None
+        out[f"agg_ms_{name}_int4_gpu_host_decode"] = aggregate_coded_ms(base, bodies, "int4", "cuda", False,
+                                                                         args.repeats) if gpu else None
         if name == "resnet18":
             out["update_mb_resnet18"] = nbytes / 1e6
             out["pinned_transfer_ms_resnet18"] = 1000.0 * pinned_transfer_seconds(nbytes) if gpu else None
+            if gpu:
+                out["int4_on_gpu_over_float32_transfer"] = out["agg_ms_resnet18_int4_gpu"] / \
+                    out["pinned_transfer_ms_resnet18"]
         print(f"{name} update ({nbytes / 1e6:.2f} MB, {count} updates): CPU numpy {out[f'agg_ms_{name}_cpu']:.3f} ms "
               f"(staged on the CPU {out[f'agg_ms_{name}_cpu_staged']:.3f} ms)", end="")
         print(f"; by itself the server puts it {out[f'auto_places_{name}']}: {out[f'agg_ms_{name}_auto']:.3f} ms",
@@ -143,6 +217,14 @@ def aggregation(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
             if name == "resnet18":
                 p = out["pinned_transfer_ms_resnet18"]
                 print(f"; pinned transfer alone {p:.3f} ms: the update takes {g / p:.2f}x the transfer", end="")
+        print(f"\n  as int4 bodies ({out[f'int4_body_mb_{name}']:.2f} MB): decoded on the host and added "
+              f"{out[f'agg_ms_{name}_int4_cpu_host_decode']:.3f} ms (CPU), decoded where the sums are (CPU) "
+              f"{out[f'agg_ms_{name}_int4_cpu_staged']:.3f} ms", end="")
+        if gpu:
+            print(f"; on the GPU: host-decoded {out[f'agg_ms_{name}_int4_gpu_host_decode']:.3f} ms, decoded on the "
+                  f"card {out[f'agg_ms_{name}_int4_gpu']:.3f} ms", end="")
+            if name == "resnet18":
+                print(f" = {out['int4_on_gpu_over_float32_transfer']:.2f}x the float32 pinned transfer", end="")
         print()
     return out
 

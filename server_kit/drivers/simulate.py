@@ -40,6 +40,7 @@ from ..rounds.recorded import RecordedIntake
 from ..rounds.training import RoundReport, TrainingRound
 from ..strategies.base import ClientInfo, Strategy
 from ..strategies.drift import DriftReport
+from .sim_eval import DeviceEvaluation, mean_accuracy
 from .sim_round import SimulatedPort
 from .sim_training import RoundTraining
 
@@ -136,19 +137,6 @@ class SimulationResult:
                 return r.bytes_total
         ran = f"rounds 1 to {self.rounds[-1].round}" if self.rounds else "no rounds"
         raise ValueError(f"round {rnd} was not run: this run has {ran}")
-
-
-def mean_accuracy(workers: dict[str, LocalWorker], strategy: Strategy, cids: Sequence[str]) -> tuple[float, dict[str, float]]:
-    """Mean local test accuracy over ``cids`` of their current models, overall and per model."""
-    per_model: dict[str, list[float]] = {}
-    accs = []
-    for cid in cids:
-        key = strategy.model_key_for(cid)
-        weights = strategy.models[key]
-        acc = workers[cid].evaluate(weights)["accuracy"]
-        accs.append(acc)
-        per_model.setdefault(key, []).append(acc)
-    return float(np.mean(accs)) if accs else float("nan"), {k: float(np.mean(v)) for k, v in per_model.items()}
 
 
 class Simulator:
@@ -331,6 +319,8 @@ class Simulator:
         cids = sorted(self.workers)
         intake = RecordedIntake()
         trainer = RoundTraining(self.workers, device=self.device, batched=self.batched)
+        # on a GPU the test images stay there and each model is evaluated once for all its devices
+        evaluation = DeviceEvaluation(self.workers, trainer.device) if trainer.device == "cuda" else None
         port = SimulatedPort(intake, cids, count_tasks=lambda tasks: self._count_tasks(ledger, tasks),
                              train_round=lambda tasks: [self._uplink(t, u, ledger)
                                                         for t, u in zip(tasks, trainer.train(tasks))])
@@ -341,7 +331,9 @@ class Simulator:
             tr = time.perf_counter()
             drift = self._drift_step(rnd, s, ledger, result)
             report = training.run(rnd, cids, drift=None if drift is None else drift.summary())
-            acc, per = mean_accuracy(self.workers, s, [t.cid for t in port.tasks])
+            tasked = [t.cid for t in port.tasks]
+            acc, per = (evaluation.mean_accuracy(s, tasked) if evaluation is not None
+                        else mean_accuracy(self.workers, s, tasked))
             record = RoundRecord(report, acc, per, time.perf_counter() - tr, ledger.total())
             result.rounds.append(record)
             if hasattr(bar, "set_postfix"):
