@@ -10,6 +10,7 @@ from typing import Any
 
 from edge_sdk.models.artifacts import MANIFEST_NAME
 
+from ..cli_options import device_name
 from .recipes import DEFAULT_EPOCHS, TARGETS, export_target
 
 __all__ = ["build_parser", "main"]
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"training epochs of the trained targets (defaults: {DEFAULT_EPOCHS})",
     )
     p.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
+    p.add_argument("--device", type=device_name, default="cpu",
+                   help="where the autoencoders train: cpu, cuda or auto (CUDA when torch sees it); the shipped "
+                        "files are trained on the CPU, a GPU's weights differ in their last bits (default: cpu)")
     p.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
     return p
 
@@ -60,6 +64,7 @@ def _run_targets(args: argparse.Namespace) -> list[tuple[str, dict[str, dict[str
             seed=args.seed,
             out_arg=args.out,
             data_arg=data,
+            device=args.device,
         )
         seconds = time.perf_counter() - t0
         logger.info("%s done in %.1f s", target, seconds)

@@ -51,7 +51,7 @@ CONV_AE_TRAINING_DATA = (
 )
 
 
-def _recipe(target: str, *, data: str | None, epochs: int | None, seed: int, out: str) -> str:
+def _recipe(target: str, *, data: str | None, epochs: int | None, seed: int, out: str, device: str = "cpu") -> str:
     """The command line that rebuilds ``target``."""
     parts = ["fedsketch export", target]
     if data is not None:
@@ -59,14 +59,17 @@ def _recipe(target: str, *, data: str | None, epochs: int | None, seed: int, out
     if epochs is not None:
         parts += ["--epochs", str(epochs)]
     parts += ["--seed", str(seed), "--out", out]
+    if device != "cpu":
+        parts += ["--device", device]
     return " ".join(parts)
 
 
 
-def _ae_training(epochs: int, seed: int) -> dict[str, Any]:
-    """The training settings an autoencoder's manifest entry records."""
-    return {"epochs": epochs, "batch_size": BATCH_SIZE, "optimizer": "adam", "lr": LEARNING_RATE,
-            "loss": "mse", "seed": seed}
+def _ae_training(epochs: int, seed: int, device: str) -> dict[str, Any]:
+    """The training settings an autoencoder's manifest entry records (the device: a GPU's weights differ in bits)."""
+    out = {"epochs": epochs, "batch_size": BATCH_SIZE, "optimizer": "adam", "lr": LEARNING_RATE,
+           "loss": "mse", "seed": seed}
+    return out if device == "cpu" else {**out, "device": device}
 
 
 def _ae_exports(
@@ -117,15 +120,16 @@ def _fmnist_arrays(data: Path) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
 
 
 def export_fmnist_fc_ae(
-    out: Path, *, data: Path, data_arg: str, out_arg: str, epochs: int, seed: int
+    out: Path, *, data: Path, data_arg: str, out_arg: str, epochs: int, seed: int, device: str = "cpu"
 ) -> dict[str, dict[str, Any]]:
     """Train the FC autoencoder on Fashion-MNIST and export it."""
     train, test, hashes = _fmnist_arrays(data)
     logger.info("fmnist-fc-ae: %d train, %d test images", train.shape[0], test.shape[0])
     seed_everything(seed)
     model = build_model("fc_ae_784_50_20")
-    history = train_autoencoder(model, train, epochs=epochs, seed=seed, desc="fmnist-fc-ae")
+    history = train_autoencoder(model, train, epochs=epochs, seed=seed, desc="fmnist-fc-ae", device=device)
     train_mse, test_mse = evaluate_mse(model, train), evaluate_mse(model, test)
+    model.cpu()  # exported from the CPU
     logger.info("fmnist-fc-ae: train MSE %.6f, test MSE %.6f", train_mse, test_mse)
     common = {
         "image_shape": [28, 28],
@@ -138,8 +142,8 @@ def export_fmnist_fc_ae(
         "train_mse": train_mse,
         "test_mse": test_mse,
         "final_epoch_loss": history[-1],
-        "training": _ae_training(epochs, seed),
-        "recipe": _recipe("fmnist-fc-ae", data=data_arg, epochs=epochs, seed=seed, out=out_arg),
+        "training": _ae_training(epochs, seed, device),
+        "recipe": _recipe("fmnist-fc-ae", data=data_arg, epochs=epochs, seed=seed, out=out_arg, device=device),
     }
     return export_family(
         model,
@@ -168,14 +172,15 @@ def digits_arrays() -> np.ndarray:
 
 
 def export_digits_ae(
-    out: Path, *, out_arg: str, epochs: int, seed: int
+    out: Path, *, out_arg: str, epochs: int, seed: int, device: str = "cpu"
 ) -> dict[str, dict[str, Any]]:
     """Train the small FC autoencoder on rotated 8x8 digits and export it."""
     data = digits_arrays()
     seed_everything(seed)
     model = build_model(DIGITS_AE_ARCH)
-    history = train_autoencoder(model, data, epochs=epochs, seed=seed, desc="digits-ae")
+    history = train_autoencoder(model, data, epochs=epochs, seed=seed, desc="digits-ae", device=device)
     train_mse = evaluate_mse(model, data)
+    model.cpu()  # exported from the CPU
     logger.info("digits-ae: train MSE %.6f", train_mse)
     common = {
         "image_shape": [8, 8],
@@ -186,8 +191,8 @@ def export_digits_ae(
         ),
         "train_mse": train_mse,
         "final_epoch_loss": history[-1],
-        "training": _ae_training(epochs, seed),
-        "recipe": _recipe("digits-ae", data=None, epochs=epochs, seed=seed, out=out_arg),
+        "training": _ae_training(epochs, seed, device),
+        "recipe": _recipe("digits-ae", data=None, epochs=epochs, seed=seed, out=out_arg, device=device),
     }
     return export_family(
         model,
@@ -331,6 +336,7 @@ def export_target(
     seed: int = 0,
     out_arg: str | None = None,
     data_arg: str | None = None,
+    device: str = "cpu",
 ) -> dict[str, dict[str, Any]]:
     """Build one target's artifacts in ``out`` and update the manifest there.
 
@@ -349,6 +355,8 @@ def export_target(
     out_arg, data_arg : str, optional
         How ``out`` and ``data`` were spelled on the command line (for the
         recipe string); default ``str(out)`` and ``str(data)``.
+    device : str
+        Where the trained targets train (``cpu``, ``cuda``); they are exported from the CPU.
 
     Returns
     -------
@@ -375,10 +383,11 @@ def export_target(
             out_arg=out_arg,
             epochs=n,
             seed=seed,
+            device=device,
         )
     elif target == "digits-ae":
         n = DEFAULT_EPOCHS[target] if epochs is None else int(epochs)
-        entries = export_digits_ae(out_path, out_arg=out_arg, epochs=n, seed=seed)
+        entries = export_digits_ae(out_path, out_arg=out_arg, epochs=n, seed=seed, device=device)
     elif target == "conv-ae":
         entries = export_conv_ae(out_path, out_arg=out_arg, seed=seed)
     else:

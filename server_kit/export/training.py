@@ -50,6 +50,7 @@ def train_autoencoder(
     batch_size: int = BATCH_SIZE,
     lr: float = LEARNING_RATE,
     desc: str = "train",
+    device: str = "cpu",
 ) -> list[float]:
     """Train an autoencoder to reconstruct ``data`` with MSE and Adam.
 
@@ -69,6 +70,10 @@ def train_autoencoder(
         Adam learning rate.
     desc : str
         Label for progress and log lines.
+    device : str
+        Torch device (``cpu``, ``cuda``): the model and the whole data set
+        move there for the run; the shuffles are drawn on the CPU, so the
+        batches are the same on any device. The model stays there.
 
     Returns
     -------
@@ -77,17 +82,19 @@ def train_autoencoder(
     """
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
-    x = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))
+    dev = torch.device(device)
+    x = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32)).to(dev)
     n = x.shape[0]
     gen = torch.Generator().manual_seed(seed)
+    model.to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     loss_fn = nn.MSELoss()
     history: list[float] = []
     model.train()
     for epoch in range(1, epochs + 1):
         t0 = time.perf_counter()
-        perm = torch.randperm(n, generator=gen)
-        total = torch.zeros((), dtype=torch.float64)
+        perm = torch.randperm(n, generator=gen).to(dev)
+        total = torch.zeros((), dtype=torch.float64, device=dev)
         starts = range(0, n, batch_size)
         for start in _progress(starts, f"{desc} {epoch}/{epochs}", total=len(starts)):
             xb = x[perm[start : start + batch_size]]
@@ -96,7 +103,7 @@ def train_autoencoder(
             loss.backward()
             opt.step()
             total += loss.detach().double() * xb.shape[0]
-        history.append(float(total) / n)
+        history.append(float(total) / n)  # the one wait for the device per epoch
         logger.info(
             "%s epoch %d/%d: train MSE %.6f (%.1f s)",
             desc,
@@ -116,7 +123,7 @@ def evaluate_mse(model: nn.Module, data: np.ndarray, chunk: int = 4096) -> float
     Parameters
     ----------
     model : torch.nn.Module
-        Maps a batch to its reconstruction.
+        Maps a batch to its reconstruction; it runs on the device its parameters are on.
     data : numpy.ndarray
         ``float32`` samples, first axis the sample axis.
     chunk : int
@@ -129,10 +136,11 @@ def evaluate_mse(model: nn.Module, data: np.ndarray, chunk: int = 4096) -> float
     """
     was_training = model.training
     model.eval()
+    dev = next(model.parameters()).device
     x = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))
-    sse = 0.0
+    sse = torch.zeros((), dtype=torch.float64, device=dev)
     for start in range(0, x.shape[0], chunk):
-        xb = x[start : start + chunk]
-        sse += float(((model(xb) - xb).double() ** 2).sum())
+        xb = x[start : start + chunk].to(dev)
+        sse += ((model(xb) - xb).double() ** 2).sum()
     model.train(was_training)
-    return sse / x.numel()
+    return float(sse) / x.numel()

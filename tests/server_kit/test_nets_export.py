@@ -179,6 +179,28 @@ def test_cli_refuses_bad_data_arguments(tmp_path):
     assert not out.exists()
 
 
+def test_export_device_option_trains_where_asked_and_the_cpu_gives_the_shipped_bits(tmp_path, capsys):
+    from server_kit.export.training import train_autoencoder
+
+    data = np.random.default_rng(0).random((70, 64), dtype=np.float32)
+    losses, weights = {}, {}
+    devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    for dev in [None, *devices]:
+        torch.manual_seed(0)
+        model = build_model("fc_ae_64_48_20")
+        kw = {} if dev is None else {"device": dev}
+        losses[dev] = train_autoencoder(model, data, epochs=2, seed=0, batch_size=16, **kw)
+        weights[dev] = [p.detach().cpu().numpy().tobytes() for p in model.parameters()]
+    assert losses["cpu"] == losses[None] and weights["cpu"] == weights[None]  # the default is the CPU, unchanged
+    if "cuda" in losses:  # the same batches: the losses agree to float32 rounding
+        assert np.allclose(losses["cuda"], losses["cpu"], rtol=1e-4)
+    if not torch.cuda.is_available():  # a usage error, before anything is built
+        with pytest.raises(SystemExit) as e:
+            main(["digits-ae", "--out", str(tmp_path / "m"), "--device", "cuda"])
+        assert e.value.code == 2 and not (tmp_path / "m").exists()
+        assert "device 'cuda' asked but torch sees no CUDA device" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- shipped artifacts
 
 
