@@ -20,6 +20,9 @@ Three questions, each answered by ratios measured in this one process:
    is printed for each, so the orders can be seen to train the same models.
 3. **1,000,000 sketches assigned** to their nearest of 8 centroids (200 bits), on the GPU and with
    numpy; the labels must be identical.
+4. **Where the card starts to pay** (``_gpu_thresholds.py``): the aggregation, the sketches' pairwise
+   distances and the assignment timed on both sides at growing sizes, against the thresholds in the
+   code (``GPU_MIN_BYTES``, ``AUTO_MIN_PDIST_ROWS``, ``AUTO_MIN_ROWS``).
 
 Without a GPU the GPU parts are skipped (their keys are null) and the script says so. ``--data``
 names the MNIST IDX folder; without it the round runs on scikit-learn's digits (8x8, the digits CNN).
@@ -47,6 +50,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "mnist"
 #: Relative bound between a float32 accumulator's average and the float64 reference: about N * 2**-24.
@@ -334,19 +338,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="seconds, not minutes: small sizes everywhere")
     ap.add_argument("--repeats", type=int, default=3, help="aggregation passes (the best is kept)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--parts", default="aggregation,round,assignment", help="which parts to run")
+    ap.add_argument("--parts", default="aggregation,round,assignment,thresholds",
+                    help="which parts to run (thresholds: where the card starts to pay, _gpu_thresholds.py)")
     args = ap.parse_args(argv)
     import torch
 
     gpu = bool(torch.cuda.is_available())
     name = torch.cuda.get_device_name(0) if gpu else None
     print(f"GPU: {name}" if gpu else "no GPU: torch sees no CUDA device, so only the CPU parts run")
-    parts = {"aggregation": aggregation, "round": simulated_round, "assignment": assignment}
+    from _gpu_thresholds import ThresholdFailure, thresholds
+
+    parts = {"aggregation": aggregation, "round": simulated_round, "assignment": assignment,
+             "thresholds": thresholds}
     out: dict[str, Any] = {"gpu": name, "quick": args.quick, "cpu_threads": torch.get_num_threads()}
     try:
         for part in args.parts.split(","):
             out.update(parts[part](args, gpu))
-    except BenchFailure as e:
+    except (BenchFailure, ThresholdFailure) as e:
         print(f"gpu.py: {e}", file=sys.stderr)
         return 1
     print(json.dumps(out))
