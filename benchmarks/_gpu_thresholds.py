@@ -28,11 +28,12 @@ class ThresholdFailure(RuntimeError):
     """The card's result differed from the CPU's: no threshold is reported."""
 
 
-def _best(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+def _best(repeats: int, fn: Callable[..., Any], *args: Any, **kw: Any) -> tuple[float, Any]:
+    """The best of ``repeats`` timings of ``fn(*args, **kw)``, and its result."""
     best, out = float("inf"), None
     for _ in range(repeats):
         t0 = time.perf_counter()
-        out = fn()
+        out = fn(*args, **kw)
         best = min(best, time.perf_counter() - t0)
     return best, out
 
@@ -60,8 +61,8 @@ def pdist_rows(card: str, quick: bool, repeats: int) -> dict[str, Any]:
     for n in sizes:
         packed = _sketches(n, n)
         for clip in (None, 20):
-            c, a = _best(lambda: sketch_pdist(packed, 200, clip, device="cpu"), repeats)
-            g, b = _best(lambda: sketch_pdist(packed, 200, clip, device=card), repeats)
+            c, a = _best(repeats, sketch_pdist, packed, 200, clip, device="cpu")
+            g, b = _best(repeats, sketch_pdist, packed, 200, clip, device=card)
             if not np.array_equal(a, b):
                 raise ThresholdFailure(f"pdist of {n} sketches (block {clip}) on {card} differs from numpy's")
             if clip is None:
@@ -80,8 +81,8 @@ def assign_rows(card: str, quick: bool, repeats: int) -> dict[str, Any]:
     cpu_s, card_s = [], []
     for n in sizes:
         packed = _sketches(n, n)
-        c, a = _best(lambda: nearest_centroids(packed, 200, centroids, device="cpu"), repeats)
-        g, b = _best(lambda: nearest_centroids(packed, 200, centroids, device=card), repeats)
+        c, a = _best(repeats, nearest_centroids, packed, 200, centroids, device="cpu")
+        g, b = _best(repeats, nearest_centroids, packed, 200, centroids, device=card)
         if not np.array_equal(a, b):
             raise ThresholdFailure(f"{n} sketches assigned on {card}: labels other than numpy's")
         cpu_s.append(c), card_s.append(g)
@@ -99,7 +100,7 @@ def aggregate_bytes(card: str, quick: bool, repeats: int) -> dict[str, Any]:
         rng = np.random.default_rng(nbytes)
         updates = [{"w": rng.standard_normal(nbytes // 4, dtype=np.float32)} for _ in range(8)]
 
-        def run(agg: StreamingFedAvg) -> StreamingFedAvg:
+        def run(agg: StreamingFedAvg, updates: list[dict[str, np.ndarray]]) -> StreamingFedAvg:
             agg.reset()
             for u in updates:
                 agg.add(u, 3)
@@ -110,9 +111,9 @@ def aggregate_bytes(card: str, quick: bool, repeats: int) -> dict[str, Any]:
 
         numpy_agg = StreamingFedAvg(updates[0], device="cpu", kernels="numpy")
         staged = StreamingFedAvg(updates[0], device=device, kernels="staged")
-        run(staged)  # warm up: the slots, the first kernels
-        c, _ = _best(lambda: run(numpy_agg), repeats)
-        g, _ = _best(lambda: run(staged), repeats)
+        run(staged, updates)  # warm up: the slots, the first kernels
+        c, _ = _best(repeats, run, numpy_agg, updates)
+        g, _ = _best(repeats, run, staged, updates)
         cpu_s.append(c / len(updates)), card_s.append(g / len(updates))
     return {"sizes": sizes, "cpu_s": cpu_s, "card_s": card_s}
 
