@@ -284,7 +284,7 @@ def test_compression_refuses_bad_values_and_meta():
 
 def test_the_package_exports_the_agreed_names():
     assert compress.__all__ == sorted(compress.__all__) == [
-        "Compression", "ErrorFeedback", "Method", "Step", "apply_catchup", "apply_steps", "catchup_body",
+        "Compression", "ErrorFeedback", "Method", "Step", "add_change", "apply_catchup", "apply_steps", "catchup_body",
         "catchup_size", "chain_body", "decode_delta", "encode_delta", "keep_count", "parse_chain"]
     assert [m.value for m in Method] == ["none", "int8", "topk", "stc", "sign", "int4", "rsign", "rint2", "rtern"]
 
