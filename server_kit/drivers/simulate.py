@@ -271,6 +271,12 @@ class Simulator:
         result.drift_bytes += ledger.total() - before
         return report
 
+    def _evaluator(self, device: str) -> Callable[[Strategy, Sequence[str]], tuple[float, dict[str, float]]]:
+        """A round's evaluation: on a GPU each model once over its devices' test images, resident there."""
+        if device == "cuda":
+            return DeviceEvaluation(self.workers, device).mean_accuracy
+        return lambda s, cids: mean_accuracy(self.workers, s, cids)
+
     def run(self, rounds: int, *, stop: Callable[[Strategy, RoundRecord], bool] | None = None) -> SimulationResult:
         """Sketch (if the strategy asks), then train ``rounds`` rounds; score the final clusters.
 
@@ -319,8 +325,7 @@ class Simulator:
         cids = sorted(self.workers)
         intake = RecordedIntake()
         trainer = RoundTraining(self.workers, device=self.device, batched=self.batched)
-        # on a GPU the test images stay there and each model is evaluated once for all its devices
-        evaluation = DeviceEvaluation(self.workers, trainer.device) if trainer.device == "cuda" else None
+        evaluate = self._evaluator(trainer.device)
         port = SimulatedPort(intake, cids, count_tasks=lambda tasks: self._count_tasks(ledger, tasks),
                              train_round=lambda tasks: [self._uplink(t, u, ledger)
                                                         for t, u in zip(tasks, trainer.train(tasks))])
@@ -331,9 +336,7 @@ class Simulator:
             tr = time.perf_counter()
             drift = self._drift_step(rnd, s, ledger, result)
             report = training.run(rnd, cids, drift=None if drift is None else drift.summary())
-            tasked = [t.cid for t in port.tasks]
-            acc, per = (evaluation.mean_accuracy(s, tasked) if evaluation is not None
-                        else mean_accuracy(self.workers, s, tasked))
+            acc, per = evaluate(s, [t.cid for t in port.tasks])
             record = RoundRecord(report, acc, per, time.perf_counter() - tr, ledger.total())
             result.rounds.append(record)
             if hasattr(bar, "set_postfix"):
