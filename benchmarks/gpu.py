@@ -86,21 +86,8 @@ def aggregate_ms(updates: list[tuple[dict[str, np.ndarray], int]], device: str |
     """
     from server_kit.aggregate import StreamingFedAvg, fedavg
 
-    template = updates[0][0]
-    agg = StreamingFedAvg(template, device=device, kernels=kernels)
-    for w, n in updates[:2]:  # warm up: allocations, the first CUDA kernels
-        agg.add(w, n)
-    agg.settle()
-    best = float("inf")
-    for _ in range(repeats):
-        agg.reset()
-        t0 = time.perf_counter()
-        for w, n in updates:
-            agg.add(w, n)
-        refused = agg.settle()
-        best = min(best, time.perf_counter() - t0)
-        if refused or agg.count != len(updates):
-            raise BenchFailure(f"{device}/{kernels}: {agg.count} of {len(updates)} updates summed, refused {refused}")
+    agg = StreamingFedAvg(updates[0][0], device=device, kernels=kernels)
+    best = timed_passes(agg, updates, lambda a, w, n: a.add(w, n), repeats, f"{device}/{kernels}")
     got, ref = agg.result(), fedavg(updates)
     bound = 4 * len(updates) * F32_BOUND
     for k, v in ref.items():
@@ -110,6 +97,24 @@ def aggregate_ms(updates: list[tuple[dict[str, np.ndarray], int]], device: str |
                 raise BenchFailure(f"{device}/{kernels}: {k} differs from the float64 reference by {err:.2e} "
                                    f"(bound {bound:.2e})")
     return 1000.0 * best / len(updates)
+
+
+def timed_passes(agg: Any, items: list[tuple[Any, int]], add: Any, repeats: int, label: str) -> float:
+    """Best seconds of ``add(agg, item, n)`` for every item then ``settle()``, after a warm-up; every item counted."""
+    for item, n in items[:2]:  # warm up: allocations, index maps, the first CUDA kernels
+        add(agg, item, n)
+    agg.settle()
+    best = float("inf")
+    for _ in range(repeats):
+        agg.reset()
+        t0 = time.perf_counter()
+        for item, n in items:
+            add(agg, item, n)
+        refused = agg.settle()
+        best = min(best, time.perf_counter() - t0)
+        if refused or agg.count != len(items):
+            raise BenchFailure(f"{label}: {agg.count} of {len(items)} updates summed, refused {refused}")
+    return best
 
 
 def coded_updates(updates: list[tuple[dict[str, np.ndarray], int]], method: str
@@ -149,19 +154,7 @@ def aggregate_coded_ms(base: dict[str, np.ndarray], bodies: list[tuple[bytes, in
             agg.add(with_delta(base, decode_delta(body, spec, m)), n)
 
     agg = StreamingFedAvg(base, device=device, kernels="staged")
-    for body, n in bodies[:2]:  # warm up: allocations, the layout's index maps, the first kernels
-        one(agg, body, n)
-    agg.settle()
-    best = float("inf")
-    for _ in range(repeats):
-        agg.reset()
-        t0 = time.perf_counter()
-        for body, n in bodies:
-            one(agg, body, n)
-        refused = agg.settle()
-        best = min(best, time.perf_counter() - t0)
-        if refused or agg.count != len(bodies):
-            raise BenchFailure(f"{method} on {device}: {agg.count} of {len(bodies)} updates summed, refused {refused}")
+    best = timed_passes(agg, bodies, one, repeats, f"{method} on {device}")
     ref = StreamingFedAvg(base, device=device, kernels="staged")
     for body, n in bodies:
         ref.add(with_delta(base, decode_delta(body, spec, m)), n)
