@@ -301,7 +301,9 @@ class StreamingFedAvg:
         integer counters, they are decoded on the host
         (:func:`~edge_sdk.compress.frames.frame_values` and
         :func:`~edge_sdk.compress.add_change`, where a bad code raises
-        ``ProtocolError``) and added as :meth:`add` adds.
+        ``ProtocolError``) and added as :meth:`add` adds. ``base`` is copied to
+        the device once per base object: it must not change in place while
+        updates from it are being added.
         """
         from edge_sdk.compress.codec import add_change
         from edge_sdk.compress.frames import frame_values
