@@ -128,6 +128,13 @@ def main(argv=None) -> int:
     if bad or not seeds or min(args.clients, args.train, args.test, args.rounds, args.epochs, args.jobs) < 1:
         ap.error(f"--combos are up/down pairs, got {bad}" if bad else
                  "--seeds, --clients, --train, --test, --rounds, --epochs and --jobs must be positive")
+    from edge_sdk.compress import Compression
+
+    for c in combos:
+        try:
+            [Compression.parse(x) for x in c.split("/")]
+        except ValueError as e:
+            ap.error(f"--combos {c}: {e}")
     if not Path(args.data).is_dir():
         print(f"MNIST not found in {args.data}: pass --data DIR", file=sys.stderr)
         return 2
