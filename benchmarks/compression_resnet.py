@@ -129,10 +129,11 @@ def main(argv=None) -> int:
         ap.error(f"--combos are up/down pairs, got {bad}" if bad else
                  "--seeds, --clients, --train, --test, --rounds, --epochs and --jobs must be positive")
     from edge_sdk.compress import Compression
+    from edge_sdk.compress.update_codec import check_compression_pair
 
     for c in combos:
         try:
-            [Compression.parse(x) for x in c.split("/")]
+            check_compression_pair(*(Compression.parse(x) for x in c.split("/")), "compression_resnet.py")
         except ValueError as e:
             ap.error(f"--combos {c}: {e}")
     if not Path(args.data).is_dir():
