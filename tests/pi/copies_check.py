@@ -3,7 +3,7 @@
 Run on the x86 host and on the emulated Pi (tests/pi/copies.sh diffs the two outputs): numpy only (no
 torch), the server's :class:`server_kit.downstream.ModelVersions` and the devices'
 :class:`edge_sdk.models.held_models.ModelStore`, 6 rounds of exact float32 changes drawn with the portable
-generator. Device "a" gets every round, "b" every third (chains and merged catch-ups), "c" only the
+generator (and 12 more batches a round on a BatchNorm counter, an integer tensor). Device "a" gets every round, "b" every third (chains and merged catch-ups), "c" only the
 last (its first model free, then current). Exits 1 when a device's copy differs from the server's.
 """
 
@@ -20,6 +20,8 @@ from edge_sdk.protocol import SERVER_ID, Kind, Message
 from server_kit.downstream import ModelVersions
 
 SPEC = {"conv.weight": ((6, 1, 5, 5), "float32"), "conv.bias": ((6,), "float32"),
+        "bn.running_mean": ((6,), "float32"), "bn.running_var": ((6,), "float32"),
+        "bn.num_batches_tracked": ((), "int64"),  # an integer counter: its change rounded, kept integer
         "fc.weight": ((10, 600), "float32"), "fc.bias": ((10,), "float32")}
 CODECS = ("int8", "int4", "sign", "rsign", "rtern", "rint2", "topk:0.05", "stc:0.05")
 ROUNDS = 6
@@ -29,6 +31,9 @@ def trained(weights: dict[str, np.ndarray], rnd: int) -> dict[str, np.ndarray]:
     """A round's aggregate: each entry moved by up to 0.01, drawn portably (exact float32 steps)."""
     out = {}
     for i, (name, w) in enumerate(sorted(weights.items())):
+        if w.dtype.kind == "i":  # a counter: 12 batches a round
+            out[name] = w + np.int64(12)
+            continue
         u = portable_uniform(1000 + rnd, i, w.size).reshape(w.shape)
         out[name] = w + (u * np.float32(0.02) - np.float32(0.01))
     return out
