@@ -42,7 +42,7 @@ from ..models.model_checks import check_data, check_weights
 from .torch_support import build_classifier, import_torch, using_threads
 from .trainer import TrainResult, _check_settings, _finished
 
-__all__ = ["ClientJob", "architecture_batchable", "batchable", "train_local_batched"]
+__all__ = ["ClientJob", "ResidentData", "architecture_batchable", "batchable", "train_local_batched"]
 
 _BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, which train_local uses
 _EPS = 1e-8
@@ -56,6 +56,30 @@ class ClientJob:
     x: np.ndarray
     y: np.ndarray
     seed: Optional[int] = None
+    #: The client's name in a :class:`ResidentData` (None: its data is copied to the device for this call).
+    key: Optional[str] = None
+
+
+class ResidentData:
+    """Each client's checked samples and labels kept on one torch device across calls (a simulator's whole run).
+
+    A client's copy is made on first use and again only when its arrays are
+    replaced (new data); :func:`train_local_batched` then concatenates the
+    copies there instead of copying the round's data from the host.
+    """
+
+    def __init__(self, device: str) -> None:
+        self.device = import_torch().device(device)
+        self._held: dict[str, tuple[Any, Any, np.ndarray, np.ndarray]] = {}
+
+    def get(self, key: str, info: Any, x: np.ndarray, y: np.ndarray) -> tuple[Any, Any]:
+        """``key``'s samples and labels on the device (checked as ``train_local`` checks them)."""
+        torch = import_torch()
+        held = self._held.get(key)
+        if held is None or held[2] is not x or held[3] is not y:
+            xa, ya = check_data(info, x, y)
+            held = self._held[key] = (torch.from_numpy(xa).to(self.device), torch.from_numpy(ya).to(self.device), x, y)
+        return held[0], held[1]
 
 
 def batchable(model: Any) -> bool:
@@ -182,13 +206,15 @@ def train_local_batched(
     optimizer: str = "adam",
     device: str = "cpu",
     threads: Optional[int] = None,
+    resident: Optional[ResidentData] = None,
 ) -> list[TrainResult]:
     """Train several clients' copies of one architecture together; one result per job, in order.
 
     Each result is what ``train_local(architecture, job.weights, job.x,
     job.y, epochs=, lr=, batch_size=, optimizer=, seed=job.seed)`` returns,
     within float tolerance (the module docstring says how); ``seconds`` is
-    the batch's time shared equally among its clients.
+    the batch's time shared equally among its clients. With ``resident`` (on
+    ``device``), the jobs that name a ``key`` take their data from it.
 
     Raises
     ------
@@ -209,14 +235,17 @@ def train_local_batched(
                          "its clients train one at a time (train_local)")
     dev = torch.device(device)
     weights = [check_weights(info, j.weights) for j in jobs]
-    data = [check_data(info, j.x, j.y) for j in jobs]
+    if resident is not None and resident.device != dev:
+        raise ValueError(f"resident data on {resident.device}, training on {dev}")
+    data = [resident.get(j.key, info, j.x, j.y) if resident is not None and j.key is not None
+            else tuple(torch.from_numpy(a) for a in check_data(info, j.x, j.y)) for j in jobs]
     seeds = [int(j.seed) if j.seed is not None else int(torch.seed() % (1 << 63)) for j in jobs]
-    sizes = [xa.shape[0] for xa, _ in data]
+    sizes = [int(xa.shape[0]) for xa, _ in data]
     t0 = time.perf_counter()
     with using_threads(torch, threads):
         plan = _plan(torch, sizes, seeds, n_epochs, bs)
-        x = torch.from_numpy(np.concatenate([xa for xa, _ in data])).to(dev)
-        y = torch.from_numpy(np.concatenate([ya for _, ya in data])).to(dev)
+        x = torch.cat([xa.to(dev) for xa, _ in data])
+        y = torch.cat([ya.to(dev) for _, ya in data])
         params = {k: torch.from_numpy(np.stack([w[k] for w in weights])).to(dev)
                   for k, _ in model.named_parameters()}
         model.to(dev).train()

@@ -91,3 +91,21 @@ def test_the_device_choice_is_checked():
         with pytest.raises(ValueError, match="device 'cuda' asked but torch sees no CUDA device"):
             RoundTraining({}, device="cuda")
         assert (RoundTraining({}, device="auto").device, RoundTraining({}).batched) == ("cpu", False)
+
+
+def test_data_kept_on_the_device_for_the_run_trains_the_same_bits_and_follows_new_data(digits12):
+    workers = {c.cid: LocalWorker(c.cid, c.x_train, c.y_train, architecture=ARCH, seed=i)
+               for i, c in enumerate(digits12[:4])}
+    w0 = initial_weights(ARCH, 3)
+    settings = TrainSettings(epochs=1, lr=0.01, batch_size=16)
+    copied = RoundTraining(workers, device="cpu", batched=True, resident=False)
+    kept = RoundTraining(workers, device="cpu", batched=True, resident=True)
+    assert copied._resident is None and kept._resident is not None
+    for rnd in (1, 2):
+        tasks = [Task(cid, rnd, {"c0": w0}, settings) for cid in sorted(workers)]
+        a, b = copied.train(tasks), kept.train(tasks)
+        assert all(x.weights[k].tobytes() == y.weights[k].tobytes() for x, y in zip(a, b) for k in x.weights)
+        if rnd == 1:  # a device's data replaced between rounds: its new samples are what trains
+            w = workers[sorted(workers)[0]]
+            w.replace_data(w.x[:20], w.y[:20])
+    assert b[0].n_samples == 20
