@@ -89,6 +89,17 @@ def assign_rows(card: str, quick: bool, repeats: int) -> dict[str, Any]:
     return {"sizes": sizes, "cpu_s": cpu_s, "card_s": card_s}
 
 
+def _sum_all(agg: Any, updates: list[dict[str, np.ndarray]]) -> Any:
+    """Every update added (weight 3) and settled; every one must be counted."""
+    agg.reset()
+    for u in updates:
+        agg.add(u, 3)
+    agg.settle()
+    if agg.count != len(updates):
+        raise ThresholdFailure(f"{agg.count} of {len(updates)} updates summed")
+    return agg
+
+
 def aggregate_bytes(card: str, quick: bool, repeats: int) -> dict[str, Any]:
     """Per update, a model of one float32 tensor of each size: numpy against the staged path on the card."""
     from server_kit.aggregate import StreamingFedAvg
@@ -100,20 +111,11 @@ def aggregate_bytes(card: str, quick: bool, repeats: int) -> dict[str, Any]:
         rng = np.random.default_rng(nbytes)
         updates = [{"w": rng.standard_normal(nbytes // 4, dtype=np.float32)} for _ in range(8)]
 
-        def run(agg: StreamingFedAvg, updates: list[dict[str, np.ndarray]]) -> StreamingFedAvg:
-            agg.reset()
-            for u in updates:
-                agg.add(u, 3)
-            agg.settle()
-            if agg.count != len(updates):
-                raise ThresholdFailure(f"{agg.count} of {len(updates)} updates summed")
-            return agg
-
         numpy_agg = StreamingFedAvg(updates[0], device="cpu", kernels="numpy")
         staged = StreamingFedAvg(updates[0], device=device, kernels="staged")
-        run(staged, updates)  # warm up: the slots, the first kernels
-        c, _ = _best(repeats, run, numpy_agg, updates)
-        g, _ = _best(repeats, run, staged, updates)
+        _sum_all(staged, updates)  # warm up: the slots, the first kernels
+        c, _ = _best(repeats, _sum_all, numpy_agg, updates)
+        g, _ = _best(repeats, _sum_all, staged, updates)
         cpu_s.append(c / len(updates)), card_s.append(g / len(updates))
     return {"sizes": sizes, "cpu_s": cpu_s, "card_s": card_s}
 

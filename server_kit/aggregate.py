@@ -51,6 +51,7 @@ from .staging import StagedSum
 if TYPE_CHECKING:
     import torch
 
+    from edge_sdk.compress.codec import Method
     from edge_sdk.compress.frames import Frame
 
 __all__ = [
@@ -288,7 +289,7 @@ class StreamingFedAvg:
         self._count += 1
         self._total += n
 
-    def add_coded(self, frames: Sequence[Frame], method: Any, base: Weights, n_samples: int, *,
+    def add_coded(self, frames: Sequence[Frame], method: Method | str, base: Weights, n_samples: int, *,
                   tag: object = None) -> None:
         """Add a compressed update, ``base`` plus its decoded change, decoding it where the sums live.
 
@@ -305,9 +306,10 @@ class StreamingFedAvg:
         the device once per base object: it must not change in place while
         updates from it are being added.
         """
-        from edge_sdk.compress.codec import add_change
+        from edge_sdk.compress.codec import Method, add_change
         from edge_sdk.compress.frames import frame_values
 
+        method = Method(method)
         by = {f.name: f for f in frames}
         for name, (shape, _, _) in self._spec.items():
             if name not in by or by[name].shape != shape:

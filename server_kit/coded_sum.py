@@ -78,7 +78,7 @@ class CodedLayout:
             per = BLOCK if int4 else max(n, 1)
             scale_index[entry_at[t]:entry_at[t + 1]] = self.scale_at[t] + np.arange(n, dtype=np.int64) // per
         self._scale_index = torch.from_numpy(scale_index).to(device)
-        self._nibble_index = self._pads = None
+        self._nibble_index = self._pads = self._pad_last = None
         if int4:  # entry -> nibble in the slot's nibble stream; a tensor of odd size ends with a padding nibble
             nib = np.empty(self.size, dtype=np.int64)
             for t, n in enumerate(self.sizes):

@@ -17,8 +17,9 @@ that change, and the steps travel as one chain body, little-endian::
 
 The steps are consecutive (each base is the previous step's version) and the chain ends exactly
 after the last; a chain has at least one step. :func:`apply_steps` adds each decoded change to the
-held tensors with ``np.add`` in float32 (:func:`~.codec.add_change`; integer counters rounded); the sender builds each version the same way (it can call
-:func:`apply_steps` itself) so that both sides hold the same bits.
+held tensors with ``np.add`` in float32 (:func:`~.codec.add_change`; integer counters rounded); the
+sender builds each version the same way (it can call :func:`apply_steps` itself) so that both sides
+hold the same bits.
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ compare them on the CPU).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
+from edge_sdk.training.batched_train import ResidentData
 from edge_sdk.worker import LocalWorker
 
 from ..strategies.base import Strategy
@@ -67,21 +67,8 @@ class DeviceEvaluation:
         self._model, self._info = build_classifier(self.architecture)
         self._model.to(self.device).eval()
         self.workers = workers
-        # each device's test images and labels on the device, and the arrays they came from (new data: new copies)
-        self._held: dict[str, tuple[Any, Any, Any, Any]] = {}
-
-    def _data(self, cid: str) -> tuple[Any, Any]:
-        import torch
-
-        from edge_sdk.models.model_checks import check_data
-
-        w = self.workers[cid]
-        held = self._held.get(cid)
-        if held is None or held[2] is not w.x_test or held[3] is not w.y_test:
-            xa, ya = check_data(self._info, w.x_test, w.y_test)
-            held = self._held[cid] = (torch.from_numpy(xa).to(self.device), torch.from_numpy(ya).to(self.device),
-                                      w.x_test, w.y_test)
-        return held[0], held[1]
+        # each device's test images and labels on the device for the run (new data: new copies)
+        self._resident = ResidentData(device)
 
     def accuracies(self, weights: Mapping[str, np.ndarray], cids: Sequence[str]) -> dict[str, float]:
         """Each of ``cids``' accuracy of ``weights`` on its test images (one model, their images together)."""
@@ -91,7 +78,7 @@ class DeviceEvaluation:
 
         w = check_weights(self._info, weights)
         self._model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in w.items()}, strict=True)
-        data = [self._data(c) for c in cids]
+        data = [self._resident.get(c, self._info, self.workers[c].x_test, self.workers[c].y_test) for c in cids]
         x, y = torch.cat([d[0] for d in data]), torch.cat([d[1] for d in data])
         with torch.no_grad():
             right = torch.cat([self._model(x[i:i + self.batch_size]).argmax(dim=1) == y[i:i + self.batch_size]

@@ -25,8 +25,8 @@ import numpy as np
 from edge_sdk.protocol import Message, Topics
 from edge_sdk.rejections import RejectionLog
 
-from ..privacy.record import SecureSettings, privacy_record
-from ..privacy.secure_sum import SecureSums
+from ..privacy.record import privacy_record
+from ..privacy.secure_sum import SecureSettings, SecureSums
 from ..rounds.pace import Pace
 from ..rounds.training import TrainingRound
 from ..serving.service import ModelService

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .secure_sum import SecureSettings
 from .sketch_report import sketch_privacy
 
-__all__ = ["SecureSettings", "privacy_record"]
+__all__ = ["privacy_record"]
 
 
 def privacy_record(strategy: Any, intake: Any, flip_prob: float, num_classes: int, latent: int | None
