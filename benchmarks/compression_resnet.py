@@ -154,8 +154,8 @@ def main(argv=None) -> int:
         "rounds_to_target": {c: [r["rounds_to_target"] for r in v] for c, v in rows.items()},
         "bytes_over_none": {c: round(float(np.mean([n["total_bytes"] / r["total_bytes"] for n, r in zip(none, v)])), 2)
                             for c, v in rows.items()},
-        "default_acc_minus_none": round(-float(np.mean(drops)), 4),
-        "default_worst_seed_drop": round(float(max(drops)), 4),
+        "default_acc_minus_none": round(-float(np.mean(drops)), 4) + 0.0,  # no -0.0
+        "default_worst_seed_drop": round(float(max(drops)), 4) + 0.0,
         "default_in_none_rounds": all(n["rounds_to_target"] is None or (d["rounds_to_target"] is not None and
                                                                         d["rounds_to_target"] <= n["rounds_to_target"])
                                       for n, d in zip(none, dflt)),
