@@ -170,7 +170,7 @@ def main(argv=None) -> int:
         print(f"{c:14s} {summary['final_acc'][c]:22.4f} {str(summary['rounds_to_target'][c]):>18s} "
               f"{summary['bytes_over_none'][c]:11.2f}x")
     print(f"default {default}: {summary['default_acc_minus_none'] * 100:+.2f} points against whole models "
-          f"(worst seed {-summary['default_worst_seed_drop'] * 100:+.2f}), in none's rounds on every seed: "
+          f"(worst seed {0.0 - summary['default_worst_seed_drop'] * 100:+.2f}), in none's rounds on every seed: "
           f"{summary['default_in_none_rounds']}; report {out}/results.json")
     print(json.dumps(summary))
     return 0
