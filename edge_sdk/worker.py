@@ -26,7 +26,7 @@ from .tasks import Task, Update, Weights
 if TYPE_CHECKING:
     from .training.trainer import TrainResult
 
-__all__ = ["FitPlan", "LocalWorker"]
+__all__ = ["FitAsk", "FitPlan", "LocalWorker", "lowest_loss"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,29 @@ class FitPlan:
     key: str
     seed: int | None
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FitAsk:
+    """What a training task needs evaluated before it trains; whoever holds the models may answer it.
+
+    A device answers its own (:meth:`LocalWorker.plan_asked`); a simulator on
+    a GPU answers a round's at once, each model run once over the rows of
+    every device it is offered to
+    (:class:`server_kit.drivers.sim_eval.DeviceEvaluation`).
+    """
+
+    #: Rows of the local training data the offered models' losses are compared on (IFCA); None: one model offered.
+    rows: np.ndarray | None
+    #: Whether the chosen model is evaluated on the local test data before training.
+    evaluate_first: bool
+    #: The task's shuffling seed.
+    seed: int | None
+
+
+def lowest_loss(losses: Mapping[str, float]) -> str:
+    """The key of the lowest loss; of equal losses, the first key in sorted order."""
+    return min(sorted(losses), key=lambda k: losses[k])
 
 
 class LocalWorker:
@@ -134,31 +157,49 @@ class LocalWorker:
 
     def select(self, models: Mapping[str, Weights], batch_size: int) -> str:
         """Key of the model with the lowest loss on one local batch (IFCA)."""
+        rows = self._selection_rows(len(models), batch_size)
+        return next(iter(models)) if rows is None else self._choose(models, rows)
+
+    def _selection_rows(self, offered: int, batch_size: int) -> np.ndarray | None:
+        """The rows a choice among ``offered`` models is made on (None: nothing to choose)."""
+        if offered == 1:
+            return None
+        rng = np.random.default_rng(None if self.seed is None else self.seed + 7919 * self._calls)
+        return rng.choice(len(self.y), size=min(batch_size, len(self.y)), replace=False)
+
+    def _choose(self, models: Mapping[str, Weights], rows: np.ndarray) -> str:
         from .training.trainer import evaluate
 
-        if len(models) == 1:
-            return next(iter(models))
-        rng = np.random.default_rng(None if self.seed is None else self.seed + 7919 * self._calls)
-        idx = rng.choice(len(self.y), size=min(batch_size, len(self.y)), replace=False)
         onnx = self.selection == "onnx"
-        losses = {k: evaluate(self.architecture, w, self.x[idx], self.y[idx], force_onnx=onnx).loss
+        losses = {k: evaluate(self.architecture, w, self.x[rows], self.y[rows], force_onnx=onnx).loss
                   for k, w in models.items()}
-        best = min(sorted(losses), key=lambda k: losses[k])
+        best = lowest_loss(losses)
         log.debug("client %s selects %s from losses %s", self.cid, best, losses)
         return best
 
-    def plan_fit(self, task: Task) -> FitPlan:
-        """What a training task trains before it trains: the model chosen (IFCA), its evaluation, the seed."""
+    def ask_fit(self, task: Task) -> FitAsk:
+        """What ``task`` needs evaluated before it trains (the rows to choose on, the evaluation, the seed)."""
         if not task.models:
             raise ValueError(f"task for {self.cid!r} in round {task.round} offers no model")
         self._calls += 1
-        metrics: dict[str, float] = {}
-        key = self.select(task.models, task.settings.batch_size)
-        if task.evaluate_first:
-            ev = self.evaluate(task.models[key])
-            metrics.update({"acc_before": ev["accuracy"], "loss_before": ev["loss"]})
         seed = None if self.seed is None else self.seed * 100_003 + task.round
-        return FitPlan(key, seed, metrics)
+        return FitAsk(self._selection_rows(len(task.models), task.settings.batch_size), task.evaluate_first, seed)
+
+    def plan_asked(self, task: Task, ask: FitAsk) -> FitPlan:
+        """``ask`` answered here: the model chosen on its rows, evaluated first if asked."""
+        key = next(iter(task.models)) if ask.rows is None else self._choose(task.models, ask.rows)
+        return self.planned(ask, key, self.evaluate(task.models[key]) if ask.evaluate_first else None)
+
+    @staticmethod
+    def planned(ask: FitAsk, key: str, before: Mapping[str, float] | None) -> FitPlan:
+        """The plan of an answered ``ask``: the model ``key`` chosen, ``before`` its evaluation (if asked)."""
+        metrics = {} if before is None else {"acc_before": float(before["accuracy"]),
+                                             "loss_before": float(before["loss"])}
+        return FitPlan(key, ask.seed, metrics)
+
+    def plan_fit(self, task: Task) -> FitPlan:
+        """What a training task trains before it trains: the model chosen (IFCA), its evaluation, the seed."""
+        return self.plan_asked(task, self.ask_fit(task))
 
     def fitted(self, task: Task, plan: FitPlan, res: TrainResult) -> Update:
         """The update of a task trained as ``plan`` says, from its training's result."""

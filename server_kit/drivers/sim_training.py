@@ -4,7 +4,10 @@
 :class:`~server_kit.drivers.sim_round.SimulatedPort` calls for a round's tasks.
 Each device first makes its choices as it would alone
 (:meth:`edge_sdk.worker.LocalWorker.plan_fit`: the model it picks, its
-evaluation, its seed). Then, batched, the tasks that share an architecture and
+evaluation, its seed); given a :class:`~server_kit.drivers.sim_eval.DeviceEvaluation`
+(the simulator's on a GPU), the batched devices' choices and evaluations are
+made there instead, for the whole round at once
+(:meth:`~server_kit.drivers.sim_eval.DeviceEvaluation.plans`). Then, batched, the tasks that share an architecture and
 settings train together (:func:`edge_sdk.training.batched_train.train_local_batched`,
 in chunks of ``chunk`` clients) and each device makes its update from its part
 (:meth:`~edge_sdk.worker.LocalWorker.fitted`); one by one, each device trains
@@ -27,9 +30,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from edge_sdk.tasks import Task, TrainSettings, Update
-from edge_sdk.worker import FitPlan, LocalWorker
+from edge_sdk.worker import FitAsk, FitPlan, LocalWorker
+
+if TYPE_CHECKING:
+    from .sim_eval import DeviceEvaluation
 
 __all__ = ["CPU_CHUNK", "GPU_CHUNK", "RoundTraining"]
 
@@ -59,10 +66,15 @@ class RoundTraining:
         Keep each batched client's data on the device for the whole run
         (:class:`~edge_sdk.training.batched_train.ResidentData`) instead of
         copying a round's data there every round; None (default): on a GPU.
+    evaluation : DeviceEvaluation, optional
+        Where the batched devices' choices (IFCA) and first evaluations are
+        made, all of a round's at once (its architecture's devices); None:
+        each device makes its own.
     """
 
     def __init__(self, workers: Mapping[str, LocalWorker], *, device: str = "auto", batched: bool | None = None,
-                 chunk: int | None = None, resident: bool | None = None) -> None:
+                 chunk: int | None = None, resident: bool | None = None,
+                 evaluation: DeviceEvaluation | None = None) -> None:
         from edge_sdk.training.torch_support import resolve_device
         from edge_sdk.validation import check_positive_int
 
@@ -71,6 +83,7 @@ class RoundTraining:
         self.batched = self.device == "cuda" if batched is None else bool(batched)
         default = GPU_CHUNK if self.device == "cuda" else CPU_CHUNK
         self.chunk = default if chunk is None else check_positive_int(chunk, "chunk")
+        self.evaluation = evaluation
         self._resident = None
         if self.batched and (self.device == "cuda" if resident is None else resident):
             from edge_sdk.training.batched_train import ResidentData
@@ -86,17 +99,24 @@ class RoundTraining:
     def train(self, tasks: Sequence[Task]) -> list[Update]:
         """Each task's update, in the order of ``tasks``."""
         out: list[Update | None] = [None] * len(tasks)
-        groups: dict[tuple[str, TrainSettings], list[tuple[int, FitPlan]]] = {}
+        groups: dict[tuple[str, TrainSettings], list[tuple[int, FitAsk]]] = {}
         for i, t in enumerate(tasks):
             w = self.workers[t.cid]
             if self._alone(w):
                 out[i] = w.fit(t, device=self.device)
             else:
-                groups.setdefault((w.architecture, t.settings), []).append((i, w.plan_fit(t)))
-        for (architecture, settings), members in groups.items():
+                groups.setdefault((w.architecture, t.settings), []).append((i, w.ask_fit(t)))
+        for (architecture, settings), asked in groups.items():
+            members = list(zip([i for i, _ in asked], self._plans(tasks, architecture, asked)))
             for start in range(0, len(members), self.chunk):
                 self._batch(tasks, architecture, settings, members[start : start + self.chunk], out)
         return [u for u in out if u is not None]
+
+    def _plans(self, tasks: Sequence[Task], architecture: str, asked: Sequence[tuple[int, FitAsk]]) -> list[FitPlan]:
+        """The plans of one architecture's batched tasks: answered by ``evaluation`` if it serves it, else each alone."""
+        if self.evaluation is not None and self.evaluation.architecture == architecture:
+            return self.evaluation.plans([(tasks[i], a) for i, a in asked], self._resident)
+        return [self.workers[tasks[i].cid].plan_asked(tasks[i], a) for i, a in asked]
 
     def _batch(self, tasks: Sequence[Task], architecture: str, settings: TrainSettings,
                members: Sequence[tuple[int, FitPlan]], out: list[Update | None]) -> None:

@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from edge_sdk.protocol import Kind, sketch_body
 from edge_sdk.protocol.commands import Op, build
 from edge_sdk.sketch import Sketch, Sketcher
 from edge_sdk.tasks import Task, Update
+from edge_sdk.training.torch_support import resolve_device
 from edge_sdk.worker import LocalWorker
 
 from ..data.partition import ClientData
@@ -271,11 +273,9 @@ class Simulator:
         result.drift_bytes += ledger.total() - before
         return report
 
-    def _evaluator(self, device: str) -> Callable[[Strategy, Sequence[str]], tuple[float, dict[str, float]]]:
-        """A round's evaluation: on a GPU each model once over its devices' test images, resident there."""
-        if device == "cuda":
-            return DeviceEvaluation(self.workers, device).mean_accuracy
-        return lambda s, cids: mean_accuracy(self.workers, s, cids)
+    def _evaluator(self, device: str) -> DeviceEvaluation | None:
+        """Where a GPU round's evaluations run: each model once over its devices' test images, resident there."""
+        return DeviceEvaluation(self.workers, device) if device == "cuda" else None
 
     def run(self, rounds: int, *, stop: Callable[[Strategy, RoundRecord], bool] | None = None) -> SimulationResult:
         """Sketch (if the strategy asks), then train ``rounds`` rounds; score the final clusters.
@@ -324,8 +324,9 @@ class Simulator:
         result.bytes_before_training = ledger.total()
         cids = sorted(self.workers)
         intake = RecordedIntake()
-        trainer = RoundTraining(self.workers, device=self.device, batched=self.batched)
-        evaluate = self._evaluator(trainer.device)
+        on_card = self._evaluator(resolve_device(self.device))
+        trainer = RoundTraining(self.workers, device=self.device, batched=self.batched, evaluation=on_card)
+        evaluate = on_card.mean_accuracy if on_card is not None else partial(mean_accuracy, self.workers)
         port = SimulatedPort(intake, cids, count_tasks=lambda tasks: self._count_tasks(ledger, tasks),
                              train_round=lambda tasks: [self._uplink(t, u, ledger)
                                                         for t, u in zip(tasks, trainer.train(tasks))])

@@ -109,3 +109,40 @@ def test_data_kept_on_the_device_for_the_run_trains_the_same_bits_and_follows_ne
             w = workers[sorted(workers)[0]]
             w.replace_data(w.x[:20], w.y[:20])
     assert b[0].n_samples == 20
+
+
+def test_ifca_choices_and_first_evaluations_made_on_one_device_are_each_devices_own(digits12):
+    """The GPU path's plans (each model once over every device's rows), run here on the CPU."""
+    from server_kit.drivers.sim_eval import DeviceEvaluation
+
+    def workers():
+        return {c.cid: LocalWorker(c.cid, c.x_train, c.y_train, c.x_test, c.y_test, architecture=ARCH, seed=i)
+                for i, c in enumerate(digits12)}
+
+    w0 = initial_weights(ARCH, 0)
+    groups = {c.cid: i % 4 for i, c in enumerate(digits12)}  # rotation 90 * (i mod 4)
+    models = {f"r{g}": train_local(ARCH, w0, np.concatenate([c.x_train for c in digits12 if groups[c.cid] == g]),
+                                   np.concatenate([c.y_train for c in digits12 if groups[c.cid] == g]),
+                                   epochs=4, lr=0.01, batch_size=16, seed=g).weights for g in range(4)}
+    settings = TrainSettings(epochs=1, lr=0.01, batch_size=16)
+    updates = {}
+    for how in ("alone", "one device"):
+        ws = workers()
+        evaluation = DeviceEvaluation(ws, "cpu", batch_size=40) if how == "one device" else None
+        training = RoundTraining(ws, device="cpu", batched=True, chunk=5, resident=True, evaluation=evaluation)
+        for rnd in (1, 2):  # the second round draws other rows (each device's call count)
+            tasks = [Task(cid, rnd, models, settings, evaluate_first=rnd == 1) for cid in sorted(ws)]
+            updates[how, rnd] = training.train(tasks)
+    for rnd in (1, 2):
+        alone, together = updates["alone", rnd], updates["one device", rnd]
+        assert [u.model_key for u in together] == [u.model_key for u in alone]
+        assert [u.model_key for u in alone] == [f"r{groups[u.cid]}" for u in alone]  # every device its rotation's
+        assert _max_diff(alone, together) <= 2e-4
+        assert ("acc_before" in alone[0].metrics) == (rnd == 1)
+        for a, b in zip(alone, together):
+            assert {k: v for k, v in a.metrics.items() if k != "train_seconds"}.keys() == \
+                {k: v for k, v in b.metrics.items() if k != "train_seconds"}.keys()
+            if rnd == 1:
+                assert b.metrics["acc_before"] == a.metrics["acc_before"]
+                assert b.metrics["loss_before"] == pytest.approx(a.metrics["loss_before"], rel=1e-6)
+    assert len({u.metrics["acc_before"] for u in updates["alone", 1]}) > 3  # the comparison is of different figures
