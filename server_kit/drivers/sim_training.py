@@ -70,11 +70,14 @@ class RoundTraining:
         Where the batched devices' choices (IFCA) and first evaluations are
         made, all of a round's at once (its architecture's devices); None:
         each device makes its own.
+    step : {"eager", "compile", "graphs"}
+        How the batched steps run (:class:`edge_sdk.training.batched_train.Step`).
     """
 
     def __init__(self, workers: Mapping[str, LocalWorker], *, device: str = "auto", batched: bool | None = None,
                  chunk: int | None = None, resident: bool | None = None,
-                 evaluation: DeviceEvaluation | None = None) -> None:
+                 evaluation: DeviceEvaluation | None = None, step: str = "eager") -> None:
+        from edge_sdk.training.batched_train import check_step
         from edge_sdk.training.torch_support import resolve_device
         from edge_sdk.validation import check_positive_int
 
@@ -84,6 +87,7 @@ class RoundTraining:
         default = GPU_CHUNK if self.device == "cuda" else CPU_CHUNK
         self.chunk = default if chunk is None else check_positive_int(chunk, "chunk")
         self.evaluation = evaluation
+        self.step = check_step(step)
         self._resident = None
         if self.batched and (self.device == "cuda" if resident is None else resident):
             from edge_sdk.training.batched_train import ResidentData
@@ -128,7 +132,7 @@ class RoundTraining:
             jobs.append(ClientJob(tasks[i].models[plan.key], w.x, w.y, plan.seed, key=tasks[i].cid))
         results = train_local_batched(architecture, jobs, epochs=settings.epochs, lr=settings.lr,
                                       batch_size=settings.batch_size, optimizer=settings.optimizer,
-                                      device=self.device, resident=self._resident)
+                                      device=self.device, resident=self._resident, step=self.step)
         for (i, plan), res in zip(members, results):
             out[i] = self.workers[tasks[i].cid].fitted(tasks[i], plan, res)
         log.debug("%s: %d clients trained in one batch on %s", architecture, len(members), self.device)

@@ -172,6 +172,9 @@ class Simulator:
         Train each round's tasks that share an architecture and settings
         together (:class:`~server_kit.drivers.sim_training.RoundTraining`);
         None: its default (batched on a GPU, one by one on the CPU).
+    step : {"eager", "compile", "graphs"}
+        How batched steps run (:class:`edge_sdk.training.batched_train.Step`;
+        default eager: compiling takes seconds per shape).
     """
 
     def __init__(
@@ -188,11 +191,12 @@ class Simulator:
         drift: Any = None,
         device: str = "cpu",
         batched: bool | None = None,
+        step: str = "eager",
     ) -> None:
         self.strategy = strategy
         #: Where the devices' training runs (``auto``, ``cpu``, ``cuda``), and whether a round's tasks train
         #: together (:class:`~server_kit.drivers.sim_training.RoundTraining`; None: its default).
-        self.device, self.batched = device, batched
+        self.device, self.batched, self.step = device, batched, step
         #: How the run's updates come up, chosen once (the strategy's compression is set at its creation).
         self.codec = update_codec(strategy.compress_up)
         self.drift = drift
@@ -325,7 +329,8 @@ class Simulator:
         cids = sorted(self.workers)
         intake = RecordedIntake()
         on_card = self._evaluator(resolve_device(self.device))
-        trainer = RoundTraining(self.workers, device=self.device, batched=self.batched, evaluation=on_card)
+        trainer = RoundTraining(self.workers, device=self.device, batched=self.batched, evaluation=on_card,
+                                step=self.step)
         evaluate = on_card.mean_accuracy if on_card is not None else partial(mean_accuracy, self.workers)
         port = SimulatedPort(intake, cids, count_tasks=lambda tasks: self._count_tasks(ledger, tasks),
                              train_round=lambda tasks: [self._uplink(t, u, ledger)

@@ -146,3 +146,17 @@ def test_ifca_choices_and_first_evaluations_made_on_one_device_are_each_devices_
                 assert b.metrics["acc_before"] == a.metrics["acc_before"]
                 assert b.metrics["loss_before"] == pytest.approx(a.metrics["loss_before"], rel=1e-6)
     assert len({u.metrics["acc_before"] for u in updates["alone", 1]}) > 3  # the comparison is of different figures
+
+
+def test_a_compiled_step_trains_the_models_of_the_eager_steps(jobs):
+    """``torch.compile`` of the whole step (forward, gradient, Adam), idle clients masked: the eager models."""
+    kw = dict(epochs=2, lr=0.01, batch_size=16, optimizer="adam")
+    eager = train_local_batched(ARCH, jobs, **kw)
+    compiled = train_local_batched(ARCH, jobs, step="compile", **kw)
+    assert _max_diff(eager, compiled) <= 2e-4
+    assert np.allclose([r.loss for r in compiled], [r.loss for r in eager], rtol=1e-5, atol=1e-6)
+    assert all(float(np.abs(r.weights["fc2.weight"] - jobs[0].weights["fc2.weight"]).max()) > 1e-3 for r in compiled)
+    with pytest.raises(ValueError, match="step must be one of eager, compile, graphs, got 'jit'"):
+        train_local_batched(ARCH, jobs, step="jit", **kw)
+    with pytest.raises(ValueError, match="step must be one of eager, compile, graphs, got 'fast'"):
+        RoundTraining({}, device="cpu", step="fast")
