@@ -32,7 +32,7 @@ def seed_list(text: str) -> list[int]:
 
 
 def add_device_options(ap: argparse.ArgumentParser) -> None:
-    """``--device`` (where simulated devices train) and ``--batched``/``--sequential`` (how a round's clients do)."""
+    """``--device`` (where simulated devices train), ``--batched``/``--sequential`` and ``--step`` (how a round's clients do)."""
     from server_kit.cli_options import device_name
 
     ap.add_argument("--device", type=device_name, default="auto",
@@ -42,3 +42,6 @@ def add_device_options(ap: argparse.ArgumentParser) -> None:
                      help="train a round's clients together (default on a GPU)")
     how.add_argument("--sequential", dest="batched", action="store_false",
                      help="train a round's clients one by one (default on the CPU)")
+    ap.add_argument("--step", choices=("eager", "compile", "graphs"), default="eager",
+                    help="how batched steps run: eager, compile (torch.compile, seconds per shape first) or graphs "
+                         "(compiled, replayed as CUDA graphs on a GPU) (default: eager)")

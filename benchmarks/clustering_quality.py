@@ -310,7 +310,7 @@ def run_one(label: str, spec: dict[str, Any], clients, aux, args, architecture: 
     rounds, stop = rounds_for(strategy, args)
     sim = Simulator(strategy, clients, architecture=architecture, encoder=encoder if strategy.capabilities.needs_sketches else None,
                     flip_prob=args.flip_prob, seed=args.seed, progress=False,
-                    device=args.device, batched=args.batched)
+                    device=args.device, batched=args.batched, step=args.step)
     res = sim.run(rounds, stop=stop)
     ran = res.rounds[-1].round if res.rounds else 0
     rnd = clustering_round(strategy, ran)

@@ -182,7 +182,7 @@ def train(args, clients) -> dict[str, Any]:
         strategy = make_strategy(args, name)
         sim = Simulator(strategy, clients, architecture=args.arch, encoder=OnnxEncoder(args.encoder),
                         flip_prob=args.flip_prob, seed=args.seed, progress=args.progress,
-                        device=args.device, batched=args.batched)
+                        device=args.device, batched=args.batched, step=args.step)
         res = sim.run(args.rounds)
         final = {c.cid: float(sim.workers[c.cid].evaluate(strategy.models[strategy.model_key_for(c.cid)])["accuracy"])
                  for c in clients}  # every training device, its final model, its own test shard

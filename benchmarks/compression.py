@@ -87,7 +87,7 @@ def run_one(label: str, seed: int, args) -> dict:
                                    **shared, **common)
         encoder = OnnxEncoder(args.encoder)
     res = Simulator(strategy, clients, architecture=arch, encoder=encoder, flip_prob=args.flip_prob,
-                    seed=seed, device=args.device, batched=args.batched).run(args.rounds, stop=lambda s, r: r.accuracy >= args.target)
+                    seed=seed, device=args.device, batched=args.batched, step=args.step).run(args.rounds, stop=lambda s, r: r.accuracy >= args.target)
     lost = [(r.report.round, r.report.tasked, r.report.updates) for r in res.rounds
             if r.report.updates != r.report.tasked]
     if lost:  # bytes to the target count only over rounds whose every update was summed

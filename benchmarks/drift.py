@@ -94,7 +94,8 @@ def run_method(name, args, clients, sched, arch, encoder) -> dict:
     t0 = time.perf_counter()
     s = make(name, args, arch)
     sim = Simulator(s, clients, architecture=arch, encoder=OnnxEncoder(encoder), flip_prob=args.flip_prob,
-                    seed=args.seed, drift=sched, device=args.device, batched=args.batched)
+                    seed=args.seed, drift=sched, device=args.device, batched=args.batched,
+                    step=args.step)
     drifted = set(sched.drifted())
     per_round = []
 

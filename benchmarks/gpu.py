@@ -15,7 +15,9 @@ Three questions, each answered by ratios measured in this one process:
 2. **A round of the paper's MNIST scenario.** 100 clients in 4 rotation groups (Dirichlet 10 label
    skew), 50 of them in the round, LeNet-5, 5 local epochs, batch 32, Adam 1e-3, all from one model:
    trained together on the GPU (:class:`server_kit.drivers.sim_training.RoundTraining`, batched),
-   one by one on the CPU (as the simulator trained before), and together on the CPU. Each order must
+   one by one on the CPU (as the simulator trained before), and together on the CPU; each batched order
+   with each way of running its steps (``--steps``: eager, ``torch.compile``, and on the GPU compiled and
+   replayed as CUDA graphs; a compiled order's first call, which compiles, is timed apart). Each order must
    return the 50 updates; the mean accuracy of the 50 trained models on their clients' test images
    is printed for each, so the orders can be seen to train the same models.
 3. **1,000,000 sketches assigned** to their nearest of 8 centroids (200 bits), on the GPU and with
@@ -247,7 +249,7 @@ def round_clients(args: argparse.Namespace) -> tuple[list[Any], str, str]:
 
 
 def one_round(clients: list[Any], arch: str, epochs: int, device: str, batched: bool,
-              seed: int, lr: float) -> tuple[float, float]:
+              seed: int, lr: float, step: str = "eager") -> tuple[float, float]:
     """Seconds to train half the clients for one round from one model, and their models' mean accuracy."""
     from edge_sdk.tasks import Task, TrainSettings
     from edge_sdk.training.trainer import initial_weights
@@ -260,7 +262,7 @@ def one_round(clients: list[Any], arch: str, epochs: int, device: str, batched: 
     start = initial_weights(arch, seed)
     settings = TrainSettings(epochs=epochs, lr=lr, batch_size=32)
     tasks = [Task(clients[i].cid, 1, {"global": start}, settings, evaluate_first=False) for i in chosen]
-    training = RoundTraining(workers, device=device, batched=batched)
+    training = RoundTraining(workers, device=device, batched=batched, step=step)
     t0 = time.perf_counter()
     updates = training.train(tasks)
     seconds = time.perf_counter() - t0
@@ -270,26 +272,45 @@ def one_round(clients: list[Any], arch: str, epochs: int, device: str, batched: 
     return seconds, acc
 
 
+def round_runs(gpu: bool, steps: list[str]) -> list[tuple[str, str, bool, str]]:
+    """(name, device, batched, step) of each order timed: one by one on the CPU, batched with each step."""
+    runs = [("cpu_sequential", "cpu", False, "eager")]
+    for step in steps:
+        tail = "" if step == "eager" else f"_{step}"
+        if gpu:
+            runs.insert(len(runs) - 1, (f"gpu_batched{tail}", "cuda", True, step))
+        if step != "graphs":  # CUDA graphs only on CUDA: on the CPU it is "compile"
+            runs.append((f"cpu_batched{tail}", "cpu", True, step))
+    return runs
+
+
 def simulated_round(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
-    """The round figures: GPU batched, CPU one by one, CPU batched."""
+    """The round figures: GPU batched (each step), CPU one by one, CPU batched (each step)."""
     clients, arch, what = round_clients(args)
     digits = arch.startswith("digits")
     epochs, lr = (3 if args.quick else 5), (1e-2 if digits else 1e-3)  # the digits CNN learns little at 1e-3
     print(f"a round: {len(clients) // 2} of {len(clients)} clients, {arch}, {epochs} epochs, lr {lr:g}, {what}")
     out: dict[str, Any] = {"round_data": what, "round_clients": len(clients) // 2}
-    runs = [("gpu_batched", "cuda", True)] if gpu else []
-    runs += [("cpu_sequential", "cpu", False), ("cpu_batched", "cpu", True)]
-    for name, device, batched in runs:
-        one_round(clients[:4], arch, 1, device, batched, args.seed, lr)  # warm up: first calls, CUDA's start
-        seconds, acc = one_round(clients, arch, epochs, device, batched, args.seed, lr)
+    steps = (args.steps or ("eager" if args.quick else "eager,compile,graphs")).split(",")
+    for name, device, batched, step in round_runs(gpu, steps):
+        # warm up: first calls, CUDA's start; a compiled step compiles for the round's shape (timed apart)
+        t0 = time.perf_counter()
+        one_round(clients if step != "eager" else clients[:4], arch, 1, device, batched, args.seed, lr, step)
+        if step != "eager":
+            out[f"round_first_s_{name}"] = time.perf_counter() - t0
+        seconds, acc = one_round(clients, arch, epochs, device, batched, args.seed, lr, step)
         out[f"round_s_{name}"], out[f"round_acc_{name}"] = seconds, acc
-        print(f"  {name.replace('_', ', ')}: {seconds:.2f} s, the models' mean accuracy {acc:.4f}")
+        first = f" (its first 1-epoch call {out[f'round_first_s_{name}']:.1f} s)" if step != "eager" else ""
+        print(f"  {name.replace('_', ', ')}: {seconds:.2f} s, the models' mean accuracy {acc:.4f}{first}")
     out.setdefault("round_s_gpu_batched", None)
-    out["batched_over_sequential_cpu"] = out["round_s_cpu_sequential"] / out["round_s_cpu_batched"]
-    print(f"  batched on the CPU: {out['batched_over_sequential_cpu']:.2f}x the speed of one by one")
-    if gpu:
-        out["gpu_batched_over_cpu_sequential"] = out["round_s_cpu_sequential"] / out["round_s_gpu_batched"]
-        print(f"  batched on the GPU: {out['gpu_batched_over_cpu_sequential']:.1f}x the speed of one by one on the CPU")
+    sequential = out["round_s_cpu_sequential"]
+    if "round_s_cpu_batched" in out:
+        out["batched_over_sequential_cpu"] = sequential / out["round_s_cpu_batched"]
+        print(f"  batched on the CPU: {out['batched_over_sequential_cpu']:.2f}x the speed of one by one")
+    for name in [n for n, *_ in round_runs(gpu, steps) if n.startswith("gpu")]:
+        out[f"{name}_over_cpu_sequential"] = sequential / out[f"round_s_{name}"]
+        print(f"  {name.replace('_', ', ')}: {out[f'{name}_over_cpu_sequential']:.1f}x the speed of one by one "
+              "on the CPU")
     return out
 
 
@@ -331,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="seconds, not minutes: small sizes everywhere")
     ap.add_argument("--repeats", type=int, default=3, help="aggregation passes (the best is kept)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", default=None,
+                    help="how the batched rounds' steps run, each timed: eager, compile, graphs (CUDA graphs; on a "
+                         "GPU only) (default: all three; with --quick: eager)")
     ap.add_argument("--parts", default="aggregation,round,assignment,thresholds",
                     help="which parts to run (thresholds: where the card starts to pay, _gpu_thresholds.py)")
     args = ap.parse_args(argv)

@@ -128,7 +128,7 @@ def run_method(name, args, clients, arch, tmp) -> dict:
     strategy, encoder, extra = make_method(name, args, clients, arch, tmp)
     sim = Simulator(strategy, clients, architecture=arch, encoder=encoder, flip_prob=args.flip_prob,
                     seed=args.seed, progress=args.progress and args.jobs == 1,
-                    device=args.device, batched=args.batched)
+                    device=args.device, batched=args.batched, step=args.step)
     res = sim.run(args.rounds)
     accs = res.accuracies
     total = res.total_bytes() + extra["pretrain_bytes"]
