@@ -137,23 +137,28 @@ def aggregate_coded_ms(base: dict[str, np.ndarray], bodies: list[tuple[bytes, in
                        decode_on_device: bool, repeats: int) -> float:
     """Best per-update milliseconds of adding every compressed body (framed or decoded on the clock) and settling.
 
-    ``decode_on_device``: the codes cross to ``device`` and are decoded there (``add_coded``); otherwise each body
-    is decoded on the host (``decode_delta`` and ``with_delta``) and its float32 weights added. The two sums
-    must be bit for bit equal, and every update counted, or no rate is reported.
+    Each body goes the server's round's way, with the norm its screening reads. ``decode_on_device``: checked
+    whole and kept coded, its norm from the codes (``coded_change``), the codes cross to ``device`` and are
+    decoded there (``add_coded``); otherwise decoded on the host (``decode_delta`` and ``with_delta``), its norm
+    from the decoded weights (``delta_norm``) and its float32 weights added. The two sums must be bit for bit
+    equal, and every update counted, or no rate is reported.
     """
     from edge_sdk.compress import Method, decode_delta
-    from edge_sdk.compress.frames import frame_delta
+    from edge_sdk.compress.frames import coded_change
     from edge_sdk.compress.update_codec import with_delta
     from server_kit.aggregate import StreamingFedAvg
+    from server_kit.robust.screening import delta_norm
 
     m = Method(method)
     spec = {k: (v.shape, "float32") for k, v in base.items()}
 
     def one(agg: StreamingFedAvg, body: bytes, n: int) -> None:
         if decode_on_device:
-            agg.add_coded(frame_delta(body, spec, m), m, base, n)
+            agg.add_coded(coded_change(body, spec, m).frames, m, base, n)
         else:
-            agg.add(with_delta(base, decode_delta(body, spec, m)), n)
+            w = with_delta(base, decode_delta(body, spec, m))
+            delta_norm(w, base)
+            agg.add(w, n)
 
     agg = StreamingFedAvg(base, device=device, kernels="staged")
     best = timed_passes(agg, bodies, one, repeats, f"{method} on {device}")

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .compress.frames import CodedChange
 
 __all__ = ["Task", "TrainSettings", "Update", "Weights"]
 
@@ -79,7 +82,10 @@ class Update:
 
     A compressed update arrives as ``delta`` (decoded: the change from the
     model it was trained from, version ``version``), with ``weights`` empty
-    until the server's aggregation adds it to that model.
+    until the server's aggregation adds it to that model; or, where the
+    server decodes an ``int8`` or ``int4`` update only as it sums it, as
+    ``coded`` (its codes as they came, with the norm of their change), with
+    ``weights`` empty and ``delta`` None.
     """
 
     cid: str
@@ -91,6 +97,7 @@ class Update:
     metrics: Mapping[str, float] = field(default_factory=dict)
     delta: Mapping[str, np.ndarray] | None = None
     version: int | None = None
+    coded: CodedChange | None = None
 
     @property
     def speaks_for(self) -> tuple[str, ...]:

@@ -35,6 +35,7 @@ torch is imported only when a :class:`StreamingFedAvg` is built (or by
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ __all__ = [
     "StreamingFedAvg",
     "fedavg",
     "server_device",
+    "sums_on_gpu",
 ]
 
 
@@ -110,6 +112,12 @@ class Refused:
     tag: object
     tensor: str
     message: str
+
+
+def sums_on_gpu(template: Weights) -> bool:
+    """Whether ``StreamingFedAvg(template)`` (its defaults) sums on a GPU: one is there, the model is large enough."""
+    floats = [np.asarray(v) for v in template.values() if np.asarray(v).dtype.kind == "f"]
+    return _placement(None, "auto", sum(int(a.nbytes) for a in floats))[1] == "staged"
 
 
 def _placement(device: Any, kernels: str, float_bytes: int) -> tuple[torch.device, str]:
@@ -290,7 +298,7 @@ class StreamingFedAvg:
         self._total += n
 
     def add_coded(self, frames: Sequence[Frame], method: Method | str, base: Weights, n_samples: int, *,
-                  tag: object = None) -> None:
+                  tag: object = None, factor: float = 1.0) -> None:
         """Add a compressed update, ``base`` plus its decoded change, decoding it where the sums live.
 
         ``frames`` are :func:`edge_sdk.compress.frames.frame_delta`'s of the
@@ -304,10 +312,12 @@ class StreamingFedAvg:
         :func:`~edge_sdk.compress.add_change`, where a bad code raises
         ``ProtocolError``) and added as :meth:`add` adds. ``base`` is copied to
         the device once per base object: it must not change in place while
-        updates from it are being added.
+        updates from it are being added. ``factor`` (a clipped update) scales
+        the floating tensors' decoded change before it is added:
+        ``base + float32(change * float32(factor))`` on either side.
         """
-        from edge_sdk.compress.codec import Method, add_change
-        from edge_sdk.compress.frames import frame_values
+        from edge_sdk.compress.codec import Method
+        from edge_sdk.compress.frames import applied
 
         method = Method(method)
         by = {f.name: f for f in frames}
@@ -316,14 +326,16 @@ class StreamingFedAvg:
                 got = "missing" if name not in by else f"of shape {by[name].shape}, expected {shape}"
                 raise ValueError(f"update: tensor {name!r} is {got}")
         on_host = [k for k in self._spec if self._staged is None or k not in self._sums]
-        decoded = {k: add_change(base[k], frame_values(by[k], method)) for k in on_host}
+        if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
+            raise ValueError(f"factor must be a finite number > 0, got {factor!r}")
+        decoded = {k: applied(base[k], by[k], method, factor) for k in on_host}
         if self._staged is None:
             self.add(decoded, n_samples, tag=tag)
             return
         n = check_n_samples(n_samples, "update")
         if self._base is None or self._base[0] is not base:
             self._base = (base, self._staged.flat(base))
-        self._staged.push_coded(self._staged.coded_layout(method), by, self._base[1], n)
+        self._staged.push_coded(self._staged.coded_layout(method), by, self._base[1], n, factor)
         self._pending.append((tag, n, decoded))
 
     def settle(self) -> list[Refused]:

@@ -220,7 +220,7 @@ def _run_fedcref(args: argparse.Namespace, config: Any, broker: str, params: dic
 SERVER_KEYS = ("federation", "rounds", "min_clients", "flip_prob", "num_classes", "encoder", "architecture",
                "round_timeout_s", "sketch_timeout_s", "register_timeout_s", "register_quorum", "report_goal",
                "over_select", "straggler_grace", "bench_after", "first_round_timeout_s", "progress_grace_s", "seed", "checkpoint_dir", "model_delivery",
-               "eval_fraction", "partial_timeout_s")
+               "eval_fraction", "partial_timeout_s", "decode_updates")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -285,6 +285,12 @@ def _add_deadline_options(p: argparse.ArgumentParser, dflt: Callable[..., str]) 
                    help="models per client on its own topic (each device downloads only its models), once per "
                         "cluster topic (every device downloads all), or auto: broadcast only when every client "
                         f"needs every model {dflt('model_delivery')}")
+    p.add_argument("--decode-updates", choices=["auto", "intake", "sum"], dest="decode_updates", default=None,
+                   help="where int8 and int4 updates are decoded: as they arrive (intake), or kept as they came "
+                        "and decoded where they are summed (sum: on a GPU server the codes cross to the card, an "
+                        "eighth of the float32 bytes for int4); auto: sum where a model's sums are on a GPU. "
+                        "Methods that read each update, other aggregators and --dp-epsilon decode at intake "
+                        f"{dflt('decode_updates')}")
     p.add_argument("--eval-fraction", type=float, dest="eval_fraction", metavar="F",
                    help="share of the assigned devices the final evaluation asks, in (0, 1]: a seeded sample, at "
                         f"least one device per cluster {dflt('eval_fraction')}")

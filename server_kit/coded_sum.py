@@ -99,9 +99,10 @@ class CodedLayout:
             np.copyto(slot[lo:hi], f.codes.view(np.uint8))
             np.copyto(scales[int(self.scale_at[t]):int(self.scale_at[t + 1])], f.scales)
 
-    def decode(self, slot: torch.Tensor, base: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def decode(self, slot: torch.Tensor, base: torch.Tensor, out: torch.Tensor, factor: float = 1.0) -> torch.Tensor:
         """``out = base + q * scale`` (float32, the host path's bits; ``out`` may be of a wider float dtype) from the
-        device's uint8 ``slot``; returns the first entry whose code is out of range, or -1 (a device scalar)."""
+        device's uint8 ``slot``, the change times ``float32(factor)`` first when it is not 1; returns the first
+        entry whose code is out of range, or -1 (a device scalar)."""
         import torch
 
         codes = slot[: int(self.code_at[-1])]
@@ -116,6 +117,8 @@ class CodedLayout:
             bad = e == 0
             q = e.to(torch.float32).sub_(8)  # exact: small integers
         decoded = q.mul_(scales[self._scale_index])  # one float32 rounding, as numpy's multiply
+        if factor != 1.0:  # a clipped update: one more float32 rounding, as frames.applied
+            decoded.mul_(torch.tensor(np.float32(factor), device=decoded.device))
         if out.dtype == torch.float32:
             torch.add(base, decoded, out=out)  # one float32 rounding, as with_delta
         else:

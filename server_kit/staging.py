@@ -190,12 +190,14 @@ class StagedSum:
         self._send(i, self._host[i], self._dev[i])
         self._finish(i, n)
 
-    def push_coded(self, layout: CodedLayout, frames: Mapping[str, Frame], base: torch.Tensor, n: int) -> None:
+    def push_coded(self, layout: CodedLayout, frames: Mapping[str, Frame], base: torch.Tensor, n: int,
+                   factor: float = 1.0) -> None:
         """Add ``n * (base + decoded frames)``: the compressed update's codes cross the bus, the device decodes them.
 
         ``layout`` is :meth:`coded_layout`'s for the body's method; ``base``
         the flat float32 weights the update started from, on the device
-        (:meth:`flat`). A code out of range or a weight not finite refuses the
+        (:meth:`flat`); ``factor`` scales the decoded change first (a clipped
+        update). A code out of range or a weight not finite refuses the
         update (zeros are added); :meth:`settle` says which.
         """
         i = self._take()
@@ -204,7 +206,7 @@ class StagedSum:
             self._copied[i].synchronize()  # the copy stream is in order: slot i's last copy, coded or not, is done
         layout.fill(host[i].numpy(), frames)
         self._send(i, host[i], dev[i])
-        first_bad_code = layout.decode(dev[i], base, self._dev[i])
+        first_bad_code = layout.decode(dev[i], base, self._dev[i], factor)
         self._finish(i, n, first_bad_code)
 
     def coded_layout(self, method: Any) -> CodedLayout:

@@ -11,17 +11,19 @@ device and refuses the update with the same reason (``compressed-value``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..protocol import ProtocolError
-from .blocks import frame_int4, int4_values
+from .blocks import BLOCK, frame_int4, int4_values
 from .codec import Method, frame_int8, int8_values, open_body
 
-__all__ = ["FRAMED_METHODS", "Frame", "frame_delta", "frame_values"]
+__all__ = ["FRAMED_METHODS", "CodedChange", "Frame", "applied", "coded_change", "frame_delta", "frame_values"]
 
 #: The methods whose bodies :func:`frame_delta` reads.
 FRAMED_METHODS: frozenset[Method] = frozenset({Method.INT8, Method.INT4})
@@ -73,3 +75,99 @@ def frame_values(frame: Frame, method: Method) -> np.ndarray:
     else:
         values = int4_values(frame.scales, frame.codes, frame.size, where)
     return values.reshape(frame.shape)
+
+
+@dataclass(frozen=True)
+class CodedChange:
+    """A compressed update's change as it came (its frames, codes checked), for a sum that decodes it itself.
+
+    ``norm`` is the L2 norm of the change the codes stand for, over the
+    floating tensors, computed from the codes (:func:`coded_change`): the
+    exact ``q * scale`` in float64, where decoding rounds each value to
+    float32 (a relative difference of about 1e-7). ``base`` is the model the
+    update started from, set when the round screens it; ``factor`` scales
+    the decoded change before it is added to ``base`` (a clipped update:
+    ``base + float32(change * float32(factor))``).
+    """
+
+    frames: tuple[Frame, ...]
+    method: Method
+    norm: float
+    base: Mapping[str, np.ndarray] | None = None
+    factor: float = 1.0
+
+    def on(self, base: Mapping[str, np.ndarray]) -> CodedChange:
+        """This change, applied to ``base``."""
+        return dataclasses.replace(self, base=base)
+
+    def scaled(self, factor: float) -> CodedChange:
+        """This change scaled by ``factor`` (on top of any earlier factor)."""
+        return dataclasses.replace(self, factor=self.factor * float(factor))
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The update's whole weights, decoded on the host (``base`` must be set)."""
+        if self.base is None:
+            raise ValueError("a coded change has no base until the round screens it")
+        return {f.name: applied(self.base[f.name], f, self.method, self.factor) for f in self.frames}
+
+
+def applied(base: np.ndarray, frame: Frame, method: Method, factor: float = 1.0) -> np.ndarray:
+    """``base`` plus ``frame``'s decoded change, on the host: a floating tensor's change times ``factor`` first
+    (``float32(change * float32(factor))``), an integer counter's unscaled (clipping leaves counters alone)."""
+    from .codec import add_change
+
+    change = frame_values(frame, method)
+    if factor != 1.0 and np.asarray(base).dtype.kind == "f":
+        change = np.multiply(change, np.float32(factor), dtype=np.float32)
+    return add_change(base, change)
+
+
+#: Each byte of int4 nibbles: the sum of its two codes' squares, ``(lo - 8)**2 + (hi - 8)**2``.
+_NIBBLE_SQUARES = np.array([((b & 0x0F) - 8) ** 2 + ((b >> 4) - 8) ** 2 for b in range(256)], dtype=np.int32)
+
+
+def coded_change(body: bytes, spec: Mapping[str, tuple[tuple[int, ...], Any]], method: Method) -> CodedChange:
+    """``body`` framed and checked as :func:`~.codec.decode_delta` checks it, its codes' values included,
+    and the norm of its floating tensors' change computed from the codes, without decoding them.
+
+    Raises
+    ------
+    ProtocolError
+        As :func:`~.codec.decode_delta` would for the same body.
+    """
+    method = Method(method)
+    frames = frame_delta(body, spec, method)
+    total = 0.0
+    for f in frames:
+        where = f"tensor {f.name!r}"
+        squares = _int8_squares(f, where) if method is Method.INT8 else _int4_squares(f, where)
+        if np.dtype(spec[f.name][1]).kind == "f":
+            total += float(np.dot(f.scales.astype(np.float64) ** 2, squares))
+    return CodedChange(tuple(frames), method, math.sqrt(total))
+
+
+def _int8_squares(f: Frame, where: str) -> np.ndarray:
+    """The sum of an int8 tensor's squared entries (one scale), the entries checked."""
+    q = f.codes
+    if q.size and q.min() == -128:
+        raise ProtocolError("compressed-value", f"{where}: int8 entry -128 (the range is [-127, 127])")
+    return np.array([float(np.dot(q.astype(np.int64), q.astype(np.int64)))])
+
+
+def _int4_squares(f: Frame, where: str) -> np.ndarray:
+    """Per block of 256 entries, the sum of an int4 tensor's squared codes, the nibbles checked."""
+
+    packed, n = f.codes, f.size
+    if n % 2 and packed[-1] >> 4:
+        raise ProtocolError("compressed-value", f"{where}: the padding nibble is not 0")
+    low_zero = (packed & 0x0F) == 0
+    high_zero = (packed >> 4) == 0
+    if n % 2:
+        high_zero[-1] = False  # the padding nibble
+    if n and (low_zero.any() or high_zero.any()):
+        raise ProtocolError("compressed-value", f"{where}: a nibble 0 (the range is 1 to 15)")
+    per_byte = _NIBBLE_SQUARES[packed]
+    if n % 2:
+        per_byte[-1] -= 64  # the padding nibble 0 counts (0 - 8)**2 in the table
+    starts = np.arange(0, packed.size, BLOCK // 2)
+    return np.add.reduceat(per_byte, starts).astype(np.float64) if packed.size else np.zeros(0)

@@ -70,6 +70,9 @@ class ServerConfig:
     checkpoint_dir: str | None = None
     stop_clients: bool = True
     model_delivery: str = "auto"
+    #: Where int8 and int4 updates are decoded: "intake" (as they arrive), "sum" (only where they are summed, the
+    #: card on a GPU server) or "auto" ("sum" where a model's sums are on a GPU) (server_kit.rounds.decoding).
+    decode_updates: str = "auto"
     #: How long a round's close waits for the aggregators' partial sums (server_kit.partials).
     partial_timeout_s: float = 60.0
     #: A device that said it sent its update, and whose update has not arrived this long after, is asked for
@@ -114,3 +117,4 @@ class ServerConfig:
         if not 0.0 <= self.flip_prob <= 0.5:
             raise ValueError(f"flip_prob must be in [0, 0.5], got {self.flip_prob}")
         check_choice(self.model_delivery, "model_delivery", MODEL_DELIVERY)
+        check_choice(self.decode_updates, "decode_updates", ("auto", "intake", "sum"))

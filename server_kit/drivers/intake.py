@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from edge_sdk.compress.frames import coded_change
 from edge_sdk.compress.update_codec import update_codec
 from edge_sdk.protocol import (
     Kind,
@@ -40,6 +41,7 @@ from edge_sdk.tasks import Task, Update
 from ..pretrain.rounds import AEPretraining
 from ..rounds.admission import admit_update
 from ..rounds.arrivals import Receipt
+from ..rounds.decoding import DecodeAt, decode_at_sum
 from ..rounds.pace import Pace
 from ..rounds.reask import BUSY
 from ..rounds.round_wait import Awaited, RoundWait
@@ -74,7 +76,7 @@ class Intake:
     """
 
     def __init__(self, link: ServerLink, strategy: Strategy, models: RunModels, num_classes: int,
-                 pace: Pace | None = None) -> None:
+                 pace: Pace | None = None, decode_updates: DecodeAt | str = DecodeAt.AUTO) -> None:
         self.link = link
         self.strategy = strategy
         self.models = models
@@ -112,6 +114,20 @@ class Intake:
         self.sketch_counts: dict[str, int] = {}
         self.declined: set[str] = set()
         self.feature_shape: tuple[int, int] | None = None
+        #: Where int8 and int4 updates are decoded (``ServerConfig.decode_updates``), and once decided (at the
+        #: first update, the strategy set up), whether at the sum.
+        self.decode_updates = DecodeAt(decode_updates)
+        self._decode_at_sum: bool | None = None
+
+    @property
+    def decode_at_sum(self) -> bool:
+        """Whether the run's updates are kept coded until summed (decided once, at the first update)."""
+        if self._decode_at_sum is None:
+            self._decode_at_sum = decode_at_sum(self.decode_updates, self.strategy, self.codec)
+            if self._decode_at_sum:
+                log.info("%s updates kept as they came and decoded where they are summed",
+                         self.codec.compression.method.value)
+        return self._decode_at_sum
 
     @property
     def phase(self) -> Phase:
@@ -253,9 +269,14 @@ class Intake:
             return None
         key, n = m["model_key"], m["n_samples"]  # Strategy.aggregate weighs n by the count registered, never more
         # bad tensors raise: the link counts the refusal and tells the round (refuse_update)
-        body = self.codec.decode(msg.body, self.models.spec, m.get("version"))
-        upd = Update(cid, m["round"], key, body.weights, n, m.get("loss", float("nan")), m["metrics"],
-                     delta=body.delta, version=body.version)
+        if self.decode_at_sum:  # checked whole, codes kept as they came for the sum (server_kit.rounds.decoding)
+            coded = coded_change(msg.body, self.models.spec, self.codec.compression.method)
+            upd = Update(cid, m["round"], key, {}, n, m.get("loss", float("nan")), m["metrics"],
+                         version=m.get("version"), coded=coded)
+        else:
+            body = self.codec.decode(msg.body, self.models.spec, m.get("version"))
+            upd = Update(cid, m["round"], key, body.weights, n, m.get("loss", float("nan")), m["metrics"],
+                         delta=body.delta, version=body.version)
         self.updates[cid] = upd
         wait.answer("update", cid)
         self.pace.note_update(wait, cid)

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from edge_sdk.compress.frames import coded_change
 from edge_sdk.compress.update_codec import InMemoryFeedback, device_feedback, update_codec
-from edge_sdk.protocol import Kind, sketch_body
+from edge_sdk.protocol import Kind, ProtocolError, sketch_body
 from edge_sdk.protocol.commands import Op, build
 from edge_sdk.sketch import Sketch, Sketcher
 from edge_sdk.tasks import Task, Update
@@ -37,6 +38,7 @@ from ..metrics import (
     weights_message_bytes,
 )
 from ..privacy.sketch_report import sketch_privacy
+from ..rounds.decoding import DecodeAt, decode_at_sum
 from ..rounds.pace import Pace
 from ..rounds.recorded import RecordedIntake
 from ..rounds.training import RoundReport, TrainingRound
@@ -175,6 +177,9 @@ class Simulator:
     step : {"eager", "compile", "graphs"}
         How batched steps run (:class:`edge_sdk.training.batched_train.Step`;
         default eager: compiling takes seconds per shape).
+    decode_updates : {"auto", "intake", "sum"}
+        Where int8 and int4 updates are decoded, as the server's
+        ``--decode-updates`` (:mod:`server_kit.rounds.decoding`).
     """
 
     def __init__(
@@ -192,8 +197,11 @@ class Simulator:
         device: str = "cpu",
         batched: bool | None = None,
         step: str = "eager",
+        decode_updates: str = "auto",
     ) -> None:
         self.strategy = strategy
+        self.decode_updates = DecodeAt(decode_updates)
+        self._coded: bool | None = None
         #: Where the devices' training runs (``auto``, ``cpu``, ``cuda``), and whether a round's tasks train
         #: together (:class:`~server_kit.drivers.sim_training.RoundTraining`; None: its default).
         self.device, self.batched, self.step = device, batched, step
@@ -277,9 +285,13 @@ class Simulator:
         result.drift_bytes += ledger.total() - before
         return report
 
-    def _evaluator(self, device: str) -> DeviceEvaluation | None:
-        """Where a GPU round's evaluations run: each model once over its devices' test images, resident there."""
-        return DeviceEvaluation(self.workers, device) if device == "cuda" else None
+    def _training(self) -> tuple[RoundTraining, Callable[[Strategy, Sequence[str]], tuple[float, dict[str, float]]]]:
+        """The run's training and its rounds' evaluation; on a GPU both run there, each model once over its
+        devices' test images (resident there), and the devices' choices are made there too."""
+        on_card = DeviceEvaluation(self.workers, "cuda") if resolve_device(self.device) == "cuda" else None
+        trainer = RoundTraining(self.workers, device=self.device, batched=self.batched, evaluation=on_card,
+                                step=self.step)
+        return trainer, on_card.mean_accuracy if on_card is not None else partial(mean_accuracy, self.workers)
 
     def run(self, rounds: int, *, stop: Callable[[Strategy, RoundRecord], bool] | None = None) -> SimulationResult:
         """Sketch (if the strategy asks), then train ``rounds`` rounds; score the final clusters.
@@ -328,10 +340,7 @@ class Simulator:
         result.bytes_before_training = ledger.total()
         cids = sorted(self.workers)
         intake = RecordedIntake()
-        on_card = self._evaluator(resolve_device(self.device))
-        trainer = RoundTraining(self.workers, device=self.device, batched=self.batched, evaluation=on_card,
-                                step=self.step)
-        evaluate = on_card.mean_accuracy if on_card is not None else partial(mean_accuracy, self.workers)
+        trainer, evaluate = self._training()
         port = SimulatedPort(intake, cids, count_tasks=lambda tasks: self._count_tasks(ledger, tasks),
                              train_round=lambda tasks: [self._uplink(t, u, ledger)
                                                         for t, u in zip(tasks, trainer.train(tasks))])
@@ -430,7 +439,22 @@ class Simulator:
         meta = {"round": u.round, "model_key": u.model_key, "n_samples": u.n_samples, "loss": loss,
                 "metrics": dict(u.metrics), **extra}
         ledger.add("UPDATE", "up", message_bytes(Kind.UPDATE, body, meta))
-        return u if sent is None else dataclasses.replace(u, weights={}, delta=sent, version=extra["version"])
+        if sent is None:
+            return u
+        if self._decode_at_sum():  # the body's codes kept for the sum, as the server's intake keeps them
+            spec = {k: (np.shape(v), np.asarray(v).dtype.name) for k, v in start.items()}
+            try:
+                coded = coded_change(body, spec, self.codec.compression.method)
+                return dataclasses.replace(u, weights={}, version=extra["version"], coded=coded)
+            except ProtocolError:  # a hostile worker's body (a scale not finite): screened as its decoded delta
+                pass
+        return dataclasses.replace(u, weights={}, delta=sent, version=extra["version"])
+
+    def _decode_at_sum(self) -> bool:
+        """Whether the run's updates are kept coded until summed (decided at the first update)."""
+        if self._coded is None:
+            self._coded = decode_at_sum(self.decode_updates, self.strategy, self.codec)
+        return self._coded
 
 
 def _progress(it, desc: str, enabled: bool):

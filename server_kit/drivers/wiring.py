@@ -132,7 +132,7 @@ def wire_run(strategy: Strategy, transport: Any, config: ServerConfig, *, run_id
     run_models = RunModels(strategy, config.encoder, config.architecture, seed=config.seed,
                            latent_dim=config.latent_dim, template=template)
     fleet = Fleet(link, config.num_classes, on_online=set_online)
-    intake = Intake(link, strategy, run_models, config.num_classes, pace)
+    intake = Intake(link, strategy, run_models, config.num_classes, pace, config.decode_updates)
     delivery = Delivery(link, config.model_delivery, fleet.online)
     deadline = round_deadline(config, pace)
     assignments = Assignments(strategy, config, link, fleet, intake, delivery, run_models)

@@ -191,10 +191,16 @@ def judge_norms(norms: Mapping[str, float | None], norm_bound: float | None, *,
 
 
 def update_norms(updates: Sequence[Update], references: Mapping[str, Weights]) -> dict[str, float | None]:
-    """Each update's delta norm against the model it started from (None: it cannot be computed), by client."""
+    """Each update's delta norm against the model it started from (None: it cannot be computed), by client.
+
+    An update kept coded (``u.coded``) has the norm of the change its codes stand for.
+    """
     norms: dict[str, float | None] = {}
     for u in updates:
         ref = references.get(u.model_key)
+        if u.coded is not None:  # a compressed update not decoded: the norm its codes stand for
+            norms[u.cid] = None if ref is None else u.coded.norm
+            continue
         try:
             norms[u.cid] = None if ref is None else delta_norm(u.weights, ref)
         except ValueError:
@@ -204,14 +210,17 @@ def update_norms(updates: Sequence[Update], references: Mapping[str, Weights]) -
 
 def apply_verdicts(updates: Sequence[Update], references: Mapping[str, Weights],
                    verdicts: Mapping[str, Verdict], norms: Mapping[str, float | None]) -> list[Update]:
-    """The updates kept, in their order, clipped ones replaced by clipped copies (:func:`clip_update`)."""
+    """The updates kept, in their order, clipped ones replaced by clipped copies (:func:`clip_update`; one
+    kept coded gets the clip as its factor, applied to its decoded change where it is summed)."""
     kept = []
     for u in updates:
         v = verdicts.get(u.cid, Verdict())
         if v.refused is not None:
             continue
         n = norms.get(u.cid)
-        if v.scale < 1.0 and n is not None:
+        if v.scale < 1.0 and n is not None and u.coded is not None:  # its decoded change scaled where it is summed
+            u = dataclasses.replace(u, coded=u.coded.scaled(v.scale))
+        elif v.scale < 1.0 and n is not None:
             u = dataclasses.replace(u, weights=clip_update(u.weights, references[u.model_key], v.scale * n, n))
         kept.append(u)
     return kept

@@ -69,10 +69,15 @@ class Screening:
 
 
 def decompressed(models: Mapping[str, Mapping[str, np.ndarray]], updates: Sequence[Update]) -> list[Update]:
-    """Compressed updates (a decoded ``delta``) as whole weights: the model they started from plus the delta."""
+    """Compressed updates (a decoded ``delta``) as whole weights: the model they started from plus the delta.
+
+    An update kept coded (``coded``) stays so, told the model it started from.
+    """
     out = []
     for u in updates:
-        if u.delta is not None:
+        if u.coded is not None:
+            u = dataclasses.replace(u, coded=u.coded.on(models[u.model_key]))
+        elif u.delta is not None:
             u = dataclasses.replace(u, delta=None, weights=with_delta(models[u.model_key], u.delta))
         out.append(u)
     return out

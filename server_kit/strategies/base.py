@@ -89,16 +89,23 @@ def add_updates(agg: StreamingFedAvg | CoordinateAggregator, updates: Sequence[U
     """Add the updates for model ``key`` (restricted to parameter names ``only``); returns how many were accepted.
 
     A malformed update is refused by ``add``; one with NaN or Inf may be found only when the aggregator
-    settles (``StreamingFedAvg(kernels="staged")``): both are logged alike and not counted.
+    settles (``StreamingFedAvg(kernels="staged")``): both are logged alike and not counted. An update kept
+    coded goes to ``StreamingFedAvg.add_coded`` (its codes decoded where the sums are; its aggregator's
+    ``include`` selects the tensors as ``only`` does); a coordinate-wise rule gets it decoded on the host.
     """
     n = 0
     rounds: dict[str, int] = {}
     for u in updates:
         if u.model_key != key:
             continue
-        w = u.weights if only is None else {k: u.weights[k] for k in only if k in u.weights}
+        coded = u.coded if isinstance(u, Update) else None
         try:
-            agg.add(w, u.n_samples, tag=u.cid)
+            if coded is not None and isinstance(agg, StreamingFedAvg):  # decoded where the sums are
+                agg.add_coded(coded.frames, coded.method, coded.base, u.n_samples, tag=u.cid, factor=coded.factor)
+            else:
+                whole = coded.weights() if coded is not None else u.weights
+                w = whole if only is None else {k: whole[k] for k in only if k in whole}
+                agg.add(w, u.n_samples, tag=u.cid)
             n += 1
             rounds[u.cid] = u.round
         except ValueError as e:

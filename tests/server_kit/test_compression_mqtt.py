@@ -6,6 +6,7 @@ the server's :class:`Orchestrator` in the test's thread.
 
 from __future__ import annotations
 
+import logging
 import struct
 import threading
 
@@ -54,7 +55,7 @@ def start_device(c, i, url, passwords, train=None):
     return ec, th
 
 
-def serve(url, passwords, n, *, compress, rounds, fraction, on_round=None, min_clients=None):
+def serve(url, passwords, n, *, compress, rounds, fraction, on_round=None, min_clients=None, decode="auto"):
     cfg = BrokerConfig.from_url(url, username="server", password=passwords["server"], protocol="5")
     server = MqttTransport(cfg, "server", federation=FED)
     server.connect(timeout=10)
@@ -63,7 +64,7 @@ def serve(url, passwords, n, *, compress, rounds, fraction, on_round=None, min_c
                                compression=compress)
     config = ServerConfig(federation=FED, rounds=rounds, min_clients=min_clients or n, register_timeout_s=30,
                           sketch_timeout_s=30, round_timeout_s=60, eval_timeout_s=30, encoder="digits_encoder",
-                          architecture=ARCH, seed=0)
+                          architecture=ARCH, seed=0, decode_updates=decode)
     orch = Orchestrator(strategy, server, config, on_round=on_round)
     try:
         return orch, strategy, orch.run(), published
@@ -148,9 +149,17 @@ HOSTILE = {
 }
 
 
-def hostile_train(kind: str):
+#: The same for int4 bodies (a first tensor of 16 entries: one scale, 8 bytes of nibbles).
+HOSTILE_INT4 = {
+    "nibble-0": (lambda n: struct.pack("<f", 0.01) + bytes((n + 1) // 2), "compressed-value"),
+    "nan-scale": (lambda n: struct.pack("<f", float("nan")) + b"\x88" * ((n + 1) // 2), "compressed-value"),
+    "negative-scale": (lambda n: struct.pack("<f", -0.01) + b"\x88" * ((n + 1) // 2), "compressed-value"),
+}
+
+
+def hostile_train(kind: str, table=HOSTILE):
     """A train handler that sends a compressed body broken as ``kind`` says."""
-    make, _ = HOSTILE[kind]
+    make, _ = table[kind]
 
     def train(state, cmd, ctx):
         m = cmd.fields
@@ -190,3 +199,40 @@ def test_hostile_compressed_bodies_are_refused_and_the_federation_finishes(digit
     assert {r: result.rejected.get(r, 0) for r in want} == want, result.rejected
     assert [h["updates"] for h in result.history] == [6, 6]  # the honest half, every round
     assert result.final["evaluated"] == len(digits)
+
+
+def _hostile_int4_run(digits, shipped_acl, decode, hostile):
+    passwords = {c.cid: f"pw-{c.cid}" for c in digits} | {"server": "pw-server"}
+    with MosquittoBroker(acl=shipped_acl(FED), passwords=passwords) as broker:
+        devices = [start_device(c, i, broker.url, passwords,
+                                hostile_train(hostile[i], HOSTILE_INT4) if i in hostile else None)
+                   for i, c in enumerate(digits)]
+        _, strategy, result, _ = serve(broker.url, passwords, len(digits), compress="int4", rounds=2,
+                                       fraction=1.0, decode=decode)
+        for _, th in devices:
+            th.join(timeout=30)
+    return strategy, result
+
+
+def test_int4_updates_decoded_where_summed_give_the_intakes_models_and_refuse_the_same_bodies(
+        digits, shipped_acl, caplog):
+    """The server's own rounds with the codes kept until the sum (a GPU server's path, its host side here):
+    hostile int4 bodies refused with the reasons of decoding at intake, the honest ones summed, and the
+    models those of the same run decoded at intake, bit for bit."""
+    kinds = list(HOSTILE_INT4)
+    hostile = {i: kinds[i // 4] for i in (0, 4, 8)}
+    want: dict[str, int] = {}
+    for kind in hostile.values():
+        want[HOSTILE_INT4[kind][1]] = want.get(HOSTILE_INT4[kind][1], 0) + 2  # one body per round, 2 rounds
+    digests = {}
+    for decode in ("intake", "sum"):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="server_kit.drivers.intake"):
+            strategy, result = _hostile_int4_run(digits, shipped_acl, decode, hostile)
+        said = "int4 updates kept as they came and decoded where they are summed"
+        assert (said in caplog.text) == (decode == "sum")
+        assert adjusted_rand_score([c.group for c in digits], [result.assignment[c.cid] for c in digits]) == 1.0
+        assert {r: result.rejected.get(r, 0) for r in want} == want, result.rejected
+        assert [h["updates"] for h in result.history] == [9, 9]
+        digests[decode] = {k: model_digest(w) for k, w in strategy.models.items()}
+    assert digests["sum"] == digests["intake"]
