@@ -15,9 +15,10 @@ EXTRAS      ?= server,broker,dev
 FLOWER      ?= flower
 STAMP       := $(VENV)/.fedsketch-installed
 PYTEST_ARGS ?=
-# Test processes (pytest-xdist), each taking whole files: most tests wait on brokers and devices.
-# TEST_WORKERS=0 runs them in this process. The tests marked "alone" run afterwards, in one process.
-TEST_WORKERS ?= 2
+# Test processes (pytest-xdist), each taking whole files: most tests wait on brokers and devices, so three
+# keep 2 cores busier than two (8.5 min against 10 on 2 cores). TEST_WORKERS=0 runs them in this process.
+# The tests marked "alone" run afterwards, in one process.
+TEST_WORKERS ?= 3
 XDIST       := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: all venv demo test test-numpy lint bench dist dist-pi clean distclean

@@ -134,7 +134,7 @@ def coded_updates(updates: list[tuple[dict[str, np.ndarray], int]], method: str
 
 
 def aggregate_coded_ms(base: dict[str, np.ndarray], bodies: list[tuple[bytes, int]], method: str, device: str,
-                       decode_on_device: bool, repeats: int) -> float:
+                       decode_on_device: bool, repeats: int, kernels: str = "staged") -> float:
     """Best per-update milliseconds of adding every compressed body (framed or decoded on the clock) and settling.
 
     Each body goes the server's round's way, with the norm its screening reads. ``decode_on_device``: checked
@@ -160,9 +160,9 @@ def aggregate_coded_ms(base: dict[str, np.ndarray], bodies: list[tuple[bytes, in
             delta_norm(w, base)
             agg.add(w, n)
 
-    agg = StreamingFedAvg(base, device=device, kernels="staged")
+    agg = StreamingFedAvg(base, device=device, kernels=kernels)
     best = timed_passes(agg, bodies, one, repeats, f"{method} on {device}")
-    ref = StreamingFedAvg(base, device=device, kernels="staged")
+    ref = StreamingFedAvg(base, device=device, kernels=kernels)
     for body, n in bodies:
         ref.add(with_delta(base, decode_delta(body, spec, m)), n)
     got, want = agg.result(), ref.result()
@@ -200,6 +200,10 @@ def aggregation(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
         out[f"agg_ms_{name}_int4_cpu_host_decode"] = aggregate_coded_ms(base, bodies, "int4", "cpu", False,
                                                                          args.repeats)
         out[f"agg_ms_{name}_int4_cpu_staged"] = aggregate_coded_ms(base, bodies, "int4", "cpu", True, args.repeats)
+        out[f"agg_ms_{name}_int4_cpu_numpy_host_decode"] = aggregate_coded_ms(base, bodies, "int4", "cpu", False,
+                                                                               args.repeats, "numpy")
+        out[f"agg_ms_{name}_int4_cpu_numpy_at_sum"] = aggregate_coded_ms(base, bodies, "int4", "cpu", True,
+                                                                          args.repeats, "numpy")
         out[f"agg_ms_{name}_int4_gpu"] = aggregate_coded_ms(base, bodies, "int4", "cuda", True, args.repeats) \
             if gpu else None
         out[f"agg_ms_{name}_int4_gpu_host_decode"] = aggregate_coded_ms(base, bodies, "int4", "cuda", False,
@@ -221,8 +225,10 @@ def aggregation(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
             if name == "resnet18":
                 p = out["pinned_transfer_ms_resnet18"]
                 print(f"; pinned transfer alone {p:.3f} ms: the update takes {g / p:.2f}x the transfer", end="")
-        print(f"\n  as int4 bodies ({out[f'int4_body_mb_{name}']:.2f} MB): decoded on the host and added "
-              f"{out[f'agg_ms_{name}_int4_cpu_host_decode']:.3f} ms (CPU), decoded where the sums are (CPU) "
+        print(f"\n  as int4 bodies ({out[f'int4_body_mb_{name}']:.2f} MB), each with its norm: on the CPU's numpy "
+              f"sums decoded at intake {out[f'agg_ms_{name}_int4_cpu_numpy_host_decode']:.3f} ms, at the sum "
+              f"{out[f'agg_ms_{name}_int4_cpu_numpy_at_sum']:.3f} ms; on the staged sums (the GPU's code, run on the "
+              f"CPU) at intake {out[f'agg_ms_{name}_int4_cpu_host_decode']:.3f} ms, by the sum "
               f"{out[f'agg_ms_{name}_int4_cpu_staged']:.3f} ms", end="")
         if gpu:
             print(f"; on the GPU: host-decoded {out[f'agg_ms_{name}_int4_gpu_host_decode']:.3f} ms, decoded on the "
