@@ -304,12 +304,20 @@ def simulated_round(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"round_data": what, "round_clients": len(clients) // 2}
     steps = (args.steps or ("eager" if args.quick else "eager,compile,graphs")).split(",")
     for name, device, batched, step in round_runs(gpu, steps):
-        # warm up: first calls, CUDA's start; a compiled step compiles for the round's shape (timed apart)
-        t0 = time.perf_counter()
-        one_round(clients if step != "eager" else clients[:4], arch, 1, device, batched, args.seed, lr, step)
-        if step != "eager":
-            out[f"round_first_s_{name}"] = time.perf_counter() - t0
-        seconds, acc = one_round(clients, arch, epochs, device, batched, args.seed, lr, step)
+        try:
+            # warm up: first calls, CUDA's start; a compiled step compiles for the round's shape (timed apart)
+            t0 = time.perf_counter()
+            one_round(clients if step != "eager" else clients[:4], arch, 1, device, batched, args.seed, lr, step)
+            if step != "eager":
+                out[f"round_first_s_{name}"] = time.perf_counter() - t0
+            seconds, acc = one_round(clients, arch, epochs, device, batched, args.seed, lr, step)
+        except Exception as e:  # a compiler's failure on this machine is a finding, not the end of the run
+            if step == "eager" or isinstance(e, BenchFailure):
+                raise
+            out[f"round_s_{name}"] = out[f"round_acc_{name}"] = None
+            out[f"round_error_{name}"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            print(f"  {name.replace('_', ', ')}: failed, {out[f'round_error_{name}']}")
+            continue
         out[f"round_s_{name}"], out[f"round_acc_{name}"] = seconds, acc
         first = f" (its first 1-epoch call {out[f'round_first_s_{name}']:.1f} s)" if step != "eager" else ""
         print(f"  {name.replace('_', ', ')}: {seconds:.2f} s, the models' mean accuracy {acc:.4f}{first}")
@@ -318,7 +326,7 @@ def simulated_round(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
     if "round_s_cpu_batched" in out:
         out["batched_over_sequential_cpu"] = sequential / out["round_s_cpu_batched"]
         print(f"  batched on the CPU: {out['batched_over_sequential_cpu']:.2f}x the speed of one by one")
-    for name in [n for n, *_ in round_runs(gpu, steps) if n.startswith("gpu")]:
+    for name in [n for n, *_ in round_runs(gpu, steps) if n.startswith("gpu") and out[f"round_s_{n}"]]:
         out[f"{name}_over_cpu_sequential"] = sequential / out[f"round_s_{name}"]
         print(f"  {name.replace('_', ', ')}: {out[f'{name}_over_cpu_sequential']:.1f}x the speed of one by one "
               "on the CPU")
