@@ -7,6 +7,11 @@ scales, the body's exact end) but those of each entry's code (``int8``: -128;
 and codes as views of the body, without building a float array. Whoever
 decodes the codes checks their values: ``server_kit.coded_sum`` does so on the
 device and refuses the update with the same reason (``compressed-value``).
+
+:func:`coded_change` is what a server's intake keeps when it decodes an
+update only where it sums it (``server_kit.rounds.decoding``): the frames with
+every check of ``decode_delta`` (the codes' values too) and the norm of the
+change they stand for, computed from the codes without decoding them.
 """
 
 from __future__ import annotations
