@@ -285,14 +285,11 @@ def one_round(clients: list[Any], arch: str, epochs: int, device: str, batched: 
 
 def round_runs(gpu: bool, steps: list[str]) -> list[tuple[str, str, bool, str]]:
     """(name, device, batched, step) of each order timed: one by one on the CPU, batched with each step."""
-    runs = [("cpu_sequential", "cpu", False, "eager")]
-    for step in steps:
-        tail = "" if step == "eager" else f"_{step}"
-        if gpu:
-            runs.insert(len(runs) - 1, (f"gpu_batched{tail}", "cuda", True, step))
-        if step != "graphs":  # CUDA graphs only on CUDA: on the CPU it is "compile"
-            runs.append((f"cpu_batched{tail}", "cpu", True, step))
-    return runs
+    tails = {step: "" if step == "eager" else f"_{step}" for step in steps}
+    on_gpu = [(f"gpu_batched{tails[s]}", "cuda", True, s) for s in steps] if gpu else []
+    # CUDA graphs only on CUDA: on the CPU "graphs" is "compile"
+    on_cpu = [(f"cpu_batched{tails[s]}", "cpu", True, s) for s in steps if s != "graphs"]
+    return [*on_gpu, ("cpu_sequential", "cpu", False, "eager"), *on_cpu]
 
 
 def simulated_round(args: argparse.Namespace, gpu: bool) -> dict[str, Any]:

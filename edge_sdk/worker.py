@@ -57,6 +57,12 @@ class FitAsk:
     #: The task's shuffling seed.
     seed: int | None
 
+    def answered(self, key: str, before: Mapping[str, float] | None) -> FitPlan:
+        """The plan once answered: the model ``key`` chosen, ``before`` its evaluation (if asked)."""
+        metrics = {} if before is None else {"acc_before": float(before["accuracy"]),
+                                             "loss_before": float(before["loss"])}
+        return FitPlan(key, self.seed, metrics)
+
 
 def lowest_loss(losses: Mapping[str, float]) -> str:
     """The key of the lowest loss; of equal losses, the first key in sorted order."""
@@ -188,14 +194,7 @@ class LocalWorker:
     def plan_asked(self, task: Task, ask: FitAsk) -> FitPlan:
         """``ask`` answered here: the model chosen on its rows, evaluated first if asked."""
         key = next(iter(task.models)) if ask.rows is None else self._choose(task.models, ask.rows)
-        return self.planned(ask, key, self.evaluate(task.models[key]) if ask.evaluate_first else None)
-
-    @staticmethod
-    def planned(ask: FitAsk, key: str, before: Mapping[str, float] | None) -> FitPlan:
-        """The plan of an answered ``ask``: the model ``key`` chosen, ``before`` its evaluation (if asked)."""
-        metrics = {} if before is None else {"acc_before": float(before["accuracy"]),
-                                             "loss_before": float(before["loss"])}
-        return FitPlan(key, ask.seed, metrics)
+        return ask.answered(key, self.evaluate(task.models[key]) if ask.evaluate_first else None)
 
     def plan_fit(self, task: Task) -> FitPlan:
         """What a training task trains before it trains: the model chosen (IFCA), its evaluation, the seed."""

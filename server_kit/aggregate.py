@@ -116,8 +116,12 @@ class Refused:
 
 def sums_on_gpu(template: Weights) -> bool:
     """Whether ``StreamingFedAvg(template)`` (its defaults) sums on a GPU: one is there, the model is large enough."""
-    floats = [np.asarray(v) for v in template.values() if np.asarray(v).dtype.kind == "f"]
-    return _placement(None, "auto", sum(int(a.nbytes) for a in floats))[1] == "staged"
+    return _placement(None, "auto", _float_bytes(spec_of(template, "template")))[1] == "staged"
+
+
+def _float_bytes(spec: Mapping[str, tuple[tuple[int, ...], np.dtype, str]]) -> int:
+    """The bytes of a spec's floating tensors (what ``kernels="auto"`` weighs against :data:`GPU_MIN_BYTES`)."""
+    return sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype, kind in spec.values() if kind == "f")
 
 
 def _placement(device: Any, kernels: str, float_bytes: int) -> tuple[torch.device, str]:
@@ -213,8 +217,7 @@ class StreamingFedAvg:
         self._ignored = frozenset(full) - frozenset(self._spec)
         self.include, self.exclude = inc, exc
         floats = {k: shape for k, (shape, _, kind) in self._spec.items() if kind == "f"}
-        nbytes = sum(int(np.prod(s)) * self._spec[k][1].itemsize for k, s in floats.items())
-        self.device, self.kernels = _placement(device, kernels, nbytes)
+        self.device, self.kernels = _placement(device, kernels, _float_bytes(self._spec))
         if dtype is None:
             dtype = torch.float64 if self.device.type == "cpu" else torch.float32
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

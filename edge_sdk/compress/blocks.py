@@ -156,14 +156,20 @@ def decode_int4(r, where: str, n: int, method=None) -> np.ndarray:
     return int4_values(*frame_int4(r, where, n), n, where)
 
 
+def check_nibbles(low: np.ndarray, high: np.ndarray, n: int, where: str) -> None:
+    """Refuse ``n`` entries' nibbles (the low and high halves of their bytes) with a padding nibble not 0
+    (``n`` odd: the last high nibble) or a nibble 0 among the entries."""
+    if n % 2 and high[-1]:
+        raise ProtocolError("compressed-value", f"{where}: the padding nibble is not 0")
+    if n and (low.min() == 0 or (high[: n // 2].min(initial=1) == 0)):
+        raise ProtocolError("compressed-value", f"{where}: a nibble 0 (the range is 1 to 15)")
+
+
 def int4_values(scales: np.ndarray, packed: np.ndarray, n: int, where: str) -> np.ndarray:
     """What ``n`` entries of packed nibbles and their blocks' scales come back as (float32), the nibbles checked."""
     nib = np.empty(2 * packed.size, dtype=np.uint8)
     nib[0::2], nib[1::2] = packed & 0x0F, packed >> 4
-    if n % 2 and nib[-1]:
-        raise ProtocolError("compressed-value", f"{where}: the padding nibble is not 0")
+    check_nibbles(nib[0::2], nib[1::2], n, where)
     nib = nib[:n]
-    if n and nib.min() == 0:
-        raise ProtocolError("compressed-value", f"{where}: a nibble 0 (the range is 1 to 15)")
     q = nib.astype(np.int8) - np.int8(8)
     return np.multiply(q, _spread(scales, n), dtype=np.float32)

@@ -344,10 +344,15 @@ def _decode_int8(r: _Reader, where: str, n: int, method: Method) -> np.ndarray:
     return int8_values(*frame_int8(r, where, n), where)
 
 
-def int8_values(scales: np.ndarray, q: np.ndarray, where: str) -> np.ndarray:
-    """What int8 entries and their tensor's scale come back as (float32), the entries checked."""
+def check_int8(q: np.ndarray, where: str) -> None:
+    """Refuse int8 entries holding -128 (the range is symmetric)."""
     if q.size and q.min() == -128:
         raise ProtocolError("compressed-value", f"{where}: int8 entry -128 (the range is [-127, 127])")
+
+
+def int8_values(scales: np.ndarray, q: np.ndarray, where: str) -> np.ndarray:
+    """What int8 entries and their tensor's scale come back as (float32), the entries checked."""
+    check_int8(q, where)
     return np.multiply(q, scales[0], dtype=np.float32)
 
 

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from ..protocol import ProtocolError
-from .blocks import BLOCK, frame_int4, int4_values
-from .codec import Method, frame_int8, int8_values, open_body
+from .blocks import BLOCK, check_nibbles, frame_int4, int4_values
+from .codec import Method, check_int8, frame_int8, int8_values, open_body
 
 __all__ = ["FRAMED_METHODS", "CodedChange", "Frame", "applied", "coded_change", "frame_delta", "frame_values"]
 
@@ -154,23 +154,14 @@ def coded_change(body: bytes, spec: Mapping[str, tuple[tuple[int, ...], Any]], m
 def _int8_squares(f: Frame, where: str) -> np.ndarray:
     """The sum of an int8 tensor's squared entries (one scale), the entries checked."""
     q = f.codes
-    if q.size and q.min() == -128:
-        raise ProtocolError("compressed-value", f"{where}: int8 entry -128 (the range is [-127, 127])")
+    check_int8(q, where)
     return np.array([float(np.dot(q.astype(np.int64), q.astype(np.int64)))])
 
 
 def _int4_squares(f: Frame, where: str) -> np.ndarray:
     """Per block of 256 entries, the sum of an int4 tensor's squared codes, the nibbles checked."""
-
     packed, n = f.codes, f.size
-    if n % 2 and packed[-1] >> 4:
-        raise ProtocolError("compressed-value", f"{where}: the padding nibble is not 0")
-    low_zero = (packed & 0x0F) == 0
-    high_zero = (packed >> 4) == 0
-    if n % 2:
-        high_zero[-1] = False  # the padding nibble
-    if n and (low_zero.any() or high_zero.any()):
-        raise ProtocolError("compressed-value", f"{where}: a nibble 0 (the range is 1 to 15)")
+    check_nibbles(packed & 0x0F, packed >> 4, n, where)
     per_byte = _NIBBLE_SQUARES[packed]
     if n % 2:
         per_byte[-1] -= 64  # the padding nibble 0 counts (0 - 8)**2 in the table

@@ -41,7 +41,7 @@ from edge_sdk.tasks import Task, Update
 from ..pretrain.rounds import AEPretraining
 from ..rounds.admission import admit_update
 from ..rounds.arrivals import Receipt
-from ..rounds.decoding import DecodeAt, decode_at_sum
+from ..rounds.decoding import DecodeAt, Decoding
 from ..rounds.pace import Pace
 from ..rounds.reask import BUSY
 from ..rounds.round_wait import Awaited, RoundWait
@@ -114,20 +114,8 @@ class Intake:
         self.sketch_counts: dict[str, int] = {}
         self.declined: set[str] = set()
         self.feature_shape: tuple[int, int] | None = None
-        #: Where int8 and int4 updates are decoded (``ServerConfig.decode_updates``), and once decided (at the
-        #: first update, the strategy set up), whether at the sum.
-        self.decode_updates = DecodeAt(decode_updates)
-        self._decode_at_sum: bool | None = None
-
-    @property
-    def decode_at_sum(self) -> bool:
-        """Whether the run's updates are kept coded until summed (decided once, at the first update)."""
-        if self._decode_at_sum is None:
-            self._decode_at_sum = decode_at_sum(self.decode_updates, self.strategy, self.codec)
-            if self._decode_at_sum:
-                log.info("%s updates kept as they came and decoded where they are summed",
-                         self.codec.compression.method.value)
-        return self._decode_at_sum
+        #: Where int8 and int4 updates are decoded (``ServerConfig.decode_updates``).
+        self.decoding = Decoding(decode_updates)
 
     @property
     def phase(self) -> Phase:
@@ -269,7 +257,7 @@ class Intake:
             return None
         key, n = m["model_key"], m["n_samples"]  # Strategy.aggregate weighs n by the count registered, never more
         # bad tensors raise: the link counts the refusal and tells the round (refuse_update)
-        if self.decode_at_sum:  # checked whole, codes kept as they came for the sum (server_kit.rounds.decoding)
+        if self.decoding.at_sum(self.strategy, self.codec):  # checked whole, codes kept as they came for the sum (server_kit.rounds.decoding)
             coded = coded_change(msg.body, self.models.spec, self.codec.compression.method)
             upd = Update(cid, m["round"], key, {}, n, m.get("loss", float("nan")), m["metrics"],
                          version=m.get("version"), coded=coded)

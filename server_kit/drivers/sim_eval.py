@@ -143,8 +143,7 @@ class DeviceEvaluation:
         chosen = ((i, key, t.models[key]) for i, ((t, a), key) in enumerate(zip(asked, keys)) if a.evaluate_first)
         for _, weights, members in _by_model(chosen):
             before.update(zip(members, self.scores(weights, [asked[i][0].cid for i in members]).values()))
-        return [LocalWorker.planned(ask, key, None if i not in before else
-                                    {"accuracy": before[i][0], "loss": before[i][1]})
+        return [ask.answered(key, None if i not in before else {"accuracy": before[i][0], "loss": before[i][1]})
                 for i, ((_, ask), key) in enumerate(zip(asked, keys))]
 
     def mean_accuracy(self, strategy: Strategy, cids: Sequence[str]) -> tuple[float, dict[str, float]]:

@@ -38,7 +38,7 @@ from ..metrics import (
     weights_message_bytes,
 )
 from ..privacy.sketch_report import sketch_privacy
-from ..rounds.decoding import DecodeAt, decode_at_sum
+from ..rounds.decoding import Decoding
 from ..rounds.pace import Pace
 from ..rounds.recorded import RecordedIntake
 from ..rounds.training import RoundReport, TrainingRound
@@ -200,8 +200,8 @@ class Simulator:
         decode_updates: str = "auto",
     ) -> None:
         self.strategy = strategy
-        self.decode_updates = DecodeAt(decode_updates)
-        self._coded: bool | None = None
+        #: Where int8 and int4 updates are decoded, as the server's ``--decode-updates``.
+        self.decoding = Decoding(decode_updates)
         #: Where the devices' training runs (``auto``, ``cpu``, ``cuda``), and whether a round's tasks train
         #: together (:class:`~server_kit.drivers.sim_training.RoundTraining`; None: its default).
         self.device, self.batched, self.step = device, batched, step
@@ -441,7 +441,7 @@ class Simulator:
         ledger.add("UPDATE", "up", message_bytes(Kind.UPDATE, body, meta))
         if sent is None:
             return u
-        if self._decode_at_sum():  # the body's codes kept for the sum, as the server's intake keeps them
+        if self.decoding.at_sum(self.strategy, self.codec):  # the body's codes kept for the sum, as at intake
             spec = {k: (np.shape(v), np.asarray(v).dtype.name) for k, v in start.items()}
             try:
                 coded = coded_change(body, spec, self.codec.compression.method)
@@ -450,11 +450,6 @@ class Simulator:
                 pass
         return dataclasses.replace(u, weights={}, delta=sent, version=extra["version"])
 
-    def _decode_at_sum(self) -> bool:
-        """Whether the run's updates are kept coded until summed (decided at the first update)."""
-        if self._coded is None:
-            self._coded = decode_at_sum(self.decode_updates, self.strategy, self.codec)
-        return self._coded
 
 
 def _progress(it, desc: str, enabled: bool):

@@ -218,10 +218,9 @@ def apply_verdicts(updates: Sequence[Update], references: Mapping[str, Weights],
         if v.refused is not None:
             continue
         n = norms.get(u.cid)
-        if v.scale < 1.0 and n is not None and u.coded is not None:  # its decoded change scaled where it is summed
-            u = dataclasses.replace(u, coded=u.coded.scaled(v.scale))
-        elif v.scale < 1.0 and n is not None:
-            u = dataclasses.replace(u, weights=clip_update(u.weights, references[u.model_key], v.scale * n, n))
+        if v.scale < 1.0 and n is not None:
+            u = (dataclasses.replace(u, coded=u.coded.scaled(v.scale)) if u.coded is not None  # scaled where summed
+                 else dataclasses.replace(u, weights=clip_update(u.weights, references[u.model_key], v.scale * n, n)))
         kept.append(u)
     return kept
 

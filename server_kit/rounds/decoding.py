@@ -29,7 +29,7 @@ from edge_sdk.compress.update_codec import CompressedDelta, UpdateCodec
 from ..aggregate import sums_on_gpu
 from ..strategies.capabilities import partials_refusal
 
-__all__ = ["DecodeAt", "decode_at_sum", "why_decoded_at_intake"]
+__all__ = ["DecodeAt", "Decoding", "decode_at_sum", "why_decoded_at_intake"]
 
 log = logging.getLogger(__name__)
 
@@ -73,3 +73,20 @@ def decode_at_sum(setting: DecodeAt | str, strategy: Any, codec: UpdateCodec) ->
         return True
     models = list(strategy.models.values())
     return bool(models) and sums_on_gpu(models[0])
+
+
+class Decoding:
+    """A run's choice of where its updates are decoded, made once, at its first update (the strategy set up)."""
+
+    def __init__(self, setting: DecodeAt | str = DecodeAt.AUTO) -> None:
+        self.setting = DecodeAt(setting)
+        self._at_sum: bool | None = None
+
+    def at_sum(self, strategy: Any, codec: UpdateCodec) -> bool:
+        """Whether the run's updates are kept coded until summed (decided at the first call, then kept)."""
+        if self._at_sum is None:
+            self._at_sum = decode_at_sum(self.setting, strategy, codec)
+            if self._at_sum:
+                log.info("%s updates kept as they came and decoded where they are summed",
+                         codec.compression.method.value)
+        return self._at_sum

@@ -227,7 +227,7 @@ def test_int4_updates_decoded_where_summed_give_the_intakes_models_and_refuse_th
     digests = {}
     for decode in ("intake", "sum"):
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="server_kit.drivers.intake"):
+        with caplog.at_level(logging.INFO, logger="server_kit.rounds.decoding"):
             strategy, result = _hostile_int4_run(digits, shipped_acl, decode, hostile)
         said = "int4 updates kept as they came and decoded where they are summed"
         assert (said in caplog.text) == (decode == "sum")
